@@ -1,0 +1,54 @@
+# BigFleet developer entry points. Everything runs inside .venv, which
+# `make install` creates on a fresh machine; every other target depends on it.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: install dev test test-unit test-workflows test-integration test-e2e bench lint proto proto-check clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+## The full stack on embedded defaults with a demo fleet (Ctrl-C stops it).
+dev: install
+	$(PY) -m bigfleet dev $(DEV_ARGS)
+
+## Every test tier.
+test: install
+	$(PY) scripts/gen_proto.py --check
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-unit: install
+	$(PY) -m pytest -q tests/unit
+
+test-workflows: install
+	$(PY) -m pytest -q tests/workflows
+
+test-integration: install
+	$(PY) -m pytest -q tests/integration
+
+test-e2e: install
+	$(PY) -m pytest -q tests/e2e
+
+## Benchmarks print JSON lines; figures are recorded in docs/benchmarks.md.
+bench: install
+	$(PY) -m bench all
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+proto: install
+	$(PY) scripts/gen_proto.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

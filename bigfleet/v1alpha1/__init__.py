@@ -1,0 +1,1 @@
+"""Generated bindings for the bigfleet.v1alpha1 wire contracts (``make proto``)."""

@@ -1,0 +1,302 @@
+"""The engine's vocabulary: machines, needs, roll-ups and the actions a cycle plans.
+
+These are plain frozen values shared by the engine and its callers. The
+integer values of the enums equal the wire enums of ``bigfleet.v1alpha1`` so
+conversion at the edge is a cast, but nothing here imports the wire code.
+Resource maps are ``name -> float`` in canonical units (see ``quantity``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum, IntEnum
+
+__all__ = [
+    "Action",
+    "AppClass",
+    "AssignIdle",
+    "CapacityType",
+    "MachineRecord",
+    "MachineState",
+    "Need",
+    "Operator",
+    "Plan",
+    "Preempt",
+    "Provision",
+    "Reclaim",
+    "Release",
+    "Requirement",
+    "Rollup",
+    "Shortfall",
+    "TopologySpread",
+    "Verify",
+    "WhenUnsatisfiable",
+    "penalty_bucket_dollars",
+]
+
+
+class MachineState(IntEnum):
+    """The eight machine states (values equal ``bigfleet.v1alpha1.MachineState``)."""
+
+    UNSPECIFIED = 0
+    SPECULATIVE = 1
+    CREATING = 2
+    IDLE = 3
+    CONFIGURING = 4
+    CONFIGURED = 5
+    DRAINING = 6
+    DELETING = 7
+    FAILED = 8
+
+    @property
+    def transitional(self) -> bool:
+        """True while the machine is moving between stable states."""
+        return self in _TRANSITIONAL
+
+    @property
+    def has_host(self) -> bool:
+        """A real host exists in every state but SPECULATIVE and CREATING."""
+        return self not in (MachineState.SPECULATIVE, MachineState.CREATING, MachineState.UNSPECIFIED)
+
+
+_TRANSITIONAL = frozenset(
+    {MachineState.CREATING, MachineState.CONFIGURING, MachineState.DRAINING, MachineState.DELETING}
+)
+
+
+class CapacityType(IntEnum):
+    """Cost-of-holding category (values equal ``bigfleet.v1alpha1.CapacityType``)."""
+
+    UNSPECIFIED = 0
+    BARE_METAL = 1
+    RESERVED = 2
+    ON_DEMAND = 3
+    SPOT = 4
+
+
+class Operator(IntEnum):
+    """Node-selector operators (values equal the wire's ``NodeSelectorRequirement.Operator``)."""
+
+    IN = 1
+    NOT_IN = 2
+    EXISTS = 3
+    DOES_NOT_EXIST = 4
+    SAME = 5
+
+
+class WhenUnsatisfiable(IntEnum):
+    """Topology-spread strictness (values equal the wire's enum)."""
+
+    UNSPECIFIED = 0
+    DO_NOT_SCHEDULE = 1
+    SCHEDULE_ANYWAY = 2
+
+
+class AppClass(Enum):
+    """Application class from "Reclaiming the Gap": orders victims of equal priority.
+
+    Best-effort work is preempted before batch, batch before latency-sensitive.
+    """
+
+    LATENCY_SENSITIVE = "latency-sensitive"
+    BATCH = "batch"
+    BEST_EFFORT = "best-effort"
+
+
+# PenaltyBucket wire values -> dollars (the bucket's upper bound).
+_PINNED_DOLLARS = 1e12
+
+
+def penalty_bucket_dollars(bucket: int) -> float:
+    """Map a wire ``PenaltyBucket`` value to dollars: the bucket's upper bound.
+
+    UNSPECIFIED and ZERO are $0, HALF_DOLLAR is $0.50, bucket ``k`` (3..26) is
+    ``2**(k-3)`` dollars, and PINNED is effectively infinite (a large finite
+    number, so arithmetic stays finite). Unknown values raise ``ValueError``.
+    """
+    if bucket in (0, 1):
+        return 0.0
+    if bucket == 2:
+        return 0.5
+    if 3 <= bucket <= 26:
+        return float(2 ** (bucket - 3))
+    if bucket == 27:
+        return _PINNED_DOLLARS
+    raise ValueError(f"unknown penalty bucket {bucket}")
+
+
+@dataclass(frozen=True, slots=True)
+class Requirement:
+    """One node-selector requirement on a machine's labels."""
+
+    key: str
+    operator: Operator
+    values: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TopologySpread:
+    """Spread the need's machines over values of ``topology_key`` with at most ``max_skew``."""
+
+    topology_key: str
+    max_skew: int
+    when_unsatisfiable: WhenUnsatisfiable = WhenUnsatisfiable.DO_NOT_SCHEDULE
+
+
+@dataclass(frozen=True, slots=True)
+class Need:
+    """A constrained aggregate request from one cluster.
+
+    ``aggregate`` is the total demand; ``min_unit`` is what every machine
+    serving the need must hold on its own. Penalties are in dollars.
+    """
+
+    requirements: tuple[Requirement, ...]
+    aggregate: Mapping[str, float]
+    priority: int
+    min_unit: Mapping[str, float] = field(default_factory=dict)
+    spread: tuple[TopologySpread, ...] = ()
+    interruption_penalty: float = 0.0
+    reclamation_penalty: float = 0.0
+    app_class: AppClass = AppClass.BATCH
+
+    @property
+    def key(self) -> str:
+        """Stable identity of the need within its cluster: the aggregation key.
+
+        Two roll-ups that list a need with the same requirements, priority,
+        spread and penalties refer to the same need even if its size changed.
+        """
+        parts = [
+            repr(sorted((r.key, int(r.operator), tuple(sorted(r.values))) for r in self.requirements)),
+            str(self.priority),
+            repr(sorted((s.topology_key, s.max_skew, int(s.when_unsatisfiable)) for s in self.spread)),
+            repr(self.interruption_penalty),
+            repr(self.reclamation_penalty),
+        ]
+        return hashlib.blake2b("|".join(parts).encode(), digest_size=8).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Rollup:
+    """A cluster's complete demand at one instant (full replacement)."""
+
+    cluster_id: str
+    timestamp_ns: int
+    needs: tuple[Need, ...]
+    # Node names the cluster currently reports, when it reports them (health checks).
+    reported_nodes: frozenset[str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MachineRecord:
+    """What the shard knows of one machine (usually as a provider reported it)."""
+
+    id: str
+    state: MachineState
+    provider: str
+    instance_type: str
+    zone: str
+    capacity_type: CapacityType
+    price_per_hour: float
+    interruption_probability: float
+    allocatable: Mapping[str, float]
+    labels: Mapping[str, str] = field(default_factory=dict)
+    cluster: str = ""
+    host_ref: str = ""
+    last_error: str = ""
+
+
+# ---------------------------------------------------------------------------
+# Actions: what a cycle decides. The shard process turns each into a workflow.
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AssignIdle:
+    """Configure an idle machine for ``cluster_id`` (no Create needed)."""
+
+    machine_id: str
+    cluster_id: str
+    need_key: str
+    priority: int
+    requirements: tuple[Requirement, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Provision:
+    """Create these speculative machines, then configure them for ``cluster_id``."""
+
+    machine_ids: tuple[str, ...]
+    cluster_id: str
+    need_key: str
+    priority: int
+    requirements: tuple[Requirement, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Preempt:
+    """Drain a lower-priority cluster's machine; it is promised to the preemptor."""
+
+    machine_id: str
+    victim_cluster_id: str
+    victim_priority: int
+    preemptor_cluster_id: str
+    preemptor_need_key: str
+    preemptor_priority: int
+    grace_seconds: int
+
+
+@dataclass(frozen=True, slots=True)
+class Reclaim:
+    """Drain an excess machine back to Idle (its cluster no longer needs it)."""
+
+    machine_id: str
+    cluster_id: str
+    grace_seconds: int
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Delete an idle cloud machine whose hold period expired."""
+
+    machine_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Verify:
+    """Ask the provider whether a configured machine the cluster stopped reporting is alive."""
+
+    machine_id: str
+    cluster_id: str
+
+
+Action = AssignIdle | Provision | Preempt | Reclaim | Release | Verify
+
+
+@dataclass(frozen=True, slots=True)
+class Shortfall:
+    """Demand the shard could not meet this cycle."""
+
+    cluster_id: str
+    need_key: str
+    priority: int
+    deficit: Mapping[str, float]
+    age_cycles: int
+    escalated: bool
+    reason: str
+    interruption_penalty: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Everything one cycle decided. Carrying it out is the caller's job."""
+
+    now: float
+    actions: tuple[Action, ...]
+    shortfalls: tuple[Shortfall, ...] = ()
+    # (cluster_id, need_key) -> why that need is not satisfied.
+    why_not: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    dry_run: bool = False
