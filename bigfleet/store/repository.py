@@ -1,0 +1,321 @@
+"""The store's operations. Every contended write is a compare-and-set.
+
+Leases: a shard process takes its shard's lease by bumping ``epoch`` in one
+UPDATE that only matches when the lease is free, expired, or already its own.
+The returned epoch is the fencing epoch for all of that process's provider
+calls. Machine writes are guarded by the writer's epoch, so a process that
+lost its lease cannot change an assignment.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+__all__ = ["ClusterAssignment", "LeaseHeld", "LeaseLost", "MachineAssignment", "ShardRow", "Store"]
+
+
+class LeaseHeld(RuntimeError):
+    """Another live process holds the shard's lease."""
+
+    def __init__(self, shard_id: str, holder: str, expires_at: datetime | None) -> None:
+        self.shard_id, self.holder, self.expires_at = shard_id, holder, expires_at
+        super().__init__(f"shard {shard_id!r} is leased by {holder!r} until {expires_at}")
+
+
+class LeaseLost(RuntimeError):
+    """This process no longer holds the lease at the epoch it believes it has."""
+
+    def __init__(self, shard_id: str, epoch: int) -> None:
+        self.shard_id, self.epoch = shard_id, epoch
+        super().__init__(f"lease on shard {shard_id!r} at epoch {epoch} was lost")
+
+
+@dataclass(frozen=True)
+class ShardRow:
+    id: str
+    epoch: int
+    lease_holder: str | None
+    lease_expires_at: datetime | None
+    address: str | None
+    state: str
+    clusters: int
+    machines: int
+
+
+@dataclass(frozen=True)
+class ClusterAssignment:
+    cluster_id: str
+    shard_id: str
+    first_seen_at: datetime
+
+
+@dataclass(frozen=True)
+class MachineAssignment:
+    machine_id: str
+    shard_id: str
+    provider: str
+    cluster_id: str | None
+    operation_seq: int
+    version: int
+    shard_metadata: Mapping[str, str] = field(default_factory=dict)
+
+
+class Store:
+    """Typed access to the BigFleet schema over one async engine."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+
+    # ------------------------------------------------------------------ leases
+
+    async def acquire_lease(
+        self, shard_id: str, holder: str, *, ttl_seconds: float, address: str = ""
+    ) -> int:
+        """Take the shard's lease and return the new epoch (previous epoch + 1).
+
+        Succeeds when the lease is free, expired, or held by ``holder`` already
+        (a restarted process with the same identity still gets a new epoch).
+        Raises :class:`LeaseHeld` when another live holder has it.
+        """
+        async with self._engine.begin() as conn:
+            await conn.execute(
+                text("INSERT INTO shards (id) VALUES (:id) ON CONFLICT (id) DO NOTHING"),
+                {"id": shard_id},
+            )
+            row = (
+                await conn.execute(
+                    text(
+                        """
+                        UPDATE shards
+                           SET epoch = epoch + 1,
+                               lease_holder = :holder,
+                               lease_expires_at = now() + make_interval(secs => :ttl),
+                               address = :address
+                         WHERE id = :id
+                           AND state <> 'removed'
+                           AND (lease_holder IS NULL OR lease_holder = :holder
+                                OR lease_expires_at < now())
+                     RETURNING epoch
+                        """
+                    ),
+                    {"id": shard_id, "holder": holder, "ttl": ttl_seconds, "address": address},
+                )
+            ).first()
+            if row is not None:
+                return int(row[0])
+            current = (
+                await conn.execute(
+                    text("SELECT lease_holder, lease_expires_at FROM shards WHERE id = :id"),
+                    {"id": shard_id},
+                )
+            ).one()
+            raise LeaseHeld(shard_id, str(current[0]), current[1])
+
+    async def renew_lease(
+        self, shard_id: str, holder: str, epoch: int, *, ttl_seconds: float
+    ) -> datetime:
+        """Extend the lease; raises :class:`LeaseLost` if the epoch or holder moved on."""
+        async with self._engine.begin() as conn:
+            row = (
+                await conn.execute(
+                    text(
+                        """
+                        UPDATE shards
+                           SET lease_expires_at = now() + make_interval(secs => :ttl)
+                         WHERE id = :id AND lease_holder = :holder AND epoch = :epoch
+                     RETURNING lease_expires_at
+                        """
+                    ),
+                    {"id": shard_id, "holder": holder, "epoch": epoch, "ttl": ttl_seconds},
+                )
+            ).first()
+        if row is None:
+            raise LeaseLost(shard_id, epoch)
+        expires: datetime = row[0]
+        return expires
+
+    async def release_lease(self, shard_id: str, holder: str, epoch: int) -> None:
+        """Give the lease up (clean shutdown) so a successor need not wait for expiry."""
+        async with self._engine.begin() as conn:
+            await conn.execute(
+                text(
+                    """
+                    UPDATE shards SET lease_holder = NULL, lease_expires_at = NULL
+                     WHERE id = :id AND lease_holder = :holder AND epoch = :epoch
+                    """
+                ),
+                {"id": shard_id, "holder": holder, "epoch": epoch},
+            )
+
+    async def shards(self) -> list[ShardRow]:
+        async with self._engine.connect() as conn:
+            rows = await conn.execute(
+                text(
+                    """
+                    SELECT s.id, s.epoch, s.lease_holder, s.lease_expires_at, s.address, s.state,
+                           (SELECT count(*) FROM clusters c WHERE c.shard_id = s.id),
+                           (SELECT count(*) FROM machines m WHERE m.shard_id = s.id)
+                      FROM shards s ORDER BY s.id
+                    """
+                )
+            )
+            return [ShardRow(*r) for r in rows]
+
+    # ---------------------------------------------------------------- clusters
+
+    async def assign_cluster(self, cluster_id: str) -> str:
+        """Return the cluster's shard, assigning it to the least-loaded active shard first.
+
+        Permanent: once written, the row is never changed by this call. Two
+        concurrent first contacts race on the primary key; one wins, both read it.
+        """
+        if not cluster_id:
+            raise ValueError("cluster_id: must not be empty")
+        async with self._engine.begin() as conn:
+            await conn.execute(
+                text(
+                    """
+                    INSERT INTO clusters (id, shard_id)
+                    SELECT :cid, s.id
+                      FROM shards s
+                     WHERE s.state = 'active'
+                     ORDER BY (SELECT count(*) FROM clusters c WHERE c.shard_id = s.id), s.id
+                     LIMIT 1
+                    ON CONFLICT (id) DO NOTHING
+                    """
+                ),
+                {"cid": cluster_id},
+            )
+            row = (
+                await conn.execute(
+                    text("SELECT shard_id FROM clusters WHERE id = :cid"), {"cid": cluster_id}
+                )
+            ).first()
+        if row is None:
+            raise RuntimeError("no active shard exists to take cluster " + repr(cluster_id))
+        return str(row[0])
+
+    async def clusters(self, shard_id: str | None = None) -> list[ClusterAssignment]:
+        sql = "SELECT id, shard_id, first_seen_at FROM clusters"
+        params: dict[str, str] = {}
+        if shard_id is not None:
+            sql += " WHERE shard_id = :sid"
+            params["sid"] = shard_id
+        async with self._engine.connect() as conn:
+            rows = await conn.execute(text(sql + " ORDER BY id"), params)
+            return [ClusterAssignment(*r) for r in rows]
+
+    # ---------------------------------------------------------------- machines
+
+    async def machines(self, shard_id: str | None = None) -> list[MachineAssignment]:
+        sql = (
+            "SELECT id, shard_id, provider, cluster_id, operation_seq, version, shard_metadata "
+            "FROM machines"
+        )
+        params: dict[str, str] = {}
+        if shard_id is not None:
+            sql += " WHERE shard_id = :sid"
+            params["sid"] = shard_id
+        async with self._engine.connect() as conn:
+            rows = await conn.execute(text(sql + " ORDER BY id"), params)
+            return [MachineAssignment(*r) for r in rows]
+
+    async def record_operation(
+        self,
+        *,
+        machine_id: str,
+        shard_id: str,
+        shard_epoch: int,
+        provider: str,
+        cluster_id: str | None,
+        operation: str,
+        operation_seq: int,
+        shard_metadata: Mapping[str, str] | None = None,
+        detail: str = "",
+    ) -> bool:
+        """Record the outcome of operation ``operation_seq`` on a machine, exactly once.
+
+        Applies only when the writer still holds ``shard_epoch`` for
+        ``shard_id``, the machine is owned by that shard (or unknown), and
+        ``operation_seq`` is newer than the stored one. Returns True when the
+        row changed (and a log line was appended), False when this outcome was
+        already recorded or superseded — which is what an activity retry sees.
+        Raises :class:`LeaseLost` when the epoch is no longer current.
+        """
+        meta = json.dumps(dict(shard_metadata or {}), sort_keys=True)
+        async with self._engine.begin() as conn:
+            live = (
+                await conn.execute(
+                    text("SELECT epoch FROM shards WHERE id = :sid FOR SHARE"), {"sid": shard_id}
+                )
+            ).first()
+            if live is None or int(live[0]) != shard_epoch:
+                raise LeaseLost(shard_id, shard_epoch)
+            changed = (
+                await conn.execute(
+                    text(
+                        """
+                        INSERT INTO machines (id, shard_id, provider, cluster_id, operation_seq,
+                                              version, shard_metadata, updated_at)
+                        VALUES (:mid, :sid, :provider, :cid, :seq, 1, CAST(:meta AS jsonb), now())
+                        ON CONFLICT (id) DO UPDATE
+                           SET cluster_id = EXCLUDED.cluster_id,
+                               operation_seq = EXCLUDED.operation_seq,
+                               provider = EXCLUDED.provider,
+                               shard_metadata = EXCLUDED.shard_metadata,
+                               version = machines.version + 1,
+                               updated_at = now()
+                         WHERE machines.shard_id = EXCLUDED.shard_id
+                           AND machines.operation_seq < EXCLUDED.operation_seq
+                     RETURNING version
+                        """
+                    ),
+                    {
+                        "mid": machine_id,
+                        "sid": shard_id,
+                        "provider": provider,
+                        "cid": cluster_id,
+                        "seq": operation_seq,
+                        "meta": meta,
+                    },
+                )
+            ).first()
+            if changed is None:
+                return False
+            await conn.execute(
+                text(
+                    """
+                    INSERT INTO assignment_log (machine_id, shard_id, shard_epoch, cluster_id,
+                                                operation, operation_seq, detail)
+                    VALUES (:mid, :sid, :epoch, :cid, :op, :seq, :detail)
+                    """
+                ),
+                {
+                    "mid": machine_id,
+                    "sid": shard_id,
+                    "epoch": shard_epoch,
+                    "cid": cluster_id,
+                    "op": operation,
+                    "seq": operation_seq,
+                    "detail": detail,
+                },
+            )
+            return True
+
+    async def assignment_log(self, machine_id: str) -> Sequence[tuple[str, int, str | None]]:
+        """(operation, operation_seq, cluster_id) for a machine, oldest first."""
+        async with self._engine.connect() as conn:
+            rows = await conn.execute(
+                text(
+                    "SELECT operation, operation_seq, cluster_id FROM assignment_log "
+                    "WHERE machine_id = :mid ORDER BY id"
+                ),
+                {"mid": machine_id},
+            )
+            return [(str(r[0]), int(r[1]), r[2]) for r in rows]

