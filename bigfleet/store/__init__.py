@@ -7,4 +7,11 @@ could race is a compare-and-set. Schema changes go through ``migrations/``.
 from bigfleet.store.database import Database, EmbeddedPostgres, to_async_url
 from bigfleet.store.repository import LeaseLost, MachineAssignment, Store
 
-__all__ = ["Database", "EmbeddedPostgres", "LeaseLost", "MachineAssignment", "Store", "to_async_url"]
+__all__ = [
+    "Database",
+    "EmbeddedPostgres",
+    "LeaseLost",
+    "MachineAssignment",
+    "Store",
+    "to_async_url",
+]

@@ -84,7 +84,9 @@ class EmbeddedPostgres:
         import pgserver
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._server = pgserver.get_server(self.data_dir, cleanup_mode="stop")
+        self._server = pgserver.get_server(  # type: ignore[attr-defined]
+            self.data_dir, cleanup_mode="stop"
+        )
         uri: str = self._server.get_uri()
         log.info("embedded postgres ready at %s", uri)
         return uri

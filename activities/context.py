@@ -1,0 +1,83 @@
+"""What activities need from the shard process that runs them.
+
+Activities depend on this protocol, not on the shard process, so tests can
+run them against a small context built from real parts (a provider server,
+a database) without starting the whole process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from bigfleet.v1alpha1 import provider_pb2
+from providers.client import FencingToken
+from workflows.contracts import RecordOutcomesInput, RequirementSpec
+
+
+@dataclass(frozen=True)
+class BootstrapBlob:
+    """An operator's answer to a bootstrap request."""
+
+    user_data: bytes
+    ttl_seconds: int
+    error: str = ""
+
+
+class ProviderCalls(Protocol):
+    """The subset of :class:`providers.client.ProviderClient` the activities use."""
+
+    async def create(self, machine_id: str, token: FencingToken) -> provider_pb2.TransitionAck: ...
+
+    async def configure(
+        self,
+        machine_id: str,
+        cluster_id: str,
+        bootstrap_blob: bytes,
+        token: FencingToken,
+        shard_metadata: dict[str, str] | None = None,
+    ) -> provider_pb2.TransitionAck: ...
+
+    async def get(self, machine_id: str) -> provider_pb2.Machine: ...
+
+    async def list(
+        self,
+        states: Sequence[int] = (),
+        max_results: int = 0,
+        since_revision: bytes = b"",
+    ) -> provider_pb2.MachineList: ...
+
+
+class ShardContext(Protocol):
+    """The live shard process, as activities see it."""
+
+    @property
+    def shard_id(self) -> str: ...
+
+    def check_active(self) -> None:
+        """Raise :class:`ShardInactive` if this process may no longer act (lease lost, fenced)."""
+
+    def provider(self, name: str) -> ProviderCalls:
+        """The client for a configured provider; ``KeyError`` if unknown."""
+
+    def next_token(self) -> FencingToken:
+        """A fresh fencing token: this process's epoch and a new sequence number."""
+
+    def on_fenced(self, provider: str, machine_id: str, detail: str) -> None:
+        """A provider refused our token: stop acting until the lease is re-taken."""
+
+    async def request_bootstrap(
+        self, cluster_id: str, requirements: Sequence[RequirementSpec], *, wait_seconds: float
+    ) -> BootstrapBlob:
+        """Ask the cluster's operator for a bootstrap blob over its session."""
+
+    def observe(self, provider: str, machine: provider_pb2.Machine) -> None:
+        """Fold a fresh provider observation into the shard's inventory."""
+
+    async def record_outcomes(self, outcome: RecordOutcomesInput) -> None:
+        """Persist and settle a finished operation (idempotent: safe to call twice)."""
+
+
+class ShardInactive(RuntimeError):
+    """The shard process no longer holds its lease or has been fenced."""

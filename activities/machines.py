@@ -1,0 +1,172 @@
+"""Activities that call capacity providers on behalf of the machine workflows.
+
+Each call carries a fresh fencing token. Refusals are sorted deliberately:
+``Fenced`` ends the workflow (non-retryable) and tells the shard to stop;
+an out-of-position transition or unknown machine is a per-machine refusal
+returned as data; transport trouble is re-raised so Temporal retries it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.context import ShardContext, ShardInactive
+from bigfleet.v1alpha1 import provider_pb2
+from providers.errors import (
+    Fenced,
+    InvalidArgument,
+    InvalidTransition,
+    NotFound,
+    ProviderError,
+    Unimplemented,
+)
+from workflows import contracts as c
+from workflows.errors import BOOTSTRAP_UNAVAILABLE, FENCED, INVALID_ARGUMENT, LEASE_LOST
+
+log = logging.getLogger(__name__)
+
+# Keys of the attribution a shard stores with each configured machine.
+META_SHARD = "bigfleet.io/shard"
+META_NEED = "bigfleet.io/need"
+META_PRIORITY = "bigfleet.io/priority"
+META_OPERATION_SEQ = "bigfleet.io/operation-seq"
+
+BOOTSTRAP_TIMEOUT_S = 20.0
+
+
+def state_name(state: int) -> str:
+    """``MACHINE_STATE_IDLE`` -> ``IDLE``."""
+    return provider_pb2.MachineState.Name(state).removeprefix("MACHINE_STATE_")  # type: ignore[arg-type]
+
+
+def outcome_of(provider: str, machine: provider_pb2.Machine) -> c.MachineOutcome:
+    return c.MachineOutcome(machine.id, provider, state_name(machine.state), machine.last_error)
+
+
+class MachineActivities:
+    """Provider-facing activities, bound to one shard process's context."""
+
+    def __init__(self, ctx: ShardContext) -> None:
+        self._ctx = ctx
+
+    def _ensure_active(self) -> None:
+        try:
+            self._ctx.check_active()
+        except ShardInactive as err:
+            raise ApplicationError(str(err), type=LEASE_LOST, non_retryable=True) from err
+
+    def _fenced(self, provider: str, machine_id: str, err: Fenced) -> ApplicationError:
+        self._ctx.on_fenced(provider, machine_id, err.message)
+        return ApplicationError(
+            f"{provider} fenced shard {self._ctx.shard_id} on {machine_id}: {err.message}",
+            type=FENCED,
+            non_retryable=True,
+        )
+
+    @activity.defn(name=c.CREATE_MACHINES)
+    async def create_machines(self, inp: c.CreateMachinesInput) -> c.TransitionResults:
+        """Ask each machine's provider to create it (SPECULATIVE -> CREATING)."""
+        self._ensure_active()
+
+        async def one(target: c.MachineTarget) -> c.MachineOutcome | None:
+            client = self._ctx.provider(target.provider)
+            try:
+                ack = await client.create(target.machine_id, self._ctx.next_token())
+            except Fenced as err:
+                raise self._fenced(target.provider, target.machine_id, err) from err
+            except (InvalidTransition, NotFound, Unimplemented) as err:
+                return c.MachineOutcome(target.machine_id, target.provider, c.FAILED, err.message)
+            except InvalidArgument as err:
+                raise ApplicationError(
+                    err.message, type=INVALID_ARGUMENT, non_retryable=True
+                ) from err
+            self._ctx.observe(target.provider, ack.machine)
+            return None
+
+        results = await asyncio.gather(*(one(t) for t in inp.machines))
+        refused = [r for r in results if r is not None]
+        accepted = [t.machine_id for t, r in zip(inp.machines, results, strict=True) if r is None]
+        return c.TransitionResults(accepted=accepted, refused=refused)
+
+    @activity.defn(name=c.CONFIGURE_MACHINES)
+    async def configure_machines(self, inp: c.ConfigureMachinesInput) -> c.TransitionResults:
+        """Fetch a fresh bootstrap blob from the cluster, then Configure each machine.
+
+        The blob is a credential: it is fetched here and handed straight to the
+        provider, never returned to the workflow, so it never lands in history.
+        """
+        self._ensure_active()
+        blob = await self._ctx.request_bootstrap(
+            inp.cluster_id, inp.requirements, wait_seconds=BOOTSTRAP_TIMEOUT_S
+        )
+        if blob.error:
+            raise ApplicationError(
+                f"cluster {inp.cluster_id}: {blob.error}",
+                type=BOOTSTRAP_UNAVAILABLE,
+                non_retryable=True,
+            )
+        metadata = {
+            META_SHARD: inp.shard_id,
+            META_NEED: inp.need_key,
+            META_PRIORITY: str(inp.priority),
+            META_OPERATION_SEQ: str(inp.operation_seq),
+        }
+
+        async def one(target: c.MachineTarget) -> c.MachineOutcome | None:
+            client = self._ctx.provider(target.provider)
+            try:
+                ack = await client.configure(
+                    target.machine_id,
+                    inp.cluster_id,
+                    blob.user_data,
+                    self._ctx.next_token(),
+                    metadata,
+                )
+            except Fenced as err:
+                raise self._fenced(target.provider, target.machine_id, err) from err
+            except (InvalidTransition, NotFound, Unimplemented) as err:
+                return c.MachineOutcome(target.machine_id, target.provider, c.FAILED, err.message)
+            except InvalidArgument as err:
+                raise ApplicationError(
+                    err.message, type=INVALID_ARGUMENT, non_retryable=True
+                ) from err
+            self._ctx.observe(target.provider, ack.machine)
+            return None
+
+        results = await asyncio.gather(*(one(t) for t in inp.machines))
+        refused = [r for r in results if r is not None]
+        accepted = [t.machine_id for t, r in zip(inp.machines, results, strict=True) if r is None]
+        return c.TransitionResults(accepted=accepted, refused=refused)
+
+    @activity.defn(name=c.OBSERVE_MACHINES)
+    async def observe_machines(self, inp: c.ObserveMachinesInput) -> c.ObservedMachines:
+        """Read each machine's current state from its provider (reads are not fenced)."""
+
+        async def one(target: c.MachineTarget) -> c.MachineOutcome:
+            try:
+                machine = await self._ctx.provider(target.provider).get(target.machine_id)
+            except NotFound as err:
+                return c.MachineOutcome(target.machine_id, target.provider, c.FAILED, err.message)
+            self._ctx.observe(target.provider, machine)
+            return outcome_of(target.provider, machine)
+
+        try:
+            seen = await asyncio.gather(*(one(t) for t in inp.machines))
+        except ProviderError as err:
+            if err.retryable:
+                raise
+            raise ApplicationError(err.message, type=type(err).__name__) from err
+        return c.ObservedMachines(list(seen))
+
+    @activity.defn(name=c.RECORD_OUTCOMES)
+    async def record_outcomes(self, inp: c.RecordOutcomesInput) -> None:
+        """Persist the outcome and fold it into the live inventory, exactly once."""
+        self._ensure_active()
+        await self._ctx.record_outcomes(inp)
+
+
+__all__ = ["BOOTSTRAP_TIMEOUT_S", "FENCED", "MachineActivities", "outcome_of", "state_name"]

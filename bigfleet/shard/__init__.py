@@ -1,0 +1,1 @@
+"""The shard process: operator sessions, the decision cycle, and the workflows it starts."""

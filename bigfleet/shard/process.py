@@ -1,0 +1,410 @@
+"""The shard process: lease, inventory, operator sessions, decision cycle, workflow starts.
+
+    lease (Postgres CAS, epoch)      -> fencing token on every provider call
+    providers' List (observe loop)   -> engine.upsert_machine, NodeStateUpdate frames
+    operator roll-ups (Session)      -> engine.apply_rollup
+    cycle loop                       -> engine.cycle -> Executor -> workflows on shard-<id>
+    activities (same process)        -> providers, sessions, store, engine.settle
+
+The process implements :class:`activities.context.ShardContext` (what its
+activities need) and :class:`bigfleet.shard.sessions.RollupSink` (what its
+operator sessions need). It stops acting — no provider mutation, no workflow
+start — the moment it is fenced or cannot renew its lease, and resumes only
+after taking the lease again with a new epoch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.context import BootstrapBlob, ProviderCalls, ShardInactive
+from activities.machines import MachineActivities
+from bigfleet.shard.convert import InvalidMachine, machine_record, resources_to_wire
+from bigfleet.shard.executor import Executor
+from bigfleet.shard.sessions import SessionHub, ShardServicer
+from bigfleet.store import LeaseLost, Store
+from bigfleet.store.repository import LeaseHeld
+from bigfleet.v1alpha1 import provider_pb2, shard_pb2, shard_pb2_grpc
+from providers.client import FencingToken
+from providers.errors import ProviderError
+from shard_engine.engine import EngineConfig, ShardEngine
+from shard_engine.model import MachineRecord, MachineState, Rollup
+from workflows.contracts import Deadlines, PollPolicy, RecordOutcomesInput, RequirementSpec
+from workflows.provision import ProvisionWorkflow
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ShardOptions", "ShardProcess", "task_queue"]
+
+
+def task_queue(shard_id: str) -> str:
+    """The Temporal task queue served only by the holder of ``shard_id``'s lease."""
+    return f"shard-{shard_id}"
+
+
+@dataclass(frozen=True)
+class ShardOptions:
+    """Tunables of one shard process."""
+
+    shard_id: str = "shard-0"
+    listen: str = "127.0.0.1:0"
+    holder: str = "local"
+    lease_ttl_s: float = 30.0
+    cycle_interval_s: float = 5.0
+    observe_interval_s: float = 2.0
+    deadlines: Deadlines = field(default_factory=Deadlines)
+    poll: PollPolicy = field(default_factory=PollPolicy)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+
+class ShardProcess:
+    """One shard: owns its task queue, its operator sessions and its slice of the fleet."""
+
+    def __init__(
+        self,
+        options: ShardOptions,
+        *,
+        store: Store,
+        temporal: Client,
+        providers: Mapping[str, ProviderCalls],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.options = options
+        self.store = store
+        self.temporal = temporal
+        self.providers: dict[str, ProviderCalls] = dict(providers)
+        self.clock = clock
+        self.engine = ShardEngine(options.engine)
+        self.hub = SessionHub()
+        self.epoch = 0
+        self.fenced = False
+        self.lease_ok = False
+        self.coordinator_term = 0
+        self.address = ""
+        self.cycles = 0
+        self.last_plan_actions = 0
+        self._seq = itertools.count(1)
+        self._op_seq: dict[str, int] = {}
+        self._declared_failed: dict[str, str] = {}
+        self._last_pushed: dict[str, tuple[int, str]] = {}
+        self._cursors: dict[str, bytes] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._server: grpc.aio.Server | None = None
+        self._worker: Worker | None = None
+        self._executor = Executor(self)
+        self._stopping = False
+
+    # ------------------------------------------------------------ lifecycle
+
+    @property
+    def shard_id(self) -> str:
+        return self.options.shard_id
+
+    @property
+    def task_queue(self) -> str:
+        return task_queue(self.shard_id)
+
+    async def start(self) -> None:
+        """Take the lease, load inventory, serve sessions, and start the loops."""
+        await self._take_lease()
+        for row in await self.store.machines(self.shard_id):
+            self._op_seq[row.machine_id] = row.operation_seq
+        await self._observe_all(full=True)
+        self._server = grpc.aio.server()
+        shard_pb2_grpc.add_ShardServicer_to_server(ShardServicer(self.hub, self), self._server)
+        health_servicer = HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, self._server)
+        await health_servicer.set("bigfleet.v1alpha1.Shard", health_pb2.HealthCheckResponse.SERVING)
+        reflection.enable_server_reflection(
+            (shard_pb2.DESCRIPTOR.services_by_name["Shard"].full_name, reflection.SERVICE_NAME),
+            self._server,
+        )
+        port = self._server.add_insecure_port(self.options.listen)
+        host = self.options.listen.rsplit(":", 1)[0]
+        self.address = f"{host}:{port}"
+        await self._server.start()
+        acts = MachineActivities(self)
+        self._worker = Worker(
+            self.temporal,
+            task_queue=self.task_queue,
+            workflows=[ProvisionWorkflow],
+            activities=[
+                acts.create_machines,
+                acts.configure_machines,
+                acts.observe_machines,
+                acts.record_outcomes,
+            ],
+            graceful_shutdown_timeout=timedelta(seconds=5),
+        )
+        self._tasks = [
+            asyncio.create_task(self._worker.run(), name="worker"),
+            asyncio.create_task(self._lease_loop(), name="lease"),
+            asyncio.create_task(self._observe_loop(), name="observe"),
+            asyncio.create_task(self._cycle_loop(), name="cycle"),
+        ]
+        log.info(
+            "shard %s serving on %s (epoch %d, task queue %s)",
+            self.shard_id,
+            self.address,
+            self.epoch,
+            self.task_queue,
+        )
+
+    async def stop(self) -> None:
+        """Stop the loops, the worker and the server, and give the lease up."""
+        self._stopping = True
+        for task in self._tasks[1:]:
+            task.cancel()
+        for task in self._tasks[1:]:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._worker is not None:
+            with contextlib.suppress(Exception):
+                await self._worker.shutdown()
+        if self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._tasks[0]
+        self.hub.close_all()
+        if self._server is not None:
+            await self._server.stop(grace=1.0)
+        if self.lease_ok:
+            with contextlib.suppress(Exception):
+                await self.store.release_lease(self.shard_id, self.options.holder, self.epoch)
+        self.lease_ok = False
+
+    async def _take_lease(self) -> None:
+        self.epoch = await self.store.acquire_lease(
+            self.shard_id,
+            self.options.holder,
+            ttl_seconds=self.options.lease_ttl_s,
+            address=self.address,
+        )
+        self.lease_ok = True
+        self.fenced = False
+        log.info("shard %s took its lease at epoch %d", self.shard_id, self.epoch)
+
+    async def _lease_loop(self) -> None:
+        interval = self.options.lease_ttl_s / 3
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                if self.fenced or not self.lease_ok:
+                    await self._take_lease()
+                    self._cursors.clear()
+                    await self._observe_all(full=True)
+                else:
+                    await self.store.renew_lease(
+                        self.shard_id,
+                        self.options.holder,
+                        self.epoch,
+                        ttl_seconds=self.options.lease_ttl_s,
+                    )
+            except LeaseLost:
+                log.error(
+                    "shard %s lost its lease at epoch %d; not acting", self.shard_id, self.epoch
+                )
+                self.lease_ok = False
+            except LeaseHeld as err:
+                log.error("shard %s cannot take its lease: %s", self.shard_id, err)
+                self.lease_ok = False
+            except Exception:  # the store is down: we cannot prove the lease, so do not act
+                log.exception("lease renewal failed; not acting until it succeeds")
+                self.lease_ok = False
+
+    # -------------------------------------------------------- ShardContext
+
+    @property
+    def active(self) -> bool:
+        return self.lease_ok and not self.fenced and not self._stopping
+
+    def check_active(self) -> None:
+        if self.fenced:
+            raise ShardInactive(f"shard {self.shard_id} epoch {self.epoch} was fenced")
+        if not self.lease_ok:
+            raise ShardInactive(f"shard {self.shard_id} does not hold its lease")
+
+    def provider(self, name: str) -> ProviderCalls:
+        try:
+            return self.providers[name]
+        except KeyError:
+            raise KeyError(f"provider {name!r} is not configured") from None
+
+    def next_token(self) -> FencingToken:
+        return FencingToken(self.shard_id, self.epoch, next(self._seq))
+
+    def on_fenced(self, provider: str, machine_id: str, detail: str) -> None:
+        if not self.fenced:
+            log.error(
+                "shard %s epoch %d fenced by %s on %s (%s): stopping all actuation",
+                self.shard_id,
+                self.epoch,
+                provider,
+                machine_id,
+                detail,
+            )
+        self.fenced = True
+
+    async def request_bootstrap(
+        self, cluster_id: str, requirements: Sequence[RequirementSpec], *, wait_seconds: float
+    ) -> BootstrapBlob:
+        return await self.hub.request_bootstrap(cluster_id, requirements, wait_seconds=wait_seconds)
+
+    def observe(self, provider: str, machine: provider_pb2.Machine) -> None:
+        try:
+            record = machine_record(provider, machine)
+        except InvalidMachine as err:
+            log.warning("ignoring machine from %s: %s", provider, err)
+            return
+        declared = self._declared_failed.get(record.id)
+        if declared is not None:
+            if record.state.transitional:
+                record = _with_state(record, MachineState.FAILED, declared)
+            else:
+                del self._declared_failed[record.id]
+        self.engine.upsert_machine(record, now=self.clock())
+        self._push_node_state(record)
+
+    async def record_outcomes(self, outcome: RecordOutcomesInput) -> None:
+        for result in outcome.outcomes:
+            configured = result.state == "CONFIGURED"
+            try:
+                await self.store.record_operation(
+                    machine_id=result.machine_id,
+                    shard_id=self.shard_id,
+                    shard_epoch=self.epoch,
+                    provider=result.provider,
+                    cluster_id=outcome.cluster_id if configured else None,
+                    operation=outcome.operation if configured else f"{outcome.operation}-failed",
+                    operation_seq=outcome.operation_seq,
+                    shard_metadata={"bigfleet.io/need": outcome.need_key} if configured else {},
+                    detail=result.last_error,
+                )
+            except LeaseLost as err:
+                self.lease_ok = False
+                raise ShardInactive(str(err)) from err
+            current = self.engine.machine(result.machine_id)
+            if result.state == "FAILED":
+                self._declared_failed[result.machine_id] = result.last_error
+                if current is not None:
+                    current = _with_state(current, MachineState.FAILED, result.last_error)
+            self.engine.settle(result.machine_id, current, now=self.clock())
+            if current is not None:
+                self._push_node_state(current, cluster_hint=outcome.cluster_id)
+
+    # ---------------------------------------------------------- RollupSink
+
+    async def admit_cluster(self, cluster_id: str) -> None:
+        owner = await self.store.assign_cluster(cluster_id)
+        if owner != self.shard_id:
+            raise PermissionError(f"cluster {cluster_id!r} is served by shard {owner!r}")
+
+    def apply_rollup(self, rollup: Rollup) -> str:
+        result = self.engine.apply_rollup(rollup, now=self.clock())
+        if result.status == "applied":
+            return "rollup"
+        return f"rollup-{result.status}" + (f": {result.detail}" if result.detail else "")
+
+    def ack_fields(self) -> tuple[int, int]:
+        return self.coordinator_term, self.epoch
+
+    # -------------------------------------------------------------- loops
+
+    async def _observe_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.observe_interval_s)
+            try:
+                await self._observe_all(full=False)
+            except Exception:
+                log.exception("observing providers failed")
+
+    async def _observe_all(self, *, full: bool) -> None:
+        """List every provider (incrementally when it returned a cursor) into the engine."""
+        for name, client in self.providers.items():
+            try:
+                listing = await _list(client, b"" if full else self._cursors.get(name, b""))
+            except ProviderError as err:
+                log.warning("provider %s: List failed: %s", name, err)
+                continue
+            for machine in listing.machines:
+                if _owned_elsewhere(machine, self.shard_id):
+                    continue
+                self.observe(name, machine)
+            self._cursors[name] = bytes(listing.revision)
+
+    async def _cycle_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.cycle_interval_s)
+            if not self.active:
+                continue
+            try:
+                await self.run_cycle()
+            except Exception:
+                log.exception("decision cycle failed")
+
+    async def run_cycle(self) -> int:
+        """One decision cycle: plan, then start a workflow per action. Returns actions started."""
+        plan = self.engine.cycle(now=self.clock())
+        self.cycles += 1
+        self.last_plan_actions = len(plan.actions)
+        return await self._executor.execute(plan)
+
+    def next_operation_seq(self, machine_ids: Sequence[str]) -> int:
+        """A new operation sequence for these machines (one number for a batch)."""
+        seq = max((self._op_seq.get(m, 0) for m in machine_ids), default=0) + 1
+        for m in machine_ids:
+            self._op_seq[m] = seq
+        return seq
+
+    # ------------------------------------------------------- node updates
+
+    def _push_node_state(self, record: MachineRecord, *, cluster_hint: str = "") -> None:
+        cluster = record.cluster or self.engine.in_flight().get(record.id, "") or cluster_hint
+        if not cluster:
+            return
+        stamp = (int(record.state), cluster)
+        if self._last_pushed.get(record.id) == stamp:
+            return
+        frame = shard_pb2.ShardMessage(
+            node_state_update=shard_pb2.NodeStateUpdate(
+                supersedes_key=f"node:{record.id}",
+                machine_id=record.id,
+                cluster_id=cluster,
+                state=int(record.state),  # type: ignore[arg-type]
+                node_name=record.id if record.state.has_host else "",
+                provider_id=f"{record.provider}://{record.zone}/{record.host_ref}"
+                if record.host_ref
+                else "",
+                last_error=record.last_error,
+                labels=dict(record.labels),
+                resources=resources_to_wire(record.allocatable),
+            )
+        )
+        if self.hub.send(cluster, frame, key=f"node:{record.id}"):
+            self._last_pushed[record.id] = stamp
+
+
+def _with_state(record: MachineRecord, state: MachineState, error: str) -> MachineRecord:
+    return replace(record, state=state, last_error=error)
+
+
+def _owned_elsewhere(machine: provider_pb2.Machine, shard_id: str) -> bool:
+    owner = machine.shard_metadata.get("bigfleet.io/shard", "")
+    return bool(owner) and owner != shard_id
+
+
+async def _list(client: ProviderCalls, cursor: bytes) -> provider_pb2.MachineList:
+    return await client.list(since_revision=cursor)

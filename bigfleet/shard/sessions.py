@@ -1,0 +1,275 @@
+"""Operator sessions: the ``bigfleet.v1alpha1.Shard/Session`` stream and what rides on it.
+
+One :class:`OperatorSession` per connected cluster. The servicer is thin: it checks
+the Hello, converts roll-ups at the edge and hands them to a
+:class:`RollupSink`; the :class:`SessionHub` lets the rest of the shard send
+frames to a cluster (node state updates) and pull bootstrap blobs from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Sequence
+from typing import Protocol
+
+import grpc
+
+from activities.context import BootstrapBlob
+from bigfleet.shard.convert import InvalidRollup, requirements_to_wire, rollup_from_wire
+from bigfleet.v1alpha1 import shard_pb2, shard_pb2_grpc
+from shard_engine.model import Rollup
+from workflows.contracts import RequirementSpec
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "OperatorSession",
+    "Outbox",
+    "RollupSink",
+    "SessionHub",
+    "SessionUnavailable",
+    "ShardServicer",
+]
+
+
+class SessionUnavailable(RuntimeError):
+    """No session is open for the cluster, or it closed while we waited. Retryable."""
+
+
+class RollupSink(Protocol):
+    """Where validated roll-ups go (the shard process)."""
+
+    async def admit_cluster(self, cluster_id: str) -> None:
+        """Raise ``PermissionError`` (with a reason) if this shard must not serve the cluster."""
+
+    def apply_rollup(self, rollup: Rollup) -> str:
+        """Apply a roll-up; return the acknowledgement echo ("rollup", "rollup-stale", ...)."""
+
+    def ack_fields(self) -> tuple[int, int]:
+        """(coordinator_term, shard_epoch) to stamp on acknowledgements."""
+
+
+class Outbox:
+    """An ordered queue of frames to one operator that coalesces by ``supersedes_key``.
+
+    A frame with a key replaces an older, not yet sent frame with the same key
+    (in place, keeping the older frame's position); frames without a key are
+    never dropped.
+    """
+
+    def __init__(self) -> None:
+        self._frames: OrderedDict[str, shard_pb2.ShardMessage] = OrderedDict()
+        self._ready = asyncio.Event()
+        self._counter = 0
+        self.closed = False
+
+    def put(self, frame: shard_pb2.ShardMessage, key: str = "") -> None:
+        if not key:
+            self._counter += 1
+            key = f"\x00{self._counter}"
+        self._frames[key] = frame
+        self._ready.set()
+
+    async def get(self) -> shard_pb2.ShardMessage | None:
+        """Next frame, or None once the outbox is closed and empty."""
+        while not self._frames:
+            if self.closed:
+                return None
+            self._ready.clear()
+            await self._ready.wait()
+        _, frame = self._frames.popitem(last=False)
+        return frame
+
+    def close(self) -> None:
+        self.closed = True
+        self._ready.set()
+
+    def __len__(self) -> int:
+        return len(self._frames)
+
+
+class OperatorSession:
+    """One operator's live stream."""
+
+    def __init__(self, cluster_id: str, protocol_version: str) -> None:
+        self.cluster_id = cluster_id
+        self.protocol_version = protocol_version
+        self.outbox = Outbox()
+        self.pending: dict[str, asyncio.Future[BootstrapBlob]] = {}
+
+    def resolve_bootstrap(self, resp: shard_pb2.BootstrapBlobResponse) -> bool:
+        fut = self.pending.pop(resp.request_id, None)
+        if fut is None or fut.done():
+            return False
+        fut.set_result(BootstrapBlob(bytes(resp.user_data), int(resp.ttl_seconds), resp.error))
+        return True
+
+    def close(self) -> None:
+        self.outbox.close()
+        for fut in self.pending.values():
+            if not fut.done():
+                fut.set_exception(SessionUnavailable(f"session of {self.cluster_id} closed"))
+        self.pending.clear()
+
+
+class SessionHub:
+    """All open sessions of this shard, by cluster."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, OperatorSession] = {}
+
+    def open(self, cluster_id: str, protocol_version: str) -> OperatorSession:
+        """Register a new session; a newer session for the same cluster replaces the old one."""
+        old = self._sessions.get(cluster_id)
+        if old is not None:
+            log.info("cluster %s reconnected; closing its previous session", cluster_id)
+            old.close()
+        session = OperatorSession(cluster_id, protocol_version)
+        self._sessions[cluster_id] = session
+        return session
+
+    def close(self, session: OperatorSession) -> None:
+        if self._sessions.get(session.cluster_id) is session:
+            del self._sessions[session.cluster_id]
+        session.close()
+
+    def close_all(self) -> None:
+        for session in list(self._sessions.values()):
+            self.close(session)
+
+    def clusters(self) -> list[str]:
+        return sorted(self._sessions)
+
+    def send(self, cluster_id: str, frame: shard_pb2.ShardMessage, key: str = "") -> bool:
+        """Queue a frame for a cluster; False if it has no open session."""
+        session = self._sessions.get(cluster_id)
+        if session is None:
+            return False
+        session.outbox.put(frame, key)
+        return True
+
+    async def request_bootstrap(
+        self, cluster_id: str, requirements: Sequence[RequirementSpec], *, wait_seconds: float
+    ) -> BootstrapBlob:
+        """Ask the cluster's operator for a bootstrap blob and wait for the matching answer."""
+        session = self._sessions.get(cluster_id)
+        if session is None:
+            raise SessionUnavailable(f"no session is open for cluster {cluster_id!r}")
+        request_id = secrets.token_hex(12)
+        fut: asyncio.Future[BootstrapBlob] = asyncio.get_running_loop().create_future()
+        session.pending[request_id] = fut
+        session.outbox.put(
+            shard_pb2.ShardMessage(
+                bootstrap_request=shard_pb2.BootstrapRequest(
+                    request_id=request_id,
+                    requirements=requirements_to_wire(requirements),
+                    cluster_id=cluster_id,
+                )
+            )
+        )
+        try:
+            async with asyncio.timeout(wait_seconds):
+                return await fut
+        except TimeoutError:
+            raise SessionUnavailable(
+                f"cluster {cluster_id!r} did not answer bootstrap request {request_id} "
+                f"within {wait_seconds:g} s"
+            ) from None
+        finally:
+            session.pending.pop(request_id, None)
+
+
+class ShardServicer(shard_pb2_grpc.ShardServicer):
+    """``Shard/Session``: Hello first, then roll-ups, bootstrap answers and reclaim acks."""
+
+    def __init__(self, hub: SessionHub, sink: RollupSink) -> None:
+        self._hub = hub
+        self._sink = sink
+
+    def _ack(self, echo: str) -> shard_pb2.ShardMessage:
+        term, epoch = self._sink.ack_fields()
+        return shard_pb2.ShardMessage(
+            ack=shard_pb2.Acknowledgement(echo=echo, coordinator_term=term, shard_epoch=epoch)
+        )
+
+    async def Session(
+        self,
+        request_iterator: AsyncIterator[shard_pb2.OperatorMessage],
+        context: grpc.aio.ServicerContext[shard_pb2.OperatorMessage, shard_pb2.ShardMessage],
+    ) -> AsyncIterator[shard_pb2.ShardMessage]:
+        try:
+            first = await anext(aiter(request_iterator))
+        except StopAsyncIteration:
+            return
+        if first.WhichOneof("payload") != "hello":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first frame must be Hello")
+        if not first.hello.cluster_id:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "hello.cluster_id: must not be empty"
+            )
+        cluster_id = first.hello.cluster_id
+        try:
+            await self._sink.admit_cluster(cluster_id)
+        except PermissionError as err:
+            await context.abort(grpc.StatusCode.ABORTED, str(err))
+        session = self._hub.open(cluster_id, first.hello.protocol_version)
+        log.info("session opened for cluster %s", cluster_id)
+        session.outbox.put(self._ack("hello"))
+        reader = asyncio.create_task(self._read(session, request_iterator))
+        try:
+            while True:
+                frame = await session.outbox.get()
+                if frame is None:
+                    break
+                yield frame
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+            self._hub.close(session)
+            log.info("session closed for cluster %s", cluster_id)
+
+    async def _read(
+        self, session: OperatorSession, request_iterator: AsyncIterator[shard_pb2.OperatorMessage]
+    ) -> None:
+        try:
+            async for msg in request_iterator:
+                kind = msg.WhichOneof("payload")
+                if kind == "rollup":
+                    session.outbox.put(self._ack(self._rollup(session, msg)))
+                elif kind == "bootstrap_response":
+                    if not session.resolve_bootstrap(msg.bootstrap_response):
+                        log.warning(
+                            "cluster %s answered unknown bootstrap request %s",
+                            session.cluster_id,
+                            msg.bootstrap_response.request_id,
+                        )
+                elif kind == "reclaim_ack":
+                    log.info(
+                        "cluster %s started draining %d nodes for %s",
+                        session.cluster_id,
+                        msg.reclaim_ack.nodes_started,
+                        msg.reclaim_ack.instruction_id,
+                    )
+                elif kind == "hello":
+                    session.outbox.put(self._ack("hello-ignored: session already open"))
+        except grpc.aio.AioRpcError:
+            pass
+        finally:
+            session.outbox.close()
+
+    def _rollup(self, session: OperatorSession, msg: shard_pb2.OperatorMessage) -> str:
+        try:
+            rollup = rollup_from_wire(msg.rollup, session_cluster=session.cluster_id)
+        except InvalidRollup as err:
+            log.warning("cluster %s: roll-up rejected: %s", session.cluster_id, err)
+            return f"rollup-rejected: {err}"
+        try:
+            return self._sink.apply_rollup(rollup)
+        except ValueError as err:
+            log.warning("cluster %s: roll-up rejected by the engine: %s", session.cluster_id, err)
+            return f"rollup-rejected: {err}"

@@ -1,0 +1,18 @@
+"""Error types that cross the activity boundary as ``ApplicationError.type``.
+
+Activities raise ``ApplicationError(type=<one of these>)`` deliberately; the
+workflows branch on the type. Anything in ``NON_RETRYABLE`` is final.
+"""
+
+from __future__ import annotations
+
+# A provider refused our fencing token: this shard process is a zombie.
+FENCED = "Fenced"
+# The cluster's operator answered a bootstrap request with an error or not at all.
+BOOTSTRAP_UNAVAILABLE = "BootstrapUnavailable"
+# A request the provider says is malformed; retrying cannot help.
+INVALID_ARGUMENT = "InvalidArgument"
+# The shard process lost its lease; it must not record or act.
+LEASE_LOST = "LeaseLost"
+
+NON_RETRYABLE = (FENCED, BOOTSTRAP_UNAVAILABLE, INVALID_ARGUMENT, LEASE_LOST)

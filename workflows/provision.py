@@ -1,0 +1,238 @@
+"""ProvisionWorkflow: speculative or idle machines -> configured members of a cluster.
+
+    Create (skipped for idle machines) -> wait for IDLE -> Configure with a
+    fresh bootstrap blob -> wait for CONFIGURED -> record the outcome.
+
+One workflow serves a batch of machines for one need (DESIGN §4: the bulk
+path may batch); the machines are listed in ``BigFleetMachineIds``. Each
+transitional state has a deadline: a machine still CREATING or CONFIGURING
+when it passes is declared FAILED with ``last_error`` saying which deadline.
+Waiting is a backoff loop of provider reads and durable timers, so hours of
+waiting cost a few dozen events and survive worker restarts.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributeUpdate
+from temporalio.exceptions import ActivityError, ApplicationError
+
+from workflows import search_attributes as sa
+from workflows.contracts import (
+    CONFIGURE_MACHINES,
+    CONFIGURED,
+    CONFIGURING,
+    CREATE_MACHINES,
+    CREATING,
+    FAILED,
+    IDLE,
+    OBSERVE_MACHINES,
+    RECORD_OUTCOMES,
+    SPECULATIVE,
+    ConfigureMachinesInput,
+    CreateMachinesInput,
+    MachineOutcome,
+    MachineTarget,
+    ObservedMachines,
+    ObserveMachinesInput,
+    PollPolicy,
+    ProvisionInput,
+    ProvisionResult,
+    RecordOutcomesInput,
+    TransitionResults,
+)
+from workflows.errors import BOOTSTRAP_UNAVAILABLE, FENCED, NON_RETRYABLE
+
+# Provider calls are quick (they only accept a transition); retries are cheap.
+_CALL_TIMEOUT = timedelta(seconds=30)
+_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    non_retryable_error_types=list(NON_RETRYABLE),
+)
+
+
+@workflow.defn(name="ProvisionWorkflow")
+class ProvisionWorkflow:
+    """Durable provisioning of one batch of machines for one need."""
+
+    def __init__(self) -> None:
+        self._phase = CREATING
+        self._machines: dict[str, MachineOutcome] = {}
+        self._deadline_unix: float | None = None
+        self._input: ProvisionInput | None = None
+
+    @workflow.query(name="view")
+    def view(self) -> dict[str, object]:
+        """The workflow's current view: phase, deadline and every machine's state."""
+        inp = self._input
+        return {
+            "operation": "provision" if inp is None or inp.create else "configure",
+            "cluster_id": inp.cluster_id if inp else "",
+            "priority": inp.priority if inp else 0,
+            "phase": self._phase,
+            "deadline_unix": self._deadline_unix,
+            "machines": [vars(m) for m in self._machines.values()],
+        }
+
+    @workflow.run
+    async def run(self, inp: ProvisionInput) -> ProvisionResult:
+        self._input = inp
+        self._machines = {
+            m.machine_id: MachineOutcome(
+                m.machine_id, m.provider, SPECULATIVE if inp.create else IDLE
+            )
+            for m in inp.machines
+        }
+        operation = "provision" if inp.create else "configure"
+        updates: list[SearchAttributeUpdate[Any]] = [
+            sa.SHARD_ID.value_set(inp.shard_id),
+            sa.CLUSTER_ID.value_set(inp.cluster_id),
+            sa.OPERATION.value_set(operation),
+            sa.PRIORITY.value_set(inp.priority),
+            sa.MACHINE_IDS.value_set([m.machine_id for m in inp.machines]),
+        ]
+        if len(inp.machines) == 1:
+            updates.append(sa.MACHINE_ID.value_set(inp.machines[0].machine_id))
+        workflow.upsert_search_attributes(updates)
+        try:
+            if inp.create:
+                self._set_phase(CREATING)
+                created = await workflow.execute_activity(
+                    CREATE_MACHINES,
+                    CreateMachinesInput(inp.shard_id, inp.operation_seq, inp.machines),
+                    result_type=TransitionResults,
+                    start_to_close_timeout=_CALL_TIMEOUT,
+                    retry_policy=_RETRY,
+                )
+                self._absorb_refusals(created)
+                await self._wait_for(IDLE, CREATING, inp.deadlines.creating_s, inp.poll)
+            ready = [m for m in inp.machines if self._machines[m.machine_id].state == IDLE]
+            if ready:
+                self._set_phase(CONFIGURING)
+                await self._configure(inp, ready)
+        except ActivityError as err:
+            if _error_type(err) == FENCED:
+                self._set_phase("Fenced")
+                raise ApplicationError(
+                    f"shard {inp.shard_id} was fenced by a provider; stopping",
+                    type=FENCED,
+                    non_retryable=True,
+                ) from err
+            raise
+        outcomes = list(self._machines.values())
+        await workflow.execute_activity(
+            RECORD_OUTCOMES,
+            RecordOutcomesInput(
+                inp.shard_id, inp.cluster_id, inp.need_key, operation, inp.operation_seq, outcomes
+            ),
+            start_to_close_timeout=_CALL_TIMEOUT,
+            retry_policy=_RETRY,
+        )
+        self._set_phase(FAILED if any(o.state == FAILED for o in outcomes) else CONFIGURED)
+        return ProvisionResult(outcomes)
+
+    async def _configure(self, inp: ProvisionInput, ready: list[MachineTarget]) -> None:
+        targets = ready
+        try:
+            configured = await workflow.execute_activity(
+                CONFIGURE_MACHINES,
+                ConfigureMachinesInput(
+                    inp.shard_id,
+                    inp.cluster_id,
+                    inp.need_key,
+                    inp.priority,
+                    inp.operation_seq,
+                    targets,
+                    inp.requirements,
+                ),
+                result_type=TransitionResults,
+                start_to_close_timeout=_CALL_TIMEOUT * 2,
+                retry_policy=_RETRY,
+            )
+        except ActivityError as err:
+            if _error_type(err) != BOOTSTRAP_UNAVAILABLE:
+                raise
+            # The cluster cannot bootstrap a node right now: the machines stay
+            # idle (usable by others) and the reason is kept on each of them.
+            reason = _error_message(err)
+            for m in targets:
+                self._machines[m.machine_id].last_error = f"bootstrap unavailable: {reason}"
+            return
+        self._absorb_refusals(configured)
+        await self._wait_for(CONFIGURED, CONFIGURING, inp.deadlines.configuring_s, inp.poll)
+
+    def _absorb_refusals(self, results: TransitionResults) -> None:
+        for refused in results.refused:
+            self._machines[refused.machine_id] = refused
+
+    async def _wait_for(
+        self, target: str, moving: str, deadline_s: float, poll: PollPolicy
+    ) -> None:
+        """Re-read the provider until every machine reached ``target`` or failed.
+
+        Machines still short of ``target`` when ``deadline_s`` has passed are
+        marked FAILED with a ``last_error`` naming the state and the deadline.
+        """
+        inp = self._input
+        assert inp is not None
+        started = workflow.now()
+        deadline = started + timedelta(seconds=deadline_s)
+        self._deadline_unix = deadline.timestamp()
+        delay = poll.initial_s
+        while True:
+            pending = self._pending(target)
+            if not pending:
+                return
+            observed = await workflow.execute_activity(
+                OBSERVE_MACHINES,
+                ObserveMachinesInput(inp.shard_id, pending),
+                result_type=ObservedMachines,
+                start_to_close_timeout=_CALL_TIMEOUT,
+                retry_policy=_RETRY,
+            )
+            for seen in observed.machines:
+                self._machines[seen.machine_id] = seen
+            pending = self._pending(target)
+            if not pending:
+                return
+            now = workflow.now()
+            if now >= deadline:
+                for m in pending:
+                    last = self._machines[m.machine_id]
+                    self._machines[m.machine_id] = MachineOutcome(
+                        m.machine_id,
+                        m.provider,
+                        FAILED,
+                        f"{moving.lower()} exceeded its deadline of {deadline_s:g} s "
+                        f"(provider still reports {last.state})",
+                    )
+                return
+            remaining = (deadline - now).total_seconds()
+            await workflow.sleep(timedelta(seconds=max(0.001, min(delay, remaining))))
+            delay = min(delay * poll.multiplier, poll.max_s)
+
+    def _pending(self, target: str) -> list[MachineTarget]:
+        inp = self._input
+        assert inp is not None
+        return [
+            m for m in inp.machines if self._machines[m.machine_id].state not in (target, FAILED)
+        ]
+
+    def _set_phase(self, phase: str) -> None:
+        self._phase = phase
+        workflow.upsert_search_attributes([sa.PHASE.value_set(phase)])
+
+
+def _error_type(err: ActivityError) -> str | None:
+    cause = err.cause
+    return cause.type if isinstance(cause, ApplicationError) else None
+
+
+def _error_message(err: ActivityError) -> str:
+    cause = err.cause
+    return cause.message if isinstance(cause, ApplicationError) else str(err)
