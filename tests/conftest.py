@@ -19,6 +19,7 @@ import pytest
 
 from bigfleet.store import Database, EmbeddedPostgres
 
+_EXIT_STATUS = pytest.StashKey[int]()
 MACHINE_PG = os.environ.get("BIGFLEET_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
@@ -86,3 +87,23 @@ def venv_binary(name: str) -> Path:
     if not path.exists():
         pytest.fail(f"{name} binary missing beside {sys.executable}; run `make install`")
     return path
+
+
+# grpcio and the Temporal SDK's core runtime both keep native threads alive;
+# at interpreter finalisation they race and the process can abort
+# ("PyGILState_Release: thread state ... must be current") after every test
+# has passed. Exiting without finalisation keeps the real exit status.
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    session.config.stash[_EXIT_STATUS] = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    status = config.stash.get(_EXIT_STATUS, None)
+    if status is None or os.environ.get("BIGFLEET_TEST_NORMAL_EXIT"):
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+

@@ -1,0 +1,5 @@
+"""``python -m bigfleet`` runs the command line."""
+
+from bigfleet.cli import main
+
+main()

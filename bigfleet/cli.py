@@ -1,0 +1,217 @@
+"""The ``bigfleet`` command line: run the stack or one of its parts, inspect, escalate."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+
+from bigfleet.config import ConfigError, Settings
+
+app = typer.Typer(help="BigFleet: a fleet-level infrastructure autoscaler.", no_args_is_help=True)
+
+
+def _mount_provider_commands() -> None:
+    from providers.cli import app as provider_app
+
+    app.add_typer(provider_app, name="provider", help="Run a simulated capacity provider.")
+
+
+_mount_provider_commands()
+
+
+def _logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+    )
+    for noisy in ("temporalio", "sqlalchemy", "alembic", "asyncio"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+async def _until_signalled(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await main(stop)
+
+
+@app.command()
+def dev(
+    data_dir: Annotated[Path, typer.Option(help="Where local state lives.")] = Path(".bigfleet"),
+    time_factor: Annotated[
+        float,
+        typer.Option(help="Scales simulated provider latencies (0.05: a 60 s boot takes 3 s)."),
+    ] = 0.05,
+    fresh: Annotated[bool, typer.Option(help="Delete local state first.")] = False,
+    ui_port: Annotated[int, typer.Option(help="Temporal Web UI port.")] = 8233,
+    temporal_port: Annotated[int, typer.Option(help="Temporal frontend port.")] = 7233,
+    shard_port: Annotated[int, typer.Option(help="Shard.Session port.")] = 7443,
+    summary_every: Annotated[float, typer.Option(help="Seconds between summaries.")] = 5.0,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Run the full stack on embedded defaults with a demo fleet (Ctrl-C stops it)."""
+    from bigfleet.devstack import DevStack, DevStackOptions
+
+    _logging(verbose)
+    if fresh and data_dir.exists():
+        shutil.rmtree(data_dir)
+    settings = Settings.from_env()
+    options = DevStackOptions(
+        data_dir=data_dir,
+        database_url=settings.database_url,
+        temporal_address=settings.temporal_address,
+        temporal_port=temporal_port,
+        ui_port=ui_port,
+        shard_listen=f"127.0.0.1:{shard_port}",
+        time_factor=time_factor,
+    )
+
+    async def main(stop: asyncio.Event) -> None:
+        stack = DevStack(options)
+        try:
+            await stack.start()
+            assert stack.shard is not None
+            print(
+                "\nBigFleet dev stack is up\n"
+                f"  Temporal UI      http://localhost:{ui_port}  "
+                "(search: BigFleetClusterId='demo-web')\n"
+                f"  Temporal         {stack.temporal_address}\n"
+                f"  Shard.Session    {stack.shard.address}\n"
+                f"  Providers        "
+                + ", ".join(
+                    f"{n}={p.address}"
+                    for n, p in zip(stack.provider_clients, stack.providers, strict=True)
+                )
+                + f"\n  PostgreSQL       {stack.database_url}\n"
+                "  Ctrl-C stops everything.\n",
+                flush=True,
+            )
+            while not stop.is_set():
+                print(stack.summary() + "\n", flush=True)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=summary_every)
+        finally:
+            print("stopping…", flush=True)
+            await stack.stop()
+
+    _run(_until_signalled(main))
+
+
+@app.command()
+def shard(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
+    """Run one shard process configured from BIGFLEET_* environment variables."""
+    from bigfleet import temporal
+    from bigfleet.shard.process import ShardOptions, ShardProcess
+    from bigfleet.store import Database, Store
+    from providers.client import ProviderClient
+
+    _logging(verbose)
+    settings = _settings()
+    if not settings.database_url or not settings.temporal_address:
+        _fail(
+            "BIGFLEET_DATABASE_URL and BIGFLEET_TEMPORAL_ADDRESS must be set for `bigfleet shard`"
+        )
+    if not settings.providers:
+        _fail("BIGFLEET_PROVIDERS must name at least one provider (NAME=HOST:PORT)")
+
+    async def main(stop: asyncio.Event) -> None:
+        assert settings.database_url and settings.temporal_address
+        db = Database.connect(settings.database_url)
+        await db.migrate()
+        client = await temporal.connect(settings.temporal_address, settings.temporal_namespace)
+        await temporal.ensure_search_attributes(client, settings.temporal_namespace)
+        providers = {p.name: ProviderClient(p.address) for p in settings.providers}
+        process = ShardProcess(
+            ShardOptions(
+                shard_id=settings.shard_id,
+                listen=settings.shard_listen,
+                holder=settings.holder,
+                lease_ttl_s=settings.lease_ttl_s,
+                cycle_interval_s=settings.cycle_interval_s,
+                observe_interval_s=settings.observe_interval_s,
+            ),
+            store=Store(db.engine),
+            temporal=client,
+            providers=providers,
+        )
+        try:
+            await process.start()
+            await stop.wait()
+        finally:
+            await process.stop()
+            for p in providers.values():
+                await p.close()
+            await db.close()
+
+    _run(_until_signalled(main))
+
+
+@app.command()
+def migrate(revision: str = "head") -> None:
+    """Upgrade the database named by BIGFLEET_DATABASE_URL to ``revision``."""
+    from bigfleet.store import Database
+
+    settings = _settings()
+    if not settings.database_url:
+        _fail("BIGFLEET_DATABASE_URL is not set")
+
+    async def main() -> None:
+        assert settings.database_url
+        db = Database.connect(settings.database_url)
+        try:
+            await db.migrate(revision)
+        finally:
+            await db.close()
+
+    _run(main())
+    typer.echo(f"database at {revision}")
+
+
+@app.command("config")
+def show_config() -> None:
+    """List the environment variables BigFleet reads."""
+    for name, meaning in Settings.describe().items():
+        typer.echo(f"{name:<28} {meaning}")
+
+
+def _settings() -> Settings:
+    try:
+        return Settings.from_env()
+    except ConfigError as err:
+        _fail(str(err))
+
+
+def _fail(message: str) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def _run(coro: Awaitable[None]) -> None:
+    asyncio.run(coro)  # type: ignore[arg-type]
+
+
+def main() -> None:
+    """Console entry point.
+
+    grpcio's and the Temporal core's native threads can abort the interpreter
+    during finalisation after a clean run, so exit without finalising.
+    """
+    code = 0
+    try:
+        app()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

