@@ -1,0 +1,30 @@
+"""Configuration errors name the variable and the reason."""
+
+from __future__ import annotations
+
+import pytest
+
+from bigfleet.config import ConfigError, ProviderEndpoint, Settings, parse_providers
+
+
+def test_providers_parse_from_name_equals_address_pairs() -> None:
+    assert parse_providers("a=127.0.0.1:1, b=h:2") == (
+        ProviderEndpoint("a", "127.0.0.1:1"),
+        ProviderEndpoint("b", "h:2"),
+    )
+
+
+@pytest.mark.parametrize("text", ["a", "a=", "=h:1", "a=host", "a=h:1,a=h:2"])
+def test_malformed_provider_lists_are_refused(text: str) -> None:
+    with pytest.raises(ConfigError, match="BIGFLEET_PROVIDERS"):
+        parse_providers(text)
+
+
+def test_settings_default_without_environment() -> None:
+    s = Settings.from_env({})
+    assert s.database_url is None and s.shard_id == "shard-0" and s.cycle_interval_s == 5.0
+
+
+def test_a_non_numeric_interval_names_its_variable() -> None:
+    with pytest.raises(ConfigError, match="BIGFLEET_CYCLE_SECONDS"):
+        Settings.from_env({"BIGFLEET_CYCLE_SECONDS": "soon"})

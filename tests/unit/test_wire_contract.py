@@ -1,0 +1,59 @@
+"""The committed bindings match the .proto files, and the wire shape is the reference's."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from bigfleet.v1alpha1 import capacity_pb2, provider_pb2, shard_pb2
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_generated_bindings_are_not_stale() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gen_proto.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _fields(message: type) -> dict[str, tuple[int, int]]:
+    d = message.DESCRIPTOR  # type: ignore[attr-defined]
+    return {f.name: (f.number, f.type) for f in d.fields}
+
+
+def test_fencing_fields_sit_at_the_reference_numbers() -> None:
+    assert {k: v[0] for k, v in _fields(provider_pb2.CreateRequest).items()} == {
+        "machine_id": 1,
+        "shard_id": 3,
+        "shard_epoch": 4,
+        "sequence_number": 5,
+    }
+    assert _fields(provider_pb2.ConfigureRequest)["shard_metadata"][0] == 7
+    assert _fields(provider_pb2.DeleteRequest)["sequence_number"][0] == 4
+    assert _fields(provider_pb2.Machine)["cluster"][0] == 14
+    assert _fields(provider_pb2.Machine)["shard_metadata"][0] == 15
+
+
+def test_capacity_need_keeps_field_four_reserved() -> None:
+    numbers = {v[0] for v in _fields(capacity_pb2.CapacityNeed).values()}
+    assert 4 not in numbers and numbers == {1, 2, 3, 5, 6, 7, 8}
+    assert capacity_pb2.NodeSelectorRequirement.OPERATOR_SAME == 5
+    assert capacity_pb2.PENALTY_BUCKET_PINNED == 27
+
+
+def test_the_session_is_one_bidirectional_stream_in_the_reference_package() -> None:
+    service = shard_pb2.DESCRIPTOR.services_by_name["Shard"]
+    method = service.methods_by_name["Session"]
+    assert service.full_name == "bigfleet.v1alpha1.Shard"
+    assert method.input_type.name == "OperatorMessage" and method.output_type.name == "ShardMessage"
+    assert {f.name: f.number for f in shard_pb2.OperatorMessage.DESCRIPTOR.fields} == {
+        "hello": 1,
+        "rollup": 2,
+        "bootstrap_response": 3,
+        "reclaim_ack": 4,
+    }
