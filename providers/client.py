@@ -1,0 +1,161 @@
+"""An asyncio client for any server speaking bigfleet.v1alpha1.CapacityProvider
+(ours, or any provider written for the Go reference).
+
+Every method returns the wire message and raises only the
+`providers.errors` vocabulary: FAILED_PRECONDITION -> `Fenced`, NOT_FOUND ->
+`NotFound`, INVALID_ARGUMENT -> `InvalidArgument`, ABORTED ->
+`InvalidTransition`, UNIMPLEMENTED -> `Unimplemented`, UNAVAILABLE and
+DEADLINE_EXCEEDED -> `ProviderUnavailable` (retryable). Any other code
+(notably INTERNAL, which the Go reference kit uses for an out-of-position
+transition) is a plain `ProviderError` naming the code.
+
+The client never retries and never invents fencing tokens: the caller mints
+a fresh sequence number for every attempt, retries included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from types import TracebackType
+from typing import Any
+
+import grpc
+
+from bigfleet.v1alpha1 import provider_pb2, provider_pb2_grpc
+from providers.errors import ProviderError
+from providers.model import FencingToken
+from providers.wire import error_from_status
+
+CLIENT_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+    ("grpc.max_send_message_length", 16 * 1024 * 1024),
+]
+
+
+def _token_fields(token: FencingToken | None) -> dict[str, Any]:
+    if token is None:
+        return {}
+    return {
+        "shard_id": token.shard_id,
+        "shard_epoch": token.epoch,
+        "sequence_number": token.sequence,
+    }
+
+
+class ProviderClient:
+    """A connection to one capacity provider at ``address`` (``host:port``,
+    plaintext). ``timeout`` bounds every call, in seconds."""
+
+    def __init__(self, address: str, *, timeout: float = 10.0) -> None:
+        self.address = address
+        self.timeout = timeout
+        self._channel = grpc.aio.insecure_channel(address, options=CLIENT_OPTIONS)
+        self._stub = provider_pb2_grpc.CapacityProviderStub(self._channel)
+
+    async def __aenter__(self) -> ProviderClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the channel; in-flight calls are cancelled."""
+        await self._channel.close(None)
+
+    async def create(
+        self, machine_id: str, token: FencingToken | None
+    ) -> provider_pb2.TransitionAck:
+        """Ask for SPECULATIVE -> CREATING -> IDLE. Returns at acceptance."""
+        request = provider_pb2.CreateRequest(machine_id=machine_id, **_token_fields(token))
+        try:
+            return await self._stub.Create(request, timeout=self.timeout)
+        except grpc.aio.AioRpcError as error:
+            raise _translate(error) from error
+
+    async def configure(
+        self,
+        machine_id: str,
+        cluster_id: str,
+        bootstrap_blob: bytes,
+        token: FencingToken | None,
+        shard_metadata: Mapping[str, str] | None = None,
+    ) -> provider_pb2.TransitionAck:
+        """Ask for IDLE -> CONFIGURING -> CONFIGURED in ``cluster_id``; the
+        provider stores ``shard_metadata`` and echoes it until the drain ends."""
+        request = provider_pb2.ConfigureRequest(
+            machine_id=machine_id,
+            cluster_id=cluster_id,
+            bootstrap_blob=bootstrap_blob,
+            shard_metadata=dict(shard_metadata or {}),
+            **_token_fields(token),
+        )
+        try:
+            return await self._stub.Configure(request, timeout=self.timeout)
+        except grpc.aio.AioRpcError as error:
+            raise _translate(error) from error
+
+    async def drain(
+        self, machine_id: str, grace_seconds: int, token: FencingToken | None
+    ) -> provider_pb2.TransitionAck:
+        """Ask for CONFIGURED -> DRAINING -> IDLE within ``grace_seconds``."""
+        request = provider_pb2.DrainRequest(
+            machine_id=machine_id, grace_period_seconds=grace_seconds, **_token_fields(token)
+        )
+        try:
+            return await self._stub.Drain(request, timeout=self.timeout)
+        except grpc.aio.AioRpcError as error:
+            raise _translate(error) from error
+
+    async def delete(
+        self, machine_id: str, token: FencingToken | None
+    ) -> provider_pb2.TransitionAck:
+        """Ask for IDLE -> DELETING -> SPECULATIVE (cloud only)."""
+        request = provider_pb2.DeleteRequest(machine_id=machine_id, **_token_fields(token))
+        try:
+            return await self._stub.Delete(request, timeout=self.timeout)
+        except grpc.aio.AioRpcError as error:
+            raise _translate(error) from error
+
+    async def get(self, machine_id: str) -> provider_pb2.Machine:
+        """One machine as the provider sees it now."""
+        try:
+            return await self._stub.Get(
+                provider_pb2.MachineRef(id=machine_id), timeout=self.timeout
+            )
+        except grpc.aio.AioRpcError as error:
+            raise _translate(error) from error
+
+    async def list(
+        self,
+        states: Iterable[int] = (),
+        max_results: int = 0,
+        since_revision: bytes = b"",
+    ) -> provider_pb2.MachineList:
+        """Machines in ``states`` (all if empty), at most ``max_results`` (0:
+        no cap), only those changed since ``since_revision`` if given."""
+        request = provider_pb2.ListFilter(
+            states=[provider_pb2.MachineState.ValueType(int(s)) for s in states],
+            max_results=max_results,
+            since_revision=since_revision,
+        )
+        try:
+            return await self._stub.List(request, timeout=self.timeout)
+        except grpc.aio.AioRpcError as error:
+            raise _translate(error) from error
+
+    async def list_all(self, states: Iterable[int] = ()) -> provider_pb2.MachineList:
+        """Every machine in ``states`` in one answer, with the provider's
+        cursor for later deltas."""
+        return await self.list(states, 0, b"")
+
+
+def _translate(error: grpc.aio.AioRpcError) -> ProviderError:
+    return error_from_status(error.code(), error.details() or "")
+
+
+__all__ = ["FencingToken", "ProviderClient"]

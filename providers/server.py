@@ -1,0 +1,174 @@
+"""Serving a provider core over gRPC: the CapacityProvider servicer, health
+checking and reflection on one ``grpc.aio`` server.
+
+The servicer is thin on purpose: each RPC unpacks its request, calls the
+core (which validates, fences and decides) and packs the answer; a
+`ProviderError` becomes its status code through `providers.wire`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from bigfleet.v1alpha1 import provider_pb2, provider_pb2_grpc
+from providers.config import ProviderConfig
+from providers.core import ProviderCore
+from providers.errors import ProviderError
+from providers.kinds import build_provider
+from providers.wire import ack_to_pb, list_to_pb, machine_to_pb, status_code, token_from
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME: str = provider_pb2.DESCRIPTOR.services_by_name["CapacityProvider"].full_name
+
+#: Generous message caps: a bootstrap blob may be up to 1 MiB, and a List of a
+#: large inventory is several MiB.
+SERVER_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.max_receive_message_length", 16 * 1024 * 1024),
+    ("grpc.max_send_message_length", 256 * 1024 * 1024),
+    ("grpc.so_reuseport", 0),
+]
+
+_Reply = TypeVar("_Reply")
+#: The asyncio health servicer (the published stubs only describe the sync one).
+_AsyncHealthServicer: Any = health.aio.HealthServicer  # type: ignore[attr-defined]
+_Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class CapacityProviderServicer(provider_pb2_grpc.CapacityProviderServicer):
+    """bigfleet.v1alpha1.CapacityProvider over a `ProviderCore`."""
+
+    def __init__(self, provider: ProviderCore) -> None:
+        self._provider = provider
+
+    async def Create(
+        self, request: provider_pb2.CreateRequest, context: _Context
+    ) -> provider_pb2.TransitionAck:
+        """Accept SPECULATIVE -> IDLE; see `ProviderCore.create`."""
+        token = token_from(request.shard_id, request.shard_epoch, request.sequence_number)
+        return await _answer(
+            context, lambda: ack_to_pb(self._provider.create(request.machine_id, token))
+        )
+
+    async def Configure(
+        self, request: provider_pb2.ConfigureRequest, context: _Context
+    ) -> provider_pb2.TransitionAck:
+        """Accept IDLE -> CONFIGURED; see `ProviderCore.configure`."""
+        token = token_from(request.shard_id, request.shard_epoch, request.sequence_number)
+        return await _answer(
+            context,
+            lambda: ack_to_pb(
+                self._provider.configure(
+                    request.machine_id,
+                    request.cluster_id,
+                    request.bootstrap_blob,
+                    token,
+                    dict(request.shard_metadata),
+                )
+            ),
+        )
+
+    async def Drain(
+        self, request: provider_pb2.DrainRequest, context: _Context
+    ) -> provider_pb2.TransitionAck:
+        """Accept CONFIGURED -> IDLE; see `ProviderCore.drain`."""
+        token = token_from(request.shard_id, request.shard_epoch, request.sequence_number)
+        return await _answer(
+            context,
+            lambda: ack_to_pb(
+                self._provider.drain(request.machine_id, request.grace_period_seconds, token)
+            ),
+        )
+
+    async def Delete(
+        self, request: provider_pb2.DeleteRequest, context: _Context
+    ) -> provider_pb2.TransitionAck:
+        """Accept IDLE -> SPECULATIVE; see `ProviderCore.delete`."""
+        token = token_from(request.shard_id, request.shard_epoch, request.sequence_number)
+        return await _answer(
+            context, lambda: ack_to_pb(self._provider.delete(request.machine_id, token))
+        )
+
+    async def Get(
+        self, request: provider_pb2.MachineRef, context: _Context
+    ) -> provider_pb2.Machine:
+        """One machine; see `ProviderCore.get`."""
+        return await _answer(context, lambda: machine_to_pb(self._provider.get(request.id)))
+
+    async def List(
+        self, request: provider_pb2.ListFilter, context: _Context
+    ) -> provider_pb2.MachineList:
+        """Machines by state, capped, optionally changed-since; see `ProviderCore.list`."""
+        return await _answer(
+            context,
+            lambda: list_to_pb(
+                self._provider.list(
+                    [int(s) for s in request.states],
+                    request.max_results,
+                    request.since_revision,
+                )
+            ),
+        )
+
+
+async def _answer(context: _Context, call: Callable[[], _Reply]) -> _Reply:
+    try:
+        return call()
+    except ProviderError as error:
+        log.debug("provider refused: %s", error)
+        await context.abort(status_code(error), error.message)
+
+
+@dataclass
+class RunningProvider:
+    """A provider being served. ``provider`` is the core, for inspection."""
+
+    address: str
+    port: int
+    provider: ProviderCore
+    server: grpc.aio.Server
+    health: Any
+
+    async def stop(self, grace: float | None = 1.0) -> None:
+        """Stop answering (in-flight RPCs get ``grace`` seconds; None cuts them
+        off), cancel the simulation timers and write a final snapshot."""
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+        self.provider.close()
+
+
+async def start_provider_server(
+    config: ProviderConfig, addr: str = "127.0.0.1:0", *, provider: ProviderCore | None = None
+) -> RunningProvider:
+    """Build the provider ``config`` describes (or serve ``provider``), start
+    it on the running loop and serve it at ``addr`` (port 0 picks a free one),
+    plaintext, with health checking and reflection."""
+    core = provider if provider is not None else build_provider(config)
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    provider_pb2_grpc.add_CapacityProviderServicer_to_server(CapacityProviderServicer(core), server)
+    health_servicer = _AsyncHealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        [SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server
+    )
+    port = server.add_insecure_port(addr)
+    if port == 0:
+        raise OSError(f"cannot listen on {addr}")
+    core.start()
+    await server.start()
+    await health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    host = addr.rsplit(":", 1)[0]
+    address = f"{host}:{port}"
+    log.info("%s provider %r serving %s on %s", config.kind, core.name, SERVICE_NAME, address)
+    return RunningProvider(address, port, core, server, health_servicer)
+
+
+__all__ = ["SERVICE_NAME", "CapacityProviderServicer", "RunningProvider", "start_provider_server"]
