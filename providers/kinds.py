@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from providers.bare_metal import BareMetalProvider
 from providers.clock import Scheduler
 from providers.config import ProviderConfig
 from providers.core import ProviderCore
@@ -9,6 +10,7 @@ from providers.sim_cloud import SimCloudProvider
 
 PROVIDER_KINDS: dict[str, type[ProviderCore]] = {
     "sim-cloud": SimCloudProvider,
+    "bare-metal": BareMetalProvider,
 }
 
 

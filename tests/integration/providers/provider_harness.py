@@ -22,7 +22,7 @@ from providers.client import FencingToken, ProviderClient
 from providers.config import ProviderConfig
 from providers.server import RunningProvider, start_provider_server
 
-KINDS = ("sim-cloud",)
+KINDS = ("sim-cloud", "bare-metal")
 #: Simulated seconds per real second in the shared servers: a 90 s create is 90 ms.
 TIME_FACTOR = 0.001
 #: How long a test waits for a transition before failing (real seconds). A
