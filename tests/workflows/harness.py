@@ -1,0 +1,74 @@
+"""A real ShardContext for workflow tests: activities run for real against a provider fake.
+
+The provider is the recording fake from ``providers.fake`` (a real provider
+core on a manual clock). :class:`AdvancingProvider` moves that clock forward
+on every read, so transitions progress while a workflow polls — the way a
+real provider's machines boot while a shard waits.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from activities.context import BootstrapBlob, ShardInactive
+from bigfleet.v1alpha1 import provider_pb2
+from providers.fake import FakeProvider
+from providers.model import FencingToken
+from workflows.contracts import RecordOutcomesInput, RequirementSpec
+
+PROVIDER = "fake"
+
+
+class AdvancingProvider(FakeProvider):
+    """The fake provider whose clock moves ``step_s`` simulated seconds per Get."""
+
+    step_s: float = 0.0
+
+    async def get(self, machine_id: str) -> provider_pb2.Machine:
+        if self.step_s:
+            self.advance(self.step_s)
+        return await super().get(machine_id)
+
+
+@dataclass
+class HarnessContext:
+    """Implements :class:`activities.context.ShardContext` with inspectable effects."""
+
+    fake: FakeProvider
+    shard_id: str = "shard-t"
+    epoch: int = 3
+    bootstrap: BootstrapBlob = field(default_factory=lambda: BootstrapBlob(b"join-token", 600))
+    fenced: bool = False
+    bootstrap_requests: list[tuple[str, list[RequirementSpec]]] = field(default_factory=list)
+    observed: list[tuple[str, int]] = field(default_factory=list)
+    recorded: list[RecordOutcomesInput] = field(default_factory=list)
+    _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    def check_active(self) -> None:
+        if self.fenced:
+            raise ShardInactive("fenced")
+
+    def provider(self, name: str) -> FakeProvider:
+        if name != PROVIDER:
+            raise KeyError(name)
+        return self.fake
+
+    def next_token(self) -> FencingToken:
+        return FencingToken(self.shard_id, self.epoch, next(self._seq))
+
+    def on_fenced(self, provider: str, machine_id: str, detail: str) -> None:
+        self.fenced = True
+
+    async def request_bootstrap(
+        self, cluster_id: str, requirements: Sequence[RequirementSpec], *, wait_seconds: float
+    ) -> BootstrapBlob:
+        self.bootstrap_requests.append((cluster_id, list(requirements)))
+        return self.bootstrap
+
+    def observe(self, provider: str, machine: provider_pb2.Machine) -> None:
+        self.observed.append((machine.id, int(machine.state)))
+
+    async def record_outcomes(self, outcome: RecordOutcomesInput) -> None:
+        self.recorded.append(outcome)
