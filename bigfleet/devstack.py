@@ -16,6 +16,7 @@ import contextlib
 import logging
 import socket
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,8 @@ from bigfleet.store import Database, EmbeddedPostgres, Store
 from clusters.operator import DemandPattern, SimulatedCluster
 from providers.client import ProviderClient
 from providers.config import ProviderConfig
+from providers.core import ProviderCore
+from providers.kinds import build_provider
 from providers.server import RunningProvider, start_provider_server
 from workflows.contracts import Deadlines, PollPolicy
 
@@ -71,6 +74,8 @@ class DevStackOptions:
     persist: bool = True
     deadlines: Deadlines = field(default_factory=Deadlines)
     poll: PollPolicy = field(default_factory=lambda: PollPolicy(initial_s=0.25, max_s=2.0))
+    # Called with each provider core before it serves (tests attach recorders here).
+    provider_hook: Callable[[ProviderCore], None] | None = None
 
 
 class DevStack:
@@ -124,7 +129,10 @@ class DevStack:
             quota_scale=o.quota_scale,
             state_path=state_dir / "simcloud.json" if state_dir else None,
         )
-        running = await start_provider_server(config, o.provider_listen)
+        core = build_provider(config)
+        if o.provider_hook is not None:
+            o.provider_hook(core)
+        running = await start_provider_server(config, o.provider_listen, provider=core)
         self.providers.append(running)
         self.provider_clients[config.name] = ProviderClient(running.address)
 
