@@ -1,0 +1,38 @@
+"""``python -m bench NAME``: run a benchmark suite; each prints JSON lines.
+
+Suites: ``cycle`` (the shard engine), ``lifecycle`` (machine transitions
+through Temporal), ``all`` (every suite in turn). Each line is
+``{"bench": ..., "metric": ..., "value": ..., "unit": ...}``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+SUITES = {"cycle": "bench.cycle", "lifecycle": "bench.lifecycle"}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    names = list(SUITES) if name == "all" else [name]
+    status = 0
+    for suite in names:
+        if suite not in SUITES:
+            print(f"unknown suite {suite!r}; choose from {', '.join(SUITES)} or all", file=sys.stderr)
+            return 2
+        try:
+            module = importlib.import_module(SUITES[suite])
+        except ModuleNotFoundError as err:
+            print(f"suite {suite!r} is not available: {err}", file=sys.stderr)
+            status = 1
+            continue
+        status |= int(module.main(rest))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
