@@ -1,0 +1,414 @@
+"""The shard engine façade: the one object the shard process talks to.
+
+It owns the inventory and the needs table, and wires the cycle's pipeline in
+one place (:meth:`ShardEngine.cycle`). Everything it decides comes back as a
+:class:`~shard_engine.model.Plan`; carrying the plan out, and reporting each
+machine's outcome through :meth:`ShardEngine.settle`, is the caller's job.
+
+In-flight contract. Every machine named in an action of a committed
+(non-dry-run, unpaused) cycle is *in flight* until ``settle`` is called for
+it. In-flight machines are never picked again by any phase; machines in
+flight toward a cluster count toward that cluster's "have". A preemption
+that settles with the machine idle leaves it *promised* to the preemptor,
+and the next cycle assigns it there before anything else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import numpy as np
+
+from shard_engine import health, phase1, preemption, reclaim, shortfalls
+from shard_engine.catalog import ProfileCatalog
+from shard_engine.clusters import NO_CLUSTER, ClusterIndex
+from shard_engine.config import EngineConfig, VictimWeights
+from shard_engine.inventory import (
+    FLAG_IN_FLIGHT,
+    FLAG_PROMISED,
+    InvalidMachine,
+    Inventory,
+    validate_record,
+)
+from shard_engine.model import AssignIdle, MachineRecord, MachineState, Plan, Rollup, Shortfall
+from shard_engine.needs import Demand, NeedsTable, RollupOutcome, RollupRejected
+from shard_engine.pending import REASON_PAUSED
+from shard_engine.requirements import RELATIVE_TOLERANCE, RequirementMasks
+from shard_engine.worksheet import Mark, MarkKind, Worksheet
+
+__all__ = [
+    "EngineConfig",
+    "EngineSummary",
+    "InvalidMachine",
+    "RollupOutcome",
+    "RollupRejected",
+    "ShardEngine",
+    "VictimWeights",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSummary:
+    """A snapshot of the engine for reports and the inspection CLI."""
+
+    machines_by_state: Mapping[MachineState, int]
+    clusters: int
+    needs: int
+    in_flight: int
+    shortfalls: int
+    promised: int = 0
+    quarantined_clusters: int = 0
+    paused: bool = False
+    machines: int = 0
+    profiles: int = 0
+
+
+@dataclass(slots=True)
+class _Flight:
+    """Why a machine is in flight: the action kind, where it goes, since when."""
+
+    kind: MarkKind
+    target: int
+    started: float
+    source: int = NO_CLUSTER
+    need_key: str = ""
+    priority: int = 0
+
+
+@dataclass(slots=True)
+class _Promise:
+    """A preempted machine reserved for its preemptor's need."""
+
+    cluster: int
+    need_key: str
+    priority: int
+
+
+@dataclass(slots=True)
+class _Memory:
+    """What one cycle leaves for the next: shortfall ages, explanations, estimates."""
+
+    ages: dict[tuple[int, str], int] = field(default_factory=dict)
+    why_not: dict[int, dict[str, str]] = field(default_factory=dict)
+    shortfalls: tuple[Shortfall, ...] = ()
+    drain_seconds: dict[int, float] = field(default_factory=dict)
+
+
+class ShardEngine:
+    """In-memory decision engine of one shard (see module docstring)."""
+
+    def __init__(self, config: EngineConfig | None = None) -> None:
+        self.config = config or EngineConfig()
+        self.paused = False
+        self._catalog = ProfileCatalog()
+        self._clusters = ClusterIndex()
+        self._masks = RequirementMasks(self._catalog)
+        self._inventory = Inventory(self._catalog, self._clusters)
+        self._table = NeedsTable(
+            clusters=self._clusters,
+            catalog=self._catalog,
+            masks=self._masks,
+            quarantine=self.config.quarantine,
+        )
+        self._flights: dict[int, _Flight] = {}
+        self._promises: dict[int, _Promise] = {}
+        self._suspects: set[int] = set()
+        self._memory = _Memory()
+        self._recent_draw = np.full(0, -np.inf)
+
+    # -- observations ------------------------------------------------------------
+    def upsert_machine(self, record: MachineRecord, *, now: float) -> None:
+        """Record a new or changed observation of a machine.
+
+        Raises :class:`InvalidMachine` (a ``ValueError`` naming the field) for
+        a NaN or negative price, probability or allocatable; nothing is
+        changed then. A machine in flight stays in flight.
+        """
+        self._inventory.upsert(record, now=now)
+
+    def remove_machine(self, machine_id: str) -> None:
+        """Forget a machine (the provider no longer reports it)."""
+        row = self._inventory.row(machine_id)
+        if row is None:
+            return
+        self._forget(row)
+
+    def _forget(self, row: int) -> None:
+        self._flights.pop(row, None)
+        self._promises.pop(row, None)
+        self._suspects.discard(row)
+        self._inventory.remove(row)
+
+    def apply_rollup(self, rollup: Rollup, *, now: float) -> RollupOutcome:
+        """Replace a cluster's needs with a roll-up's (see ``needs``).
+
+        Returns ``applied``, ``stale`` (older than the newest seen) or
+        ``quarantined`` (suspicious drop, waiting for confirmation). Raises
+        :class:`RollupRejected` on a semantic problem, leaving the previous
+        needs in force.
+        """
+        outcome, entry = self._table.apply(rollup)
+        if entry is not None:
+            health.observe_rollup(
+                inventory=self._inventory,
+                cluster=entry.index,
+                reported=entry.reported_nodes,
+                threshold=self.config.health_miss_threshold,
+                suspects=self._suspects,
+            )
+            self._table.retain_masks()
+        return outcome
+
+    # -- the cycle -------------------------------------------------------------------
+    def cycle(self, *, now: float, dry_run: bool = False) -> Plan:
+        """Decide everything for this instant and return it as a plan.
+
+        The pipeline, in order:
+
+        0. promised machines go to their preemptors (AssignIdle);
+        1. Phase 1 covers deficits from idle, then speculative capacity;
+        2. Phase 2 preempts strictly lower priorities for what is still short;
+        3. Phase 3 reclaims excess configured machines and releases idle
+           cloud machines whose hold expired;
+        4. health verifies machines their cluster stopped reporting;
+        5. shortfalls and why-not reasons are read off what is left.
+
+        ``dry_run`` returns the plan and marks nothing. While ``paused`` the
+        plan carries no actions (and nothing is marked), but shortfalls and
+        reasons are still computed.
+        """
+        config = self.config
+        inventory = self._inventory
+        self._catalog.ensure_dimensions()
+        sheet = Worksheet(inventory, now)
+        demands = [
+            self._table.demand(entry)
+            for entry in self._table.entries()
+            if entry.applied_ns is not None
+        ]
+        by_cluster: dict[int, Demand] = {d.cluster: d for d in demands}
+
+        self._assign_promises(sheet, by_cluster)
+        pending = phase1.assign(
+            sheet=sheet,
+            table=self._table,
+            demands=demands,
+            catalog=self._catalog,
+            masks=self._masks,
+            tolerance=RELATIVE_TOLERANCE,
+            max_spread_steps=config.max_spread_steps,
+        )
+        pending = preemption.preempt(
+            sheet=sheet,
+            pending=pending,
+            demands=by_cluster,
+            catalog=self._catalog,
+            config=config,
+            drain_seconds=self._memory.drain_seconds,
+            tolerance=RELATIVE_TOLERANCE,
+        )
+        reclaim.reclaim_excess(
+            sheet=sheet,
+            demands=demands,
+            catalog=self._catalog,
+            config=config,
+            tolerance=RELATIVE_TOLERANCE,
+        )
+        reclaim.release_idle(
+            sheet=sheet,
+            catalog=self._catalog,
+            config=config,
+            recent_draw=self._recent_draw_view(),
+        )
+        health.verify(sheet=sheet, suspects=self._suspects, in_flight=set(self._flights))
+        ages = dict(self._memory.ages) if dry_run else self._memory.ages
+        found, why_not = shortfalls.collect(
+            pending=pending,
+            inventory=inventory,
+            names=self._catalog.dims.names,
+            ages=ages,
+            config=config,
+        )
+        if self.paused:
+            for mark in sheet.marks:
+                if mark.need_key and mark.target >= 0:
+                    why_not.setdefault(mark.target, {}).setdefault(mark.need_key, REASON_PAUSED)
+        if not dry_run:
+            self._memory.why_not = why_not
+            self._memory.shortfalls = found
+        actions = tuple(sheet.actions)
+        if self.paused:
+            actions = ()
+        elif not dry_run:
+            self._commit(sheet, now)
+        plan_why_not = {
+            (self._clusters.name(c), key): reason
+            for c, reasons in why_not.items()
+            for key, reason in reasons.items()
+        }
+        return Plan(
+            now=now, actions=actions, shortfalls=found, why_not=plan_why_not, dry_run=dry_run
+        )
+
+    def _assign_promises(self, sheet: Worksheet, demands: Mapping[int, Demand]) -> None:
+        """Stage 0: a machine freed by preemption goes to its preemptor before anyone else."""
+        inventory = self._inventory
+        for row, promise in list(self._promises.items()):
+            demand = demands.get(promise.cluster)
+            still_wanted = demand is not None and promise.need_key in demand.keys
+            if int(inventory.state[row]) != int(MachineState.IDLE) or not still_wanted:
+                sheet.marks.append(Mark(MarkKind.DROP_PROMISE, [row], NO_CLUSTER))
+                continue
+            sheet.taken.add(row)
+            sheet.record(
+                AssignIdle(
+                    machine_id=inventory.ids.id_of(row),
+                    cluster_id=self._clusters.name(promise.cluster),
+                    need_key=promise.need_key,
+                    priority=promise.priority,
+                    requirements=demand.needs[demand.keys.index(promise.need_key)].requirements
+                    if demand is not None
+                    else (),
+                ),
+                Mark(MarkKind.ASSIGN, [row], promise.cluster, promise.need_key, promise.priority),
+            )
+
+    def _commit(self, sheet: Worksheet, now: float) -> None:
+        """Apply the plan's marks: every machine named becomes in flight."""
+        inventory = self._inventory
+        for mark in sheet.marks:
+            for row in mark.rows:
+                if mark.kind is MarkKind.DROP_PROMISE:
+                    self._promises.pop(row, None)
+                    inventory.set_flags(row, flags=0, target=NO_CLUSTER)
+                    continue
+                self._promises.pop(row, None)
+                source = int(inventory.cluster[row])
+                target = mark.target
+                if mark.kind is MarkKind.VERIFY:
+                    target = source
+                inventory.set_flags(row, flags=FLAG_IN_FLIGHT, target=target)
+                self._suspects.discard(row)
+                self._flights[row] = _Flight(
+                    kind=mark.kind,
+                    target=target,
+                    started=now,
+                    source=source,
+                    need_key=mark.need_key,
+                    priority=mark.priority,
+                )
+        for (cluster, key), domain in sheet.gang_choices.items():
+            entry = self._table.entry(cluster)
+            if entry is not None and key in entry.arrival:
+                entry.gang_domain[key] = domain
+                self._table.touch(entry)
+        if sheet.drawn:
+            recent = self._recent_draw_view()
+            recent[list(sheet.drawn)] = now
+
+    def _recent_draw_view(self) -> np.ndarray:
+        total = len(self._catalog)
+        if len(self._recent_draw) < total:
+            grown = np.full(max(total, 2 * len(self._recent_draw), 64), -np.inf)
+            grown[: len(self._recent_draw)] = self._recent_draw
+            self._recent_draw = grown
+        return self._recent_draw[:total]
+
+    # -- outcomes ----------------------------------------------------------------------
+    def settle(self, machine_id: str, record: MachineRecord | None, *, now: float) -> None:
+        """The operation started for this machine finished (success or failure).
+
+        ``record`` is the final observation, or None when the machine is
+        gone. A preemption that ends with the machine idle leaves it promised
+        to the preemptor; drain durations feed the victim's drain estimate.
+        """
+        if record is not None:
+            record = validate_record(record)
+        row = self._inventory.row(machine_id)
+        if row is None:
+            if record is not None:
+                self._inventory.upsert(record, now=now)
+            return
+        flight = self._flights.pop(row, None)
+        if record is None:
+            self._forget(row)
+            return
+        self._inventory.upsert(record, now=now)
+        if flight is None:
+            return
+        if flight.kind in (MarkKind.PREEMPT, MarkKind.RECLAIM) and flight.source >= 0:
+            self._learn_drain(flight.source, now - flight.started)
+        if flight.kind is MarkKind.PREEMPT and record.state == MachineState.IDLE:
+            self._promises[row] = _Promise(flight.target, flight.need_key, flight.priority)
+            self._inventory.set_flags(row, flags=FLAG_PROMISED, target=flight.target)
+        else:
+            self._inventory.set_flags(row, flags=0, target=NO_CLUSTER)
+        if flight.kind is MarkKind.VERIFY:
+            self._inventory.missed[row] = 0
+
+    def _learn_drain(self, cluster: int, seconds: float) -> None:
+        """Exponentially smoothed drain time per cluster (the victim score's speed term)."""
+        if seconds < 0:
+            return
+        alpha = self.config.drain_estimate_smoothing
+        known = self._memory.drain_seconds.get(cluster)
+        self._memory.drain_seconds[cluster] = (
+            seconds if known is None else (1 - alpha) * known + alpha * seconds
+        )
+
+    # -- reading ---------------------------------------------------------------------------
+    def machine(self, machine_id: str) -> MachineRecord | None:
+        """The latest observation of a machine, or None when unknown."""
+        row = self._inventory.row(machine_id)
+        return None if row is None else self._inventory.record(row)
+
+    def machines(self) -> Iterator[MachineRecord]:
+        """Every machine's latest observation."""
+        return self._inventory.records()
+
+    def in_flight(self) -> Mapping[str, str]:
+        """machine_id -> target cluster ("" for a drain to idle or a release)."""
+        ids = self._inventory.ids
+        return MappingProxyType(
+            {ids.id_of(row): self._clusters.name(f.target) for row, f in self._flights.items()}
+        )
+
+    def promised(self) -> Mapping[str, str]:
+        """machine_id -> the preemptor cluster an idle machine is reserved for."""
+        ids = self._inventory.ids
+        return MappingProxyType(
+            {ids.id_of(row): self._clusters.name(p.cluster) for row, p in self._promises.items()}
+        )
+
+    def summary(self) -> EngineSummary:
+        """Counts for reports: machines by state, clusters, needs, in flight, shortfalls."""
+        counts = self._inventory.state_counts
+        by_state = MappingProxyType(
+            {state: int(counts[int(state)]) for state in MachineState if counts[int(state)]}
+        )
+        entries = self._table.entries()
+        return EngineSummary(
+            machines_by_state=by_state,
+            clusters=len(entries),
+            needs=self._table.count(),
+            in_flight=len(self._flights),
+            shortfalls=len(self._memory.shortfalls),
+            promised=len(self._promises),
+            quarantined_clusters=sum(1 for e in entries if e.quarantined),
+            paused=self.paused,
+            machines=len(self._inventory),
+            profiles=len(self._catalog),
+        )
+
+    def shortfalls(self) -> tuple[Shortfall, ...]:
+        """The shortfalls of the last committed cycle (for the coordinator report)."""
+        return self._memory.shortfalls
+
+    def why_not(self, cluster_id: str) -> Mapping[str, str]:
+        """need_key -> why that need was not satisfied in the last committed cycle."""
+        index = self._clusters.find(cluster_id)
+        if index is None:
+            return MappingProxyType({})
+        return MappingProxyType(dict(self._memory.why_not.get(index, {})))

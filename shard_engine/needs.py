@@ -1,0 +1,413 @@
+"""The needs table: every cluster's latest demand, validated, ordered and compiled.
+
+Roll-ups only *update* this table; the cycle alone acts (declarative, §8 of
+the paper). A roll-up replaces everything its cluster asked for before. One
+older than the newest seen for its cluster is stale and ignored; one that
+drops nearly every row is quarantined (see ``quarantine``); one with a
+semantic problem is rejected whole with the field named, and the previous
+needs stay in force.
+
+Needs are ordered by priority (descending), then by arrival: the first time
+a need key was seen from its cluster. A need that survives many roll-ups
+keeps its place in the queue.
+
+Per cluster, the needs compile lazily into numpy arrays (:class:`Demand`):
+aggregate and ``min_unit`` vectors, penalties, and a boolean matrix saying
+which profiles may serve which need. The matrix is what turns "how much does
+this need already have" into one small matrix product per cluster.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from shard_engine.catalog import ProfileCatalog
+from shard_engine.clusters import ClusterIndex
+from shard_engine.model import AppClass, Need, Rollup, TopologySpread, WhenUnsatisfiable
+from shard_engine.quarantine import QuarantineRule
+from shard_engine.requirements import MaskKey, RequirementMasks, mask_key, validate_requirements
+from shard_engine.resources import APP_CLASS_VICTIM_RANK, InvalidResource, ResourceVec
+from shard_engine.topology import domain_codes, same_keys
+
+__all__ = [
+    "ClusterNeeds",
+    "Demand",
+    "NeedsTable",
+    "RollupOutcome",
+    "RollupRejected",
+    "validate_rollup",
+]
+
+FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+
+PINNED_DOLLARS = 1e12
+"""Penalties above this (or infinite) are clamped to it so arithmetic stays finite."""
+
+_INT32_MIN = -(2**31)
+_INT32_MAX = 2**31 - 1
+
+
+class RollupRejected(ValueError):
+    """A roll-up with a semantic problem; nothing of it was applied."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field = field
+        self.reason = reason
+        super().__init__(f"{field}: {reason}")
+
+
+@dataclass(frozen=True, slots=True)
+class RollupOutcome:
+    """What :meth:`NeedsTable.apply` did with a roll-up."""
+
+    status: Literal["applied", "stale", "quarantined"]
+    detail: str = ""
+
+
+def _penalty(value: float, *, field: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        raise RollupRejected(field, f"not a number: {value!r}")
+    if value < 0:
+        raise RollupRejected(field, f"negative: {value!r}")
+    return float(min(value, PINNED_DOLLARS))
+
+
+def _resources(amounts: Mapping[str, float], *, field: str) -> dict[str, float]:
+    try:
+        ResourceVec.from_mapping(amounts, field=field)
+    except InvalidResource as exc:
+        raise RollupRejected(exc.field, exc.reason) from None
+    return {k: float(v) for k, v in amounts.items() if v > 0}
+
+
+def _validate_need(need: Need, *, field: str) -> Need:
+    if isinstance(need.priority, bool) or not isinstance(need.priority, int):
+        raise RollupRejected(f"{field}.priority", f"not an integer: {need.priority!r}")
+    if not _INT32_MIN <= need.priority <= _INT32_MAX:
+        raise RollupRejected(f"{field}.priority", f"outside int32: {need.priority}")
+    try:
+        validate_requirements(need.requirements, field=f"{field}.requirements")
+    except ValueError as exc:
+        where, _, why = str(exc).partition(": ")
+        raise RollupRejected(where, why) from None
+    for j, spread in enumerate(need.spread):
+        where = f"{field}.spread[{j}]"
+        if not spread.topology_key:
+            raise RollupRejected(f"{where}.topology_key", "empty")
+        if isinstance(spread.max_skew, bool) or not isinstance(spread.max_skew, int):
+            raise RollupRejected(f"{where}.max_skew", "not an integer")
+        if spread.max_skew < 1:
+            raise RollupRejected(f"{where}.max_skew", f"must be at least 1, got {spread.max_skew}")
+    if not isinstance(need.app_class, AppClass):
+        raise RollupRejected(f"{field}.app_class", f"unknown app class {need.app_class!r}")
+    spreads = tuple(
+        s
+        if s.when_unsatisfiable != WhenUnsatisfiable.UNSPECIFIED
+        else TopologySpread(s.topology_key, s.max_skew, WhenUnsatisfiable.DO_NOT_SCHEDULE)
+        for s in need.spread
+    )
+    return replace(
+        need,
+        aggregate=_resources(need.aggregate, field=f"{field}.aggregate"),
+        min_unit=_resources(need.min_unit, field=f"{field}.min_unit"),
+        interruption_penalty=_penalty(
+            need.interruption_penalty, field=f"{field}.interruption_penalty"
+        ),
+        reclamation_penalty=_penalty(
+            need.reclamation_penalty, field=f"{field}.reclamation_penalty"
+        ),
+        spread=spreads,
+    )
+
+
+def validate_rollup(rollup: Rollup) -> tuple[Need, ...]:
+    """Check a roll-up and return its needs, normalised, one per need key.
+
+    Two rows with the same key (same requirements, priority, spread and
+    penalties) are one need on the wire's own terms: their aggregates are
+    summed, the larger ``min_unit`` per resource kept, and the most
+    protective app class wins. Infinite penalties become ``PINNED_DOLLARS``.
+    """
+    if not isinstance(rollup.cluster_id, str) or not rollup.cluster_id:
+        raise RollupRejected("cluster_id", "empty")
+    if isinstance(rollup.timestamp_ns, bool) or not isinstance(rollup.timestamp_ns, int):
+        raise RollupRejected("timestamp_ns", f"not an integer: {rollup.timestamp_ns!r}")
+    if rollup.reported_nodes is not None and any(
+        not isinstance(n, str) for n in rollup.reported_nodes
+    ):
+        raise RollupRejected("reported_nodes", "node names must be strings")
+    merged: dict[str, Need] = {}
+    for i, raw in enumerate(rollup.needs):
+        need = _validate_need(raw, field=f"needs[{i}]")
+        key = need.key
+        earlier = merged.get(key)
+        if earlier is None:
+            merged[key] = need
+            continue
+        aggregate = dict(earlier.aggregate)
+        for name, value in need.aggregate.items():
+            aggregate[name] = aggregate.get(name, 0.0) + value
+        unit = dict(earlier.min_unit)
+        for name, value in need.min_unit.items():
+            unit[name] = max(unit.get(name, 0.0), value)
+        app = max((earlier.app_class, need.app_class), key=lambda a: APP_CLASS_VICTIM_RANK[a])
+        merged[key] = replace(earlier, aggregate=aggregate, min_unit=unit, app_class=app)
+    return tuple(merged.values())
+
+
+@dataclass(slots=True)
+class Demand:
+    """One cluster's needs compiled against the current catalog (see module docstring).
+
+    Rows are the cluster's needs in cycle order (priority descending, then
+    arrival). ``matrix[i, p]`` says profile ``p`` may serve need ``i``;
+    ``serving[p]`` is the first (highest-priority) need profile ``p`` serves
+    or -1, which is how Phase 2 and Phase 3 know what a configured machine
+    is worth to its cluster.
+    """
+
+    cluster: int
+    needs: tuple[Need, ...]
+    keys: tuple[str, ...]
+    priority: npt.NDArray[np.int64]
+    arrival: npt.NDArray[np.int64]
+    aggregate: FloatArray
+    min_unit: FloatArray
+    interruption_penalty: FloatArray
+    reclamation_penalty: FloatArray
+    app_rank: npt.NDArray[np.int8]
+    mask_keys: tuple[MaskKey, ...]
+    matrix: BoolArray
+    serving: npt.NDArray[np.int32]
+    gang_keys: tuple[tuple[str, ...], ...]
+    topological: BoolArray
+    profiles: int
+    dims: int
+    version: int
+
+    def widen(self, dims: int) -> None:
+        """Pad the vectors with zero columns for resources named after compilation."""
+        if dims > self.dims:
+            pad = dims - self.dims
+            self.aggregate = np.pad(self.aggregate, ((0, 0), (0, pad)))
+            self.min_unit = np.pad(self.min_unit, ((0, 0), (0, pad)))
+            self.dims = dims
+
+
+@dataclass(slots=True)
+class ClusterNeeds:
+    """Everything the table holds for one cluster."""
+
+    index: int
+    cluster_id: str
+    needs: tuple[Need, ...] = ()
+    applied_ns: int | None = None
+    seen_ns: int | None = None
+    arrival: dict[str, int] = field(default_factory=dict)
+    held: tuple[Need, ...] | None = None
+    held_confirmations: int = 0
+    reported_nodes: frozenset[str] | None = None
+    gang_domain: dict[str, int] = field(default_factory=dict)
+    version: int = 0
+    compiled: Demand | None = None
+
+    @property
+    def quarantined(self) -> bool:
+        """True while a suspicious roll-up waits for confirmation."""
+        return self.held is not None
+
+
+class NeedsTable:
+    """All clusters' needs, with staleness, quarantine and lazy compilation."""
+
+    def __init__(
+        self,
+        *,
+        clusters: ClusterIndex,
+        catalog: ProfileCatalog,
+        masks: RequirementMasks,
+        quarantine: QuarantineRule,
+    ) -> None:
+        self._clusters = clusters
+        self._catalog = catalog
+        self._masks = masks
+        self._rule = quarantine
+        self._entries: dict[int, ClusterNeeds] = {}
+        self._arrivals = 0
+        self.version = 0
+
+    # -- roll-ups -----------------------------------------------------------------
+    def apply(self, rollup: Rollup) -> tuple[RollupOutcome, ClusterNeeds | None]:
+        """Apply a roll-up (full replacement). Returns the outcome and, when applied, the entry.
+
+        Raises :class:`RollupRejected` before touching anything when the
+        roll-up has a semantic problem.
+        """
+        needs = validate_rollup(rollup)
+        index = self._clusters.index_of(rollup.cluster_id)
+        entry = self._entries.get(index)
+        if entry is None:
+            entry = ClusterNeeds(index=index, cluster_id=rollup.cluster_id)
+            self._entries[index] = entry
+        if entry.seen_ns is not None and rollup.timestamp_ns < entry.seen_ns:
+            return (
+                RollupOutcome(
+                    "stale", f"timestamp {rollup.timestamp_ns} older than {entry.seen_ns}"
+                ),
+                None,
+            )
+        newer = entry.seen_ns is None or rollup.timestamp_ns > entry.seen_ns
+        entry.seen_ns = rollup.timestamp_ns
+        previous = {n.key for n in entry.needs}
+        incoming = {n.key for n in needs}
+        if entry.applied_ns is not None and self._rule.suspicious(previous, incoming):
+            if entry.held is None:
+                entry.held = needs
+                entry.held_confirmations = 0
+                return (
+                    RollupOutcome(
+                        "quarantined",
+                        f"keeps {len(previous & incoming)} of {len(previous)} need rows; "
+                        f"waiting for {self._rule.confirmations} confirmations",
+                    ),
+                    None,
+                )
+            if newer:
+                entry.held_confirmations += 1
+            entry.held = needs
+            if entry.held_confirmations < self._rule.confirmations:
+                return (
+                    RollupOutcome(
+                        "quarantined",
+                        f"confirmation {entry.held_confirmations} of {self._rule.confirmations}",
+                    ),
+                    None,
+                )
+        entry.held = None
+        entry.held_confirmations = 0
+        self._replace(entry, needs, rollup)
+        return RollupOutcome("applied", f"{len(needs)} needs"), entry
+
+    def _replace(self, entry: ClusterNeeds, needs: tuple[Need, ...], rollup: Rollup) -> None:
+        arrival: dict[str, int] = {}
+        for need in needs:
+            key = need.key
+            seq = entry.arrival.get(key)
+            if seq is None:
+                seq = self._arrivals
+                self._arrivals += 1
+            arrival[key] = seq
+        entry.arrival = arrival
+        entry.needs = tuple(sorted(needs, key=lambda n: (-n.priority, arrival[n.key])))
+        entry.applied_ns = rollup.timestamp_ns
+        entry.reported_nodes = rollup.reported_nodes
+        entry.gang_domain = {k: v for k, v in entry.gang_domain.items() if k in arrival}
+        self.touch(entry)
+
+    def touch(self, entry: ClusterNeeds) -> None:
+        """Invalidate the entry's compiled form (its needs or gang domains changed)."""
+        entry.version += 1
+        entry.compiled = None
+        self.version += 1
+
+    # -- reading --------------------------------------------------------------------
+    def entry(self, cluster: int) -> ClusterNeeds | None:
+        """The table's entry for cluster index ``cluster``."""
+        return self._entries.get(cluster)
+
+    def entries(self) -> list[ClusterNeeds]:
+        """Every cluster that has sent a roll-up."""
+        return list(self._entries.values())
+
+    def applied(self, cluster: int) -> bool:
+        """True once a roll-up of ``cluster`` has been applied (only then may it lose machines)."""
+        entry = self._entries.get(cluster)
+        return entry is not None and entry.applied_ns is not None
+
+    def count(self) -> int:
+        """Number of need rows in force."""
+        return sum(len(e.needs) for e in self._entries.values())
+
+    def retain_masks(self) -> None:
+        """Drop cached masks no need uses any more."""
+        keys = {
+            mask_key(n.requirements, n.min_unit) for e in self._entries.values() for n in e.needs
+        }
+        self._masks.retain(keys)
+
+    # -- compilation ----------------------------------------------------------------
+    def demand(self, entry: ClusterNeeds) -> Demand:
+        """The entry compiled against the current catalog (cached until something changes)."""
+        compiled = entry.compiled
+        profiles = len(self._catalog)
+        if compiled is not None and compiled.profiles == profiles:
+            compiled.widen(len(self._catalog.dims))
+            return compiled
+        compiled = self._compile(entry)
+        entry.compiled = compiled
+        return compiled
+
+    def _compile(self, entry: ClusterNeeds) -> Demand:
+        catalog = self._catalog
+        needs = entry.needs
+        count = len(needs)
+        dims = catalog.dims
+        for need in needs:
+            for name in need.aggregate:
+                dims.index_of(name)
+            for name in need.min_unit:
+                dims.index_of(name)
+        width = len(dims)
+        profiles = len(catalog)
+        aggregate = np.zeros((count, width))
+        unit = np.zeros((count, width))
+        matrix = np.zeros((count, profiles), dtype=np.bool_)
+        keys: list[MaskKey] = []
+        gangs: list[tuple[str, ...]] = []
+        for i, need in enumerate(needs):
+            for name, value in need.aggregate.items():
+                aggregate[i, dims.index_of(name)] = value
+            for name, value in need.min_unit.items():
+                unit[i, dims.index_of(name)] = value
+            key = mask_key(need.requirements, need.min_unit)
+            keys.append(key)
+            row = self._masks.mask(key)
+            gang = same_keys(need)
+            gangs.append(gang)
+            chosen = entry.gang_domain.get(need.key)
+            if gang and chosen is not None:
+                row = row & (domain_codes(catalog, gang) == chosen)
+            matrix[i] = row
+        serving = np.full(profiles, -1, dtype=np.int32)
+        if count:
+            first = matrix.argmax(axis=0).astype(np.int32)
+            serving = np.where(matrix.any(axis=0), first, serving).astype(np.int32)
+        return Demand(
+            cluster=entry.index,
+            needs=needs,
+            keys=tuple(n.key for n in needs),
+            priority=np.array([n.priority for n in needs], dtype=np.int64),
+            arrival=np.array([entry.arrival[n.key] for n in needs], dtype=np.int64),
+            aggregate=aggregate,
+            min_unit=unit,
+            interruption_penalty=np.array([n.interruption_penalty for n in needs]),
+            reclamation_penalty=np.array([n.reclamation_penalty for n in needs]),
+            app_rank=np.array([APP_CLASS_VICTIM_RANK[n.app_class] for n in needs], dtype=np.int8),
+            mask_keys=tuple(keys),
+            matrix=matrix,
+            serving=serving,
+            gang_keys=tuple(gangs),
+            topological=np.array(
+                [bool(g) or bool(n.spread) for g, n in zip(gangs, needs, strict=True)]
+            ),
+            profiles=profiles,
+            dims=width,
+            version=entry.version,
+        )

@@ -1,0 +1,230 @@
+"""Phase 1: walk the needs top-down and cover each deficit from free capacity.
+
+For every need, in priority order then arrival:
+
+1. **Have.** Supply is the allocatable of the cluster's machines that match
+   the need: configured, configuring, creating for it, and in flight or
+   promised toward it. In-flight machines count, so a second cycle never
+   provisions again for the same gap.
+2. **Deficit.** ``aggregate - have`` per resource; a need within rounding of
+   zero is satisfied and costs nothing more this cycle. The satisfied check
+   is one matrix product per cluster, so the per-need loop below runs only
+   for needs that are actually short.
+3. **Topology.** A ``Same`` gang first picks one domain that can hold all
+   of it (see ``topology``); a need with a spread fills domains water-level.
+4. **Idle, then speculative.** Idle machines need no Create call and are
+   already paid for; speculative slots come second. Within each tier the
+   shape with the lowest effective cost per dominant unit covered wins, and
+   every shape must hold ``min_unit`` on its own (the mask says so).
+
+Idle picks become one :class:`AssignIdle` per machine; speculative picks for
+one need become one batched :class:`Provision`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from shard_engine.catalog import ProfileCatalog
+from shard_engine.costs import dominant_dimension, effective_cost
+from shard_engine.model import AssignIdle, Provision
+from shard_engine.needs import Demand, NeedsTable
+from shard_engine.pending import PendingNeed
+from shard_engine.pools import TIER_IDLE, TIER_SPECULATIVE, PoolKey
+from shard_engine.requirements import RequirementMasks
+from shard_engine.selection import cover_by_cost, cover_with_spread, settle_deficit
+from shard_engine.topology import SpreadState, choose_gang_domain, domain_codes
+from shard_engine.worksheet import Mark, MarkKind, Worksheet
+
+__all__ = ["assign", "demand_supply", "shortages"]
+
+FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+def demand_supply(demand: Demand, supply: npt.NDArray[np.int64], alloc: FloatArray) -> FloatArray:
+    """Have per need of one cluster: ``matrix × supply × allocatable``, over held profiles only."""
+    held = np.flatnonzero(supply)
+    if len(held) == 0:
+        return np.zeros_like(demand.aggregate)
+    weights = demand.matrix[:, held] * supply[held]
+    result: FloatArray = weights @ alloc[held]
+    return result
+
+
+def shortages(
+    demands: list[Demand], sheet: Worksheet, alloc: FloatArray, tolerance: float
+) -> list[tuple[Demand, int]]:
+    """Needs short of anything, in cycle order (priority descending, then arrival)."""
+    found: list[tuple[int, int, Demand, int]] = []
+    for demand in demands:
+        if not demand.needs:
+            continue
+        have = demand_supply(demand, sheet.supply_row(demand.cluster), alloc)
+        deficit = demand.aggregate - have
+        slack = tolerance * np.maximum(demand.aggregate, 1.0)
+        short = np.flatnonzero((deficit > slack).any(axis=1))
+        for i in short.tolist():
+            found.append((-int(demand.priority[i]), int(demand.arrival[i]), demand, i))
+    found.sort(key=lambda t: (t[0], t[1]))
+    return [(demand, i) for _, _, demand, i in found]
+
+
+def _need_have(
+    demand: Demand, index: int, mask: BoolArray, sheet: Worksheet, alloc: FloatArray
+) -> FloatArray:
+    row = sheet.supply_row(demand.cluster)
+    held = np.flatnonzero(row * mask)
+    result: FloatArray = row[held] @ alloc[held] if len(held) else np.zeros(alloc.shape[1])
+    return result
+
+
+def assign(
+    *,
+    sheet: Worksheet,
+    table: NeedsTable,
+    demands: list[Demand],
+    catalog: ProfileCatalog,
+    masks: RequirementMasks,
+    tolerance: float,
+    max_spread_steps: int,
+) -> list[PendingNeed]:
+    """Run Phase 1 over every short need; return those still short, in cycle order."""
+    alloc = catalog.alloc
+    names = catalog.dims.names
+    pending: list[PendingNeed] = []
+    for demand, index in shortages(demands, sheet, alloc, tolerance):
+        need = demand.needs[index]
+        aggregate = demand.aggregate[index]
+        mask = demand.matrix[index]
+        block = ""
+        gang = demand.gang_keys[index]
+        if gang:
+            base = masks.mask(demand.mask_keys[index])
+            codes = domain_codes(catalog, gang)
+            free = (sheet.free[TIER_IDLE] + sheet.free[TIER_SPECULATIVE]).astype(np.float64)
+            entry = table.entry(demand.cluster)
+            previous = entry.gang_domain.get(demand.keys[index]) if entry is not None else None
+            choice = choose_gang_domain(
+                codes=codes,
+                mask=base,
+                held=sheet.supply_row(demand.cluster).astype(np.float64),
+                available=free,
+                aggregate=aggregate,
+                alloc=alloc,
+                previous=previous,
+                tolerance=tolerance,
+            )
+            if choice.domain is None:
+                block = choice.reason
+                mask = base & (codes == previous) if previous is not None else base
+            else:
+                mask = base & (codes == choice.domain)
+                if choice.domain != previous:
+                    sheet.gang_choices[(demand.cluster, demand.keys[index])] = choice.domain
+        have = _need_have(demand, index, mask, sheet, alloc)
+        deficit = settle_deficit(aggregate - have, aggregate, tolerance)
+        if block and deficit.any():
+            pending.append(PendingNeed(demand, index, np.maximum(deficit, 0.0), mask, block))
+            continue
+        if block or not deficit.any():
+            continue
+        spread = None
+        if need.spread:
+            spread = SpreadState(
+                catalog=catalog,
+                spreads=need.spread,
+                mask=mask,
+                present=sheet.inventory.members > 0,
+                held=(sheet.supply_row(demand.cluster) * mask).astype(np.float64),
+            )
+        cost = effective_cost(
+            catalog.price, catalog.interruption_probability, need.interruption_penalty
+        )
+        for tier in (TIER_IDLE, TIER_SPECULATIVE):
+            if not deficit.any():
+                break
+            candidates = np.flatnonzero(mask & (sheet.free[tier] > 0))
+            if len(candidates) == 0:
+                continue
+            available = sheet.free[tier][candidates]
+            shapes = alloc[candidates]
+            if spread is None:
+                picks, deficit = cover_by_cost(
+                    deficit=deficit,
+                    aggregate=aggregate,
+                    available=available,
+                    alloc=shapes,
+                    cost=cost[candidates],
+                    names=names,
+                    tolerance=tolerance,
+                )
+            else:
+                dstar = dominant_dimension(deficit, shapes.max(axis=0), names)
+                unit = shapes[:, dstar] if dstar is not None else np.ones(len(candidates))
+                with np.errstate(divide="ignore"):
+                    preference = np.where(unit > 0, cost[candidates] / unit, np.inf)
+                picks, deficit, blocked = cover_with_spread(
+                    deficit=deficit,
+                    aggregate=aggregate,
+                    available=available,
+                    alloc=shapes,
+                    profiles=candidates.astype(np.int64),
+                    preference=preference,
+                    spread=spread,
+                    max_steps=max_spread_steps,
+                    tolerance=tolerance,
+                )
+                if blocked and deficit.any():
+                    block = "hard topology spread leaves no allowed domain with free capacity"
+            _emit(sheet, demand, index, tier, candidates, picks)
+        if deficit.any():
+            pending.append(PendingNeed(demand, index, deficit, mask, block))
+    return pending
+
+
+def _emit(
+    sheet: Worksheet,
+    demand: Demand,
+    index: int,
+    tier: int,
+    candidates: npt.NDArray[np.intp],
+    picks: list[tuple[int, int]],
+) -> None:
+    """Turn picks into rows taken from the pools, supply moved, and actions."""
+    cluster = demand.cluster
+    cluster_id = sheet.inventory.clusters.name(cluster)
+    need = demand.needs[index]
+    key = demand.keys[index]
+    batch: list[int] = []
+    for group, machines in picks:
+        profile = int(candidates[group])
+        rows = sheet.take(PoolKey(tier, -1, profile), machines)
+        sheet.move_supply(cluster, profile, len(rows))
+        sheet.drawn.add(profile)
+        if tier == TIER_IDLE:
+            for row in rows:
+                sheet.record(
+                    AssignIdle(
+                        machine_id=sheet.inventory.ids.id_of(row),
+                        cluster_id=cluster_id,
+                        need_key=key,
+                        priority=need.priority,
+                        requirements=need.requirements,
+                    ),
+                    Mark(MarkKind.ASSIGN, [row], cluster, key, need.priority),
+                )
+        else:
+            batch.extend(rows)
+    if batch:
+        sheet.record(
+            Provision(
+                machine_ids=tuple(sheet.inventory.ids.ids_of(batch)),
+                cluster_id=cluster_id,
+                need_key=key,
+                priority=need.priority,
+                requirements=need.requirements,
+            ),
+            Mark(MarkKind.PROVISION, batch, cluster, key, need.priority),
+        )

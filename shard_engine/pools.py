@@ -1,0 +1,129 @@
+"""Pools: machines grouped by what a phase may do with them, with O(1) moves.
+
+A phase never scans half a million rows. It asks for "idle machines of
+profile 17" or "configured machines of cluster 4, profile 17" and takes some
+from the end of that pool. Each pool is a growable ``int32`` array of rows;
+each row remembers its pool and its position, so removing a machine is a
+swap with the pool's last element. Every machine is in at most one pool.
+
+Within a cycle, phases take machines *tentatively* by counting how many they
+have consumed from the end of each pool (see ``worksheet``); nothing moves
+until the plan is committed, which is what makes dry runs free.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["TIER_BOUND", "TIER_IDLE", "TIER_SPECULATIVE", "PoolKey", "Pools"]
+
+IntArray = npt.NDArray[np.int32]
+
+TIER_IDLE = 0
+"""Idle machines with a host, free for any cluster."""
+TIER_SPECULATIVE = 1
+"""Speculative slots: creatable on demand."""
+TIER_BOUND = 2
+"""Configured machines of one cluster, settled: victims and reclaim candidates."""
+
+
+class PoolKey(NamedTuple):
+    """Identity of a pool: tier, cluster index (-1 for free tiers), profile id."""
+
+    tier: int
+    cluster: int
+    profile: int
+
+
+class Pools:
+    """All pools, plus each machine's pool and position."""
+
+    def __init__(self) -> None:
+        self._keys: list[PoolKey] = []
+        self._id_of: dict[PoolKey, int] = {}
+        self._stacks: list[IntArray] = []
+        self.counts: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
+        self.pool_of: IntArray = np.zeros(0, dtype=np.int32)
+        self._pos: IntArray = np.zeros(0, dtype=np.int32)
+        self.by_cluster: dict[int, list[int]] = {}
+
+    # -- sizing ---------------------------------------------------------------
+    def ensure_rows(self, rows: int) -> None:
+        """Make the per-machine columns at least ``rows`` long."""
+        if rows > len(self.pool_of):
+            capacity = max(rows, 2 * len(self.pool_of), 1024)
+            grown = np.full(capacity, -1, dtype=np.int32)
+            grown[: len(self.pool_of)] = self.pool_of
+            self.pool_of = grown
+            self._pos = np.resize(self._pos, capacity)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    # -- pools ----------------------------------------------------------------
+    def pool(self, key: PoolKey) -> int:
+        """Id of the pool ``key`` (created empty when new)."""
+        found = self._id_of.get(key)
+        if found is None:
+            found = len(self._keys)
+            self._keys.append(key)
+            self._id_of[key] = found
+            self._stacks.append(np.empty(4, dtype=np.int32))
+            if found >= len(self.counts):
+                self.counts = np.resize(self.counts, max(16, 2 * len(self.counts)))
+            self.counts[found] = 0
+            if key.tier == TIER_BOUND:
+                self.by_cluster.setdefault(key.cluster, []).append(found)
+        return found
+
+    def find(self, key: PoolKey) -> int | None:
+        """Id of the pool ``key`` or None when it never existed."""
+        return self._id_of.get(key)
+
+    def key(self, pool: int) -> PoolKey:
+        """Key of pool id ``pool``."""
+        return self._keys[pool]
+
+    def count(self, pool: int) -> int:
+        """How many machines the pool holds."""
+        return int(self.counts[pool])
+
+    def members(self, pool: int) -> IntArray:
+        """Rows in the pool (a view; do not keep across mutations)."""
+        return self._stacks[pool][: int(self.counts[pool])]
+
+    def tail(self, pool: int, skip: int, take: int) -> IntArray:
+        """``take`` rows from the end of the pool after skipping ``skip`` already taken."""
+        end = int(self.counts[pool]) - skip
+        start = max(0, end - take)
+        return self._stacks[pool][start:end][::-1].copy()
+
+    # -- membership ---------------------------------------------------------------
+    def add(self, row: int, pool: int) -> None:
+        """Put ``row`` into ``pool`` (it must not be in any pool)."""
+        size = int(self.counts[pool])
+        stack = self._stacks[pool]
+        if size == len(stack):
+            stack = np.resize(stack, 2 * len(stack))
+            self._stacks[pool] = stack
+        stack[size] = row
+        self._pos[row] = size
+        self.pool_of[row] = pool
+        self.counts[pool] = size + 1
+
+    def remove(self, row: int) -> None:
+        """Take ``row`` out of whatever pool holds it (no-op when none)."""
+        pool = int(self.pool_of[row])
+        if pool < 0:
+            return
+        stack = self._stacks[pool]
+        last = int(self.counts[pool]) - 1
+        at = int(self._pos[row])
+        moved = int(stack[last])
+        stack[at] = moved
+        self._pos[moved] = at
+        self.counts[pool] = last
+        self.pool_of[row] = -1

@@ -1,0 +1,168 @@
+"""Covering a deficit with machines: how many of which shape.
+
+Every phase that adds machines to a need ends in the same question: given a
+deficit vector and candidate *groups* of identical machines (a profile in a
+free pool, or a victim cluster's machines of one profile), how many of each
+to take. Three strategies, all greedy and all vectorised over candidates:
+
+* :func:`cover_by_cost` — Phase 1: repeatedly take the group with the lowest
+  effective cost per dominant unit actually covered (node-pool score);
+* :func:`cover_in_order` — Phase 2: groups arrive ranked by victim score;
+  take from the best until the deficit is covered;
+* :func:`cover_with_spread` — either phase, for needs with topology spread:
+  one machine at a time into the emptiest allowed domain.
+
+Each returns ``(group position, machines)`` picks and the residual deficit;
+the caller turns picks into rows and actions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from shard_engine.costs import dominant_dimension, machines_needed
+from shard_engine.topology import SpreadState
+
+__all__ = ["Pick", "cover_by_cost", "cover_in_order", "cover_with_spread", "settle_deficit"]
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+Pick = tuple[int, int]
+
+
+def settle_deficit(deficit: FloatArray, aggregate: FloatArray, tolerance: float) -> FloatArray:
+    """Zero out deficits within rounding distance of zero (sums of floats drift)."""
+    slack = tolerance * np.maximum(aggregate, 1.0)
+    return np.where(deficit > slack, deficit, 0.0)
+
+
+def cover_by_cost(
+    *,
+    deficit: FloatArray,
+    aggregate: FloatArray,
+    available: IntArray,
+    alloc: FloatArray,
+    cost: FloatArray,
+    names: Sequence[str],
+    tolerance: float,
+) -> tuple[list[Pick], FloatArray]:
+    """Greedy cover by effective cost per dominant unit covered.
+
+    For each group the score is ``k × cost / min(k × capacity_d*, deficit_d*)``
+    where ``k`` is how many machines of the group the deficit needs (or all
+    the group has) and ``d*`` the dominant resource. The best group is taken
+    whole (up to ``k``), the deficit shrinks, and the rest are re-scored.
+    Ties break on the lower cost per unit of capacity, then the lower group
+    position, so the result is deterministic.
+    """
+    deficit = settle_deficit(deficit.copy(), aggregate, tolerance)
+    left = available.astype(np.int64).copy()
+    picks: list[Pick] = []
+    while deficit.any():
+        live = np.flatnonzero(left > 0)
+        if len(live) == 0:
+            break
+        capacity = alloc[live]
+        dstar = dominant_dimension(deficit, capacity.max(axis=0), names)
+        if dstar is None:
+            break
+        useful = capacity[:, dstar] > 0
+        live = live[useful]
+        if len(live) == 0:
+            break
+        capacity = alloc[live]
+        k = np.minimum(left[live], np.maximum(machines_needed(deficit, capacity), 1))
+        covered = np.minimum(k * capacity[:, dstar], deficit[dstar])
+        score = k * cost[live] / covered
+        unit = cost[live] / capacity[:, dstar]
+        order = np.lexsort((live, unit, score))
+        best = int(order[0])
+        group = int(live[best])
+        take = int(k[best])
+        picks.append((group, take))
+        left[group] -= take
+        deficit = settle_deficit(deficit - take * alloc[group], aggregate, tolerance)
+        deficit = np.maximum(deficit, 0.0)
+    return picks, deficit
+
+
+def cover_in_order(
+    *,
+    deficit: FloatArray,
+    aggregate: FloatArray,
+    available: IntArray,
+    alloc: FloatArray,
+    order: IntArray,
+    tolerance: float,
+) -> tuple[list[Pick], FloatArray]:
+    """Take from groups in the given preference order until the deficit is covered.
+
+    A group that covers none of what is still missing is skipped, so a
+    victim is never drained for nothing.
+    """
+    deficit = settle_deficit(deficit.copy(), aggregate, tolerance)
+    picks: list[Pick] = []
+    for group in order.tolist():
+        if not deficit.any():
+            break
+        have = int(available[group])
+        if have <= 0:
+            continue
+        need = int(machines_needed(deficit, alloc[group : group + 1])[0])
+        if need <= 0:
+            continue
+        take = min(have, need)
+        picks.append((group, take))
+        deficit = np.maximum(
+            settle_deficit(deficit - take * alloc[group], aggregate, tolerance), 0.0
+        )
+    return picks, deficit
+
+
+def cover_with_spread(
+    *,
+    deficit: FloatArray,
+    aggregate: FloatArray,
+    available: IntArray,
+    alloc: FloatArray,
+    profiles: IntArray,
+    preference: FloatArray,
+    spread: SpreadState,
+    max_steps: int,
+    tolerance: float,
+) -> tuple[list[Pick], FloatArray, bool]:
+    """Water-fill: one machine at a time into the emptiest domain the spreads allow.
+
+    Among groups that still cover part of the deficit and that no hard
+    spread forbids, the one whose domains hold the fewest of the need's
+    machines wins; ``preference`` (lower is better) breaks ties. Returns the
+    picks (merged per group), the residual deficit, and whether a hard
+    spread blocked progress.
+    """
+    deficit = settle_deficit(deficit.copy(), aggregate, tolerance)
+    left = available.astype(np.int64).copy()
+    taken: dict[int, int] = {}
+    blocked = False
+    steps = 0
+    while deficit.any() and steps < max_steps:
+        steps += 1
+        useful = (left > 0) & (alloc[:, deficit > 0] > 0).any(axis=1)
+        live = np.flatnonzero(useful)
+        if len(live) == 0:
+            break
+        ok = spread.allowed(profiles[live])
+        if not ok.any():
+            blocked = True
+            break
+        live = live[ok]
+        level = spread.level(profiles[live])
+        order = np.lexsort((live, preference[live], level))
+        group = int(live[order[0]])
+        taken[group] = taken.get(group, 0) + 1
+        left[group] -= 1
+        spread.add(int(profiles[group]), 1)
+        deficit = np.maximum(settle_deficit(deficit - alloc[group], aggregate, tolerance), 0.0)
+    return list(taken.items()), deficit, blocked

@@ -1,0 +1,118 @@
+"""The worksheet: a cycle's tentative view of the inventory.
+
+Phases decide one after another and each must see what the previous ones
+took: a machine assigned in Phase 1 is not a victim in Phase 2, a victim
+taken for one need is not taken again for the next, and supply moved toward
+a cluster counts for its later needs. None of that touches the inventory
+while the cycle runs. The worksheet records it as overlays (per-pool counts
+taken from the tail, per-cluster supply rows, free counts) plus the list of
+*marks* to apply if — and only if — the plan is committed. A dry run simply
+throws the worksheet away.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+import numpy.typing as npt
+
+from shard_engine.inventory import Inventory
+from shard_engine.model import Action
+from shard_engine.pools import TIER_BOUND, TIER_IDLE, TIER_SPECULATIVE, PoolKey
+
+__all__ = ["Mark", "MarkKind", "Worksheet"]
+
+IntArray = npt.NDArray[np.int32]
+
+
+class MarkKind(Enum):
+    """What committing a mark does to its machines."""
+
+    ASSIGN = "assign"
+    PROVISION = "provision"
+    PREEMPT = "preempt"
+    RECLAIM = "reclaim"
+    RELEASE = "release"
+    VERIFY = "verify"
+    DROP_PROMISE = "drop-promise"
+
+
+@dataclass(slots=True)
+class Mark:
+    """Machines an action names, and where they are headed once committed."""
+
+    kind: MarkKind
+    rows: list[int]
+    target: int
+    need_key: str = ""
+    priority: int = 0
+
+
+@dataclass(slots=True)
+class Worksheet:
+    """Tentative state of one cycle (see module docstring)."""
+
+    inventory: Inventory
+    now: float
+    consumed: dict[int, int] = field(default_factory=dict)
+    supply: dict[int, npt.NDArray[np.int64]] = field(default_factory=dict)
+    free: dict[int, npt.NDArray[np.int64]] = field(default_factory=dict)
+    actions: list[Action] = field(default_factory=list)
+    marks: list[Mark] = field(default_factory=list)
+    taken: set[int] = field(default_factory=set)
+    drawn: set[int] = field(default_factory=set)
+    gang_choices: dict[tuple[int, str], int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.free[TIER_IDLE] = self.inventory.free_idle.astype(np.int64)
+        self.free[TIER_SPECULATIVE] = self.inventory.free_speculative.astype(np.int64)
+
+    # -- supply -------------------------------------------------------------------
+    def supply_row(self, cluster: int) -> npt.NDArray[np.int64]:
+        """Machines counting toward ``cluster`` per profile, this cycle's moves included."""
+        row = self.supply.get(cluster)
+        if row is not None:
+            return row
+        return self.inventory.supply_row(cluster).astype(np.int64)
+
+    def touched(self, cluster: int) -> bool:
+        """True when this cycle moved supply toward or away from ``cluster``."""
+        return cluster in self.supply
+
+    def move_supply(self, cluster: int, profile: int, machines: int) -> None:
+        """Add (or with a negative count remove) machines to ``cluster``'s supply."""
+        if cluster < 0:
+            return
+        row = self.supply.get(cluster)
+        if row is None:
+            row = self.inventory.supply_row(cluster).astype(np.int64)
+            self.supply[cluster] = row
+        row[profile] += machines
+
+    # -- taking machines -----------------------------------------------------------------
+    def available(self, pool: int | None) -> int:
+        """Machines still in ``pool`` after this cycle's takes."""
+        if pool is None:
+            return 0
+        return self.inventory.pools.count(pool) - self.consumed.get(pool, 0)
+
+    def take(self, key: PoolKey, machines: int) -> list[int]:
+        """Take up to ``machines`` rows from the tail of pool ``key``."""
+        pools = self.inventory.pools
+        pool = pools.find(key)
+        if pool is None or machines <= 0:
+            return []
+        skip = self.consumed.get(pool, 0)
+        rows: list[int] = pools.tail(pool, skip, machines).tolist()
+        self.consumed[pool] = skip + len(rows)
+        if key.tier != TIER_BOUND:
+            self.free[key.tier][key.profile] -= len(rows)
+        self.taken.update(rows)
+        return rows
+
+    def record(self, action: Action, mark: Mark) -> None:
+        """Add an action to the plan and the mark that commits it."""
+        self.actions.append(action)
+        self.marks.append(mark)
