@@ -21,6 +21,7 @@ from bigfleet.v1alpha1 import provider_pb2
 from clusters.operator import DemandPattern
 from providers.core import ProviderCore
 from providers.model import FencingToken
+from shard_engine.quantity import parse_quantity
 
 pytestmark = pytest.mark.e2e
 
@@ -104,7 +105,7 @@ async def test_a_cluster_rollup_becomes_configured_machines(
         total = 0.0
         for m in listing.machines:
             if m.cluster == CLUSTER:
-                total += float(m.allocatable.resources["cpu"])
+                total += parse_quantity(m.allocatable.resources["cpu"])
         return total if total >= 12 else 0.0
 
     await _eventually(configured_cpu, within=90, what="12 cores configured for the cluster")
