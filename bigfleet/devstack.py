@@ -193,8 +193,14 @@ class DevStack:
         for cluster in self.clusters:
             by_state = Counter(n.state_name for n in cluster.nodes.values())
             cpu, mem = cluster.demand.at(cluster.clock() - cluster._started)
+            have = sum(
+                m.allocatable.get("cpu", 0.0)
+                for m in (self.shard.engine.machines() if self.shard else ())
+                if m.cluster == cluster.cluster_id and m.state.name == "CONFIGURED"
+            )
             lines.append(
-                f"  {cluster.cluster_id:<11} wants {cpu:5.1f} cpu {mem:6.1f} GiB · nodes "
+                f"  {cluster.cluster_id:<11} wants {cpu:5.1f} cpu {mem:6.1f} GiB · "
+                f"has {have:5.1f} cpu · nodes "
                 + (", ".join(f"{k} {v}" for k, v in sorted(by_state.items())) or "none yet")
             )
         return "\n".join(lines)
