@@ -188,6 +188,9 @@ class ShardEngine:
             for entry in self._table.entries()
             if entry.applied_ns is not None
         ]
+        self._catalog.ensure_dimensions()
+        for demand in demands:
+            demand.widen(len(self._catalog.dims))
         by_cluster: dict[int, Demand] = {d.cluster: d for d in demands}
 
         self._assign_promises(sheet, by_cluster)

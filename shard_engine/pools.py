@@ -46,6 +46,9 @@ class Pools:
         self._id_of: dict[PoolKey, int] = {}
         self._stacks: list[IntArray] = []
         self.counts: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
+        self.tier: npt.NDArray[np.int8] = np.zeros(0, dtype=np.int8)
+        self.cluster: IntArray = np.zeros(0, dtype=np.int32)
+        self.profile: IntArray = np.zeros(0, dtype=np.int32)
         self.pool_of: IntArray = np.zeros(0, dtype=np.int32)
         self._pos: IntArray = np.zeros(0, dtype=np.int32)
         self.by_cluster: dict[int, list[int]] = {}
@@ -73,8 +76,15 @@ class Pools:
             self._id_of[key] = found
             self._stacks.append(np.empty(4, dtype=np.int32))
             if found >= len(self.counts):
-                self.counts = np.resize(self.counts, max(16, 2 * len(self.counts)))
+                capacity = max(16, 2 * len(self.counts))
+                self.counts = np.resize(self.counts, capacity)
+                self.tier = np.resize(self.tier, capacity)
+                self.cluster = np.resize(self.cluster, capacity)
+                self.profile = np.resize(self.profile, capacity)
             self.counts[found] = 0
+            self.tier[found] = key.tier
+            self.cluster[found] = key.cluster
+            self.profile[found] = key.profile
             if key.tier == TIER_BOUND:
                 self.by_cluster.setdefault(key.cluster, []).append(found)
         return found

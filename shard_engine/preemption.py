@@ -1,16 +1,169 @@
-"""Phase 2: preemption (placeholder until the victim scoring lands)."""
+"""Phase 2: resolve priority inversions by preempting strictly lower priorities.
+
+After Phase 1 some needs are still short and every free machine that could
+serve them is gone. Machines configured for *other* clusters may be serving
+lower-priority work; Phase 2 takes some of them, in a documented order, and
+promises them to the preemptor:
+
+1. **Victim groups.** Settled configured machines of one (cluster, profile)
+   are interchangeable from every angle the engine can see, so victims are
+   scored as groups. A group's priority is that of the highest-priority
+   need of its cluster it can serve; a machine serving no need of its
+   cluster is excess and has the lowest priority of all. Clusters that
+   never sent a roll-up are never victims.
+2. **Feasibility.** Only groups strictly below the preemptor's priority,
+   of another cluster, matching the need's requirements and ``min_unit``.
+   Never at equal priority.
+3. **Score.** A bounded, monotone blend of four terms in [0, 1] — priority
+   gap ``g/(g+G)``, drain speed ``1/(1+t/T)``, and ``1/(1+x/X)`` for the
+   victim's interruption and reclamation penalties — so a zero penalty is
+   the best case, not a division by zero. The weights move from
+   priority-dominant to drain-speed-dominant as the shard saturates
+   (see ``docs/adr/0004``). Among victims of *equal priority* the app class
+   decides first: best-effort, then batch, then latency-sensitive.
+4. **Take.** Best groups first, only as many machines as the residual
+   deficit needs. Each victim gets a :class:`Preempt` with the grace its
+   priority gap earns, counts toward the preemptor at once, and once
+   drained is promised to it (``engine``).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
+import numpy.typing as npt
+
 from shard_engine.catalog import ProfileCatalog
-from shard_engine.config import EngineConfig
+from shard_engine.config import EngineConfig, VictimWeights
+from shard_engine.costs import drain_grace_seconds
+from shard_engine.model import MachineState, Preempt
 from shard_engine.needs import Demand
 from shard_engine.pending import PendingNeed
-from shard_engine.worksheet import Worksheet
+from shard_engine.pools import TIER_BOUND, TIER_IDLE, TIER_SPECULATIVE, PoolKey
+from shard_engine.selection import cover_in_order, cover_with_spread, settle_deficit
+from shard_engine.topology import SpreadState, choose_gang_domain, domain_codes
+from shard_engine.worksheet import Mark, MarkKind, Worksheet
 
-__all__ = ["preempt"]
+__all__ = ["EXCESS_PRIORITY", "VictimGroups", "preempt", "saturation", "victim_order"]
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+EXCESS_PRIORITY = -(2**31) - 1
+"""Priority of a configured machine that serves no need of its cluster: below every need."""
+
+
+class VictimGroups:
+    """Settled configured machines per (cluster, profile), with what each group is worth."""
+
+    def __init__(
+        self,
+        *,
+        sheet: Worksheet,
+        demands: Mapping[int, Demand],
+        drain_seconds: Mapping[int, float],
+        default_drain: float,
+    ) -> None:
+        pools = sheet.inventory.pools
+        size = len(pools)
+        ids = np.flatnonzero((pools.tier[:size] == TIER_BOUND) & (pools.counts[:size] > 0))
+        clusters = pools.cluster[ids]
+        known = np.array([int(c) in demands for c in clusters.tolist()], dtype=np.bool_)
+        ids = ids[known] if len(ids) else ids
+        self.pool = ids
+        self.cluster = pools.cluster[ids].astype(np.int64)
+        self.profile = pools.profile[ids].astype(np.int64)
+        available = pools.counts[ids].astype(np.int64)
+        for i, pool in enumerate(ids.tolist()):
+            available[i] -= sheet.consumed.get(pool, 0)
+        self.available = available
+        count = len(ids)
+        self.priority = np.full(count, EXCESS_PRIORITY, dtype=np.int64)
+        self.interruption = np.zeros(count)
+        self.reclamation = np.zeros(count)
+        self.app_rank = np.zeros(count, dtype=np.int64)
+        self.drain = np.full(count, default_drain)
+        for cluster in np.unique(self.cluster).tolist():
+            demand = demands[int(cluster)]
+            at = np.flatnonzero(self.cluster == cluster)
+            serving = demand.serving[self.profile[at]] if len(demand.serving) else None
+            if serving is not None and demand.needs:
+                serves = serving >= 0
+                need = serving[serves]
+                self.priority[at[serves]] = demand.priority[need]
+                self.interruption[at[serves]] = demand.interruption_penalty[need]
+                self.reclamation[at[serves]] = demand.reclamation_penalty[need]
+                self.app_rank[at[serves]] = demand.app_rank[need]
+            self.drain[at] = drain_seconds.get(int(cluster), default_drain)
+
+    def __len__(self) -> int:
+        return len(self.pool)
+
+
+def saturation(sheet: Worksheet) -> float:
+    """How full the shard is: 1 - (free idle + free speculative) / machines, in [0, 1]."""
+    counts = sheet.inventory.state_counts
+    total = float(counts.sum() - counts[int(MachineState.FAILED)])
+    if total <= 0:
+        return 1.0
+    free = float(sheet.free[TIER_IDLE].sum() + sheet.free[TIER_SPECULATIVE].sum())
+    return float(min(1.0, max(0.0, 1.0 - free / total)))
+
+
+def _blend(normal: VictimWeights, saturated: VictimWeights, level: float) -> VictimWeights:
+    def mix(a: float, b: float) -> float:
+        return (1.0 - level) * a + level * b
+
+    return VictimWeights(
+        priority=mix(normal.priority, saturated.priority),
+        drain_speed=mix(normal.drain_speed, saturated.drain_speed),
+        interruption=mix(normal.interruption, saturated.interruption),
+        reclamation=mix(normal.reclamation, saturated.reclamation),
+    )
+
+
+def victim_scores(
+    *,
+    gap: FloatArray,
+    drain: FloatArray,
+    interruption: FloatArray,
+    reclamation: FloatArray,
+    weights: VictimWeights,
+    config: EngineConfig,
+) -> FloatArray:
+    """Higher is a better victim. Every term is bounded in [0, 1] and monotone."""
+    gap_term = gap / (gap + config.priority_gap_scale)
+    speed = 1.0 / (1.0 + np.maximum(drain, 0.0) / config.drain_scale_seconds)
+    cheap_interrupt = 1.0 / (1.0 + interruption / config.penalty_scale_dollars)
+    cheap_reclaim = 1.0 / (1.0 + reclamation / config.penalty_scale_dollars)
+    result: FloatArray = (
+        weights.priority * gap_term
+        + weights.drain_speed * speed
+        + weights.interruption * cheap_interrupt
+        + weights.reclamation * cheap_reclaim
+    )
+    return result
+
+
+def victim_order(score: FloatArray, priority: IntArray, app_rank: IntArray) -> IntArray:
+    """Best victims first: by score, except that app class decides among equal priorities.
+
+    The positions that victims of one priority occupy in the score order
+    stay theirs, but are refilled best-effort first, then batch, then
+    latency-sensitive (score order within a class).
+    """
+    order = np.argsort(-score, kind="stable").astype(np.int64)
+    if len(order) < 2:
+        return order
+    prios = priority[order]
+    apps = app_rank[order]
+    result = order.copy()
+    levels, counts = np.unique(prios, return_counts=True)
+    for level in levels[counts > 1].tolist():
+        at = np.flatnonzero(prios == level)
+        result[at] = order[at][np.lexsort((at, apps[at]))]
+    return result
 
 
 def preempt(
@@ -23,5 +176,181 @@ def preempt(
     drain_seconds: Mapping[int, float],
     tolerance: float,
 ) -> list[PendingNeed]:
-    """Return the needs still short (no preemption yet)."""
+    """Run Phase 2 over the needs Phase 1 left short; returns them with updated deficits."""
+    if not pending:
+        return pending
+    groups = VictimGroups(
+        sheet=sheet,
+        demands=demands,
+        drain_seconds=drain_seconds,
+        default_drain=config.default_drain_seconds,
+    )
+    if len(groups) == 0:
+        return pending
+    alloc = catalog.alloc
+    weights = _blend(
+        config.victim_weights_normal, config.victim_weights_saturated, saturation(sheet)
+    )
+    for item in pending:
+        if not item.unsatisfied:
+            continue
+        _preempt_for(sheet, item, groups, catalog, alloc, weights, config, tolerance)
     return pending
+
+
+def _preempt_for(
+    sheet: Worksheet,
+    item: PendingNeed,
+    groups: VictimGroups,
+    catalog: ProfileCatalog,
+    alloc: FloatArray,
+    weights: VictimWeights,
+    config: EngineConfig,
+    tolerance: float,
+) -> None:
+    priority = item.priority
+    mask = item.mask
+    eligible = (
+        (groups.priority < priority)
+        & (groups.cluster != item.cluster)
+        & (groups.available > 0)
+        & mask[groups.profile]
+    )
+    demand = item.demand
+    gang = demand.gang_keys[item.index]
+    aggregate = demand.aggregate[item.index]
+    deficit = item.deficit
+    if gang and item.topology_block:
+        eligible, placed, deficit = _place_gang(
+            sheet, item, groups, eligible, catalog, alloc, tolerance
+        )
+        if placed is None:
+            return
+        mask = placed
+    helpful = (alloc[groups.profile][:, deficit > 0] > 0).any(axis=1)
+    at = np.flatnonzero(eligible & helpful)
+    item.victims_available += int(groups.available[at].sum())
+    if len(at) == 0 or not deficit.any():
+        return
+    gap = (priority - groups.priority[at]).astype(np.float64)
+    score = victim_scores(
+        gap=gap,
+        drain=groups.drain[at],
+        interruption=groups.interruption[at],
+        reclamation=groups.reclamation[at],
+        weights=weights,
+        config=config,
+    )
+    order = victim_order(score, groups.priority[at], groups.app_rank[at])
+    shapes = alloc[groups.profile[at]]
+    need = item.need
+    if need.spread:
+        rank = np.empty(len(at))
+        rank[order] = np.arange(len(at), dtype=np.float64)
+        spread = SpreadState(
+            catalog=catalog,
+            spreads=need.spread,
+            mask=mask,
+            present=sheet.inventory.members > 0,
+            held=(sheet.supply_row(item.cluster) * mask).astype(np.float64),
+        )
+        picks, residual, _ = cover_with_spread(
+            deficit=deficit,
+            aggregate=aggregate,
+            available=groups.available[at],
+            alloc=shapes,
+            profiles=groups.profile[at],
+            preference=rank,
+            spread=spread,
+            max_steps=config.max_spread_steps,
+            tolerance=tolerance,
+        )
+    else:
+        picks, residual = cover_in_order(
+            deficit=deficit,
+            aggregate=aggregate,
+            available=groups.available[at],
+            alloc=shapes,
+            order=order,
+            tolerance=tolerance,
+        )
+    cluster_id = sheet.inventory.clusters.name(item.cluster)
+    for position, machines in picks:
+        g = int(at[position])
+        victim = int(groups.cluster[g])
+        profile = int(groups.profile[g])
+        rows = sheet.take(PoolKey(TIER_BOUND, victim, profile), machines)
+        groups.available[g] -= len(rows)
+        sheet.move_supply(victim, profile, -len(rows))
+        sheet.move_supply(item.cluster, profile, len(rows))
+        item.victims_taken += len(rows)
+        victim_priority = int(groups.priority[g])
+        grace = drain_grace_seconds(
+            priority - victim_priority, config.grace_thresholds, config.grace_default_seconds
+        )
+        victim_id = sheet.inventory.clusters.name(victim)
+        for row in rows:
+            sheet.record(
+                Preempt(
+                    machine_id=sheet.inventory.ids.id_of(row),
+                    victim_cluster_id=victim_id,
+                    victim_priority=max(victim_priority, -(2**31)),
+                    preemptor_cluster_id=cluster_id,
+                    preemptor_need_key=item.key,
+                    preemptor_priority=priority,
+                    grace_seconds=grace,
+                ),
+                Mark(MarkKind.PREEMPT, [row], item.cluster, item.key, priority),
+            )
+    if item.topology_block and item.victims_taken:
+        item.topology_block = ""
+    item.deficit = np.maximum(item.deficit - (deficit - residual), 0.0)
+    item.deficit = settle_deficit(item.deficit, aggregate, tolerance)
+
+
+def _place_gang(
+    sheet: Worksheet,
+    item: PendingNeed,
+    groups: VictimGroups,
+    eligible: npt.NDArray[np.bool_],
+    catalog: ProfileCatalog,
+    alloc: FloatArray,
+    tolerance: float,
+) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_] | None, FloatArray]:
+    """Choose a gang domain counting preemptible machines; victims cover what free ones cannot.
+
+    Free machines in the chosen domain are left for the next cycle's Phase 1
+    (the domain is remembered), so only the remainder is preempted now.
+    """
+    demand = item.demand
+    gang = demand.gang_keys[item.index]
+    codes = domain_codes(catalog, gang)
+    base = item.mask
+    free = (sheet.free[TIER_IDLE] + sheet.free[TIER_SPECULATIVE]).astype(np.float64)
+    victims = np.zeros(len(catalog))
+    np.add.at(victims, groups.profile[eligible], groups.available[eligible])
+    previous_key = demand.keys[item.index]
+    choice = choose_gang_domain(
+        codes=codes,
+        mask=base,
+        held=sheet.supply_row(item.cluster).astype(np.float64),
+        available=free + victims,
+        aggregate=demand.aggregate[item.index],
+        alloc=alloc,
+        previous=None,
+        tolerance=tolerance,
+    )
+    if choice.domain is None:
+        return eligible, None, item.deficit
+    in_domain = base & (codes == choice.domain)
+    sheet.gang_choices[(item.cluster, previous_key)] = choice.domain
+    row = sheet.supply_row(item.cluster)
+    held = np.flatnonzero(row * in_domain)
+    have = row[held] @ alloc[held] if len(held) else np.zeros(alloc.shape[1])
+    deficit = np.maximum(demand.aggregate[item.index] - have, 0.0)
+    item.deficit = deficit.copy()
+    free_cover = (free * in_domain) @ alloc
+    remainder = np.maximum(deficit - free_cover, 0.0)
+    remainder = settle_deficit(remainder, demand.aggregate[item.index], tolerance)
+    item.mask = in_domain
+    return eligible & in_domain[groups.profile], in_domain, remainder

@@ -44,7 +44,9 @@ def explain(pending: PendingNeed, inventory: Inventory) -> str:
     if pending.topology_block:
         return f"{REASON_TOPOLOGY}: {pending.topology_block}"
     members = inventory.members
-    matching = pending.mask[: len(members)] & (members > 0)
+    alloc = inventory.catalog.alloc
+    offers = (alloc[:, : len(pending.deficit)][:, pending.deficit > 0] > 0).any(axis=1)
+    matching = pending.mask[: len(members)] & (members > 0) & offers[: len(members)]
     if not matching.any():
         return f"{REASON_NO_SUPPLY}: no machine in this shard fits the requirements and min_unit"
     if pending.victims_available > 0 or pending.victims_taken > 0:
