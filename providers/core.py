@@ -68,6 +68,7 @@ from providers.model import (
     MachineList,
     Operation,
     State,
+    frozen_map,
 )
 from providers.store import Document, StateStore
 
@@ -116,12 +117,12 @@ class MachineRecord:
             capacity_type=self.capacity_type,
             price_per_hour=self.price_per_hour,
             interruption_probability=self.interruption_probability,
-            resources=dict(self.resources),
-            allocatable=dict(self.allocatable),
-            labels=dict(self.labels),
+            resources=frozen_map(self.resources),
+            allocatable=frozen_map(self.allocatable),
+            labels=frozen_map(self.labels),
             last_error=self.last_error,
             cluster=self.cluster,
-            shard_metadata=dict(self.shard_metadata),
+            shard_metadata=frozen_map(self.shard_metadata),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -318,9 +319,9 @@ class ProviderCore:
     def delete(self, machine_id: str, token: FencingToken | None = None) -> Ack:
         """IDLE -> DELETING -> SPECULATIVE: release the host, keep the slot.
 
-        Raises Unimplemented where the provider has no Delete (before any
-        other check but argument validation), then InvalidArgument, Fenced,
-        NotFound, InvalidTransition.
+        Raises Unimplemented where the provider has no Delete, whatever the
+        arguments (nothing is checked or recorded, not even the fencing
+        token); otherwise InvalidArgument, Fenced, NotFound, InvalidTransition.
         """
         return self._mutate(Operation.DELETE, machine_id, token)
 
@@ -396,10 +397,10 @@ class ProviderCore:
         metadata: dict[str, str] | None = None,
         grace: int = 0,
     ) -> Ack:
-        validation.machine_id(machine_id)
-        validation.token(token)
         if op is Operation.DELETE and not self.supports_delete:
             raise Unimplemented(f"provider {self.name!r} ({self.kind}) has no Delete")
+        validation.machine_id(machine_id)
+        validation.token(token)
         self._check_open()
         try:
             self._check_fence(machine_id, token)
@@ -459,12 +460,14 @@ class ProviderCore:
         self._dirty_fences.add(key)
 
     def _idempotent(self, record: MachineRecord, op: Operation, cluster: str) -> Ack | None:
-        """The existing operation if this request repeats one toward the same
-        target state that is under way or done."""
+        """The existing operation if one toward the same target state is under
+        way or done. Keyed on the target state, not the kind of call: Create
+        and Drain both target IDLE, so a Create while DRAINING answers with
+        the drain's operation (the ack shows DRAINING)."""
         current = record.operation
         if current is None or current.target is not op.target:
             return None
-        if record.state not in (op.transitional, op.target):
+        if record.state not in (current.transitional, current.target):
             return None
         if op is Operation.CONFIGURE and record.cluster != cluster:
             raise InvalidTransition(

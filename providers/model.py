@@ -130,7 +130,8 @@ class HostRef:
     ref: str
 
 
-def _frozen(mapping: Mapping[str, str] | None = None) -> Mapping[str, str]:
+def frozen_map(mapping: Mapping[str, str] | None = None) -> Mapping[str, str]:
+    """A read-only copy of ``mapping``."""
     return MappingProxyType(dict(mapping or {}))
 
 
@@ -152,12 +153,12 @@ class Machine:
     capacity_type: CapacityType
     price_per_hour: float
     interruption_probability: float
-    resources: Mapping[str, str] = field(default_factory=_frozen)
-    allocatable: Mapping[str, str] = field(default_factory=_frozen)
-    labels: Mapping[str, str] = field(default_factory=_frozen)
+    resources: Mapping[str, str] = field(default_factory=frozen_map)
+    allocatable: Mapping[str, str] = field(default_factory=frozen_map)
+    labels: Mapping[str, str] = field(default_factory=frozen_map)
     last_error: str = ""
     cluster: str = ""
-    shard_metadata: Mapping[str, str] = field(default_factory=_frozen)
+    shard_metadata: Mapping[str, str] = field(default_factory=frozen_map)
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,4 +192,5 @@ __all__ = [
     "MachineList",
     "Operation",
     "State",
+    "frozen_map",
 ]

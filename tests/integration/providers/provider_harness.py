@@ -117,6 +117,17 @@ class Harness:
                 )
             await asyncio.sleep(0.005)
 
+    async def wait_until(
+        self, condition: Callable[[], bool], within: float = SETTLE_TIMEOUT
+    ) -> None:
+        """Yield to the loop until ``condition()`` holds; fail after ``within``."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + within
+        while not condition():
+            if loop.time() > give_up:
+                raise AssertionError("condition never became true")
+            await asyncio.sleep(0.005)
+
     async def idle(self, shard: Shard | None = None) -> pb.Machine:
         """A fresh machine walked to IDLE."""
         shard = shard or self.shard()
