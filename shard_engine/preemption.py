@@ -254,7 +254,7 @@ def _preempt_for(
             present=sheet.inventory.members > 0,
             held=(sheet.supply_row(item.cluster) * mask).astype(np.float64),
         )
-        picks, residual, _ = cover_with_spread(
+        picks, residual, blocked = cover_with_spread(
             deficit=deficit,
             aggregate=aggregate,
             available=groups.available[at],
@@ -265,6 +265,12 @@ def _preempt_for(
             max_steps=config.max_spread_steps,
             tolerance=tolerance,
         )
+        if blocked and residual.any():
+            item.topology_block = (
+                "hard topology spread leaves no allowed domain with free or preemptible capacity"
+            )
+        elif not residual.any():
+            item.topology_block = ""
     else:
         picks, residual = cover_in_order(
             deficit=deficit,
@@ -302,7 +308,7 @@ def _preempt_for(
                 ),
                 Mark(MarkKind.PREEMPT, [row], item.cluster, item.key, priority),
             )
-    if item.topology_block and item.victims_taken:
+    if gang and item.victims_taken:
         item.topology_block = ""
     item.deficit = np.maximum(item.deficit - (deficit - residual), 0.0)
     item.deficit = settle_deficit(item.deficit, aggregate, tolerance)

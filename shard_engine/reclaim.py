@@ -1,16 +1,71 @@
-"""Phase 3: reclaim and release (placeholder until Phase 3 lands)."""
+"""Phase 3: give back what clusters no longer need, then release idle cloud machines.
+
+**Reclaim excess.** A configured machine is excess when its cluster's needs
+stay covered without it: removing it leaves every need it matches at or
+above its aggregate (a machine that matches no need of its cluster is
+excess outright). Excess is drained back to *idle*, not deleted, because
+another need arriving in minutes is served far faster from idle. Which
+excess goes first: the most expensive per hour (holding on-demand costs
+money, holding bare metal does not), then the lower reclamation penalty
+(keep the machine with more accumulated value). At most
+``max(1, 5 %)`` of a cluster's configured machines are reclaimed per cycle
+— a wrong roll-up must not empty a cluster in one step. Clusters that never
+sent a roll-up, and machines in flight, are left alone.
+
+**Release idle.** An idle cloud machine is deleted once it has been idle for
+its capacity type's hold period, unless Phase 1 drew on that shape within
+the demand window (recent demand says it will be wanted again). Bare metal
+and reserved capacity are never released.
+"""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import numpy.typing as npt
 
 from shard_engine.catalog import ProfileCatalog
 from shard_engine.config import EngineConfig
+from shard_engine.model import MachineState, Reclaim, Release
 from shard_engine.needs import Demand
-from shard_engine.worksheet import Worksheet
+from shard_engine.phase1 import demand_supply
+from shard_engine.pools import TIER_BOUND, TIER_IDLE, PoolKey
+from shard_engine.worksheet import Mark, MarkKind, Worksheet
 
-__all__ = ["reclaim_excess", "release_idle"]
+__all__ = ["excess_groups", "reclaim_excess", "release_idle"]
+
+FloatArray = npt.NDArray[np.float64]
+
+
+def excess_groups(
+    demand: Demand, surplus: FloatArray, profiles: npt.NDArray[np.int64], alloc: FloatArray
+) -> npt.NDArray[np.int64]:
+    """How many machines of each candidate profile could go without any need falling short.
+
+    ``surplus`` is have minus aggregate per need (rows) and resource
+    (columns). For a profile, the bound from each need it matches is
+    ``min_d floor(surplus_d / allocatable_d)`` over resources it offers; a
+    profile no need matches is unbounded (``2**62``).
+    """
+    unbounded = np.int64(2**62)
+    shapes = alloc[profiles]
+    if not demand.needs:
+        return np.full(len(profiles), unbounded, dtype=np.int64)
+    matches = demand.matrix[:, profiles]
+    offered = shapes > 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(
+            offered[None, :, :],
+            np.floor(surplus[:, None, :] / np.where(offered, shapes, 1.0)[None, :, :] + 1e-9),
+            np.inf,
+        )
+    per_need = ratio.min(axis=2)
+    per_need = np.where(matches, per_need, np.inf)
+    bound = per_need.min(axis=0)
+    bound = np.where(np.isinf(bound), float(unbounded), np.maximum(bound, 0.0))
+    result: npt.NDArray[np.int64] = bound.astype(np.int64)
+    return result
 
 
 def reclaim_excess(
@@ -21,7 +76,70 @@ def reclaim_excess(
     config: EngineConfig,
     tolerance: float,
 ) -> None:
-    """Nothing yet."""
+    """Plan :class:`Reclaim` actions for excess configured machines (see module docstring)."""
+    inventory = sheet.inventory
+    pools = inventory.pools
+    alloc = catalog.alloc
+    price = catalog.price
+    for demand in demands:
+        cluster = demand.cluster
+        ids = pools.by_cluster.get(cluster)
+        if not ids:
+            continue
+        pool_ids = np.array(ids, dtype=np.int64)
+        available = pools.counts[pool_ids].copy()
+        for i, pool in enumerate(pool_ids.tolist()):
+            available[i] -= sheet.consumed.get(pool, 0)
+        live = available > 0
+        if not live.any():
+            continue
+        pool_ids = pool_ids[live]
+        available = available[live]
+        profiles = pools.profile[pool_ids].astype(np.int64)
+        supply = sheet.supply_row(cluster)
+        surplus = demand_supply(demand, supply, alloc) - demand.aggregate
+        surplus += tolerance * np.maximum(demand.aggregate, 1.0)
+        bound = excess_groups(demand, surplus, profiles, alloc)
+        if not (bound > 0).any():
+            continue
+        configured = int(pools.counts[np.array(ids, dtype=np.int64)].sum())
+        budget = max(
+            config.reclaim_minimum_per_cycle,
+            math.floor(config.reclaim_fraction_per_cycle * configured),
+        )
+        serving = demand.serving[profiles]
+        penalty = (
+            np.where(serving >= 0, demand.reclamation_penalty[np.maximum(serving, 0)], 0.0)
+            if len(demand.needs)
+            else np.zeros(len(profiles))
+        )
+        order = np.lexsort((profiles, penalty, -price[profiles]))
+        cluster_id = inventory.clusters.name(cluster)
+        for position in order.tolist():
+            if budget <= 0:
+                break
+            profile = int(profiles[position])
+            bound = excess_groups(demand, surplus, profiles[position : position + 1], alloc)
+            machines = int(min(bound[0], available[position], budget))
+            if machines <= 0:
+                continue
+            rows = sheet.take(PoolKey(TIER_BOUND, cluster, profile), machines)
+            if not rows:
+                continue
+            budget -= len(rows)
+            sheet.move_supply(cluster, profile, -len(rows))
+            if demand.needs:
+                matches = demand.matrix[:, profile]
+                surplus[matches] -= len(rows) * alloc[profile]
+            for row in rows:
+                sheet.record(
+                    Reclaim(
+                        machine_id=inventory.ids.id_of(row),
+                        cluster_id=cluster_id,
+                        grace_seconds=config.reclaim_grace_seconds,
+                    ),
+                    Mark(MarkKind.RECLAIM, [row], -1),
+                )
 
 
 def release_idle(
@@ -31,4 +149,36 @@ def release_idle(
     config: EngineConfig,
     recent_draw: npt.NDArray[np.float64],
 ) -> None:
-    """Nothing yet."""
+    """Plan :class:`Release` (Delete) for idle cloud machines whose hold has expired."""
+    inventory = sheet.inventory
+    pools = inventory.pools
+    size = len(pools)
+    idle_pools = np.flatnonzero((pools.tier[:size] == TIER_IDLE) & (pools.counts[:size] > 0))
+    if len(idle_pools) == 0:
+        return
+    now_s = inventory.seconds(sheet.now)
+    budget = config.max_releases_per_cycle
+    for pool in idle_pools.tolist():
+        if budget <= 0:
+            return
+        profile = int(pools.profile[pool])
+        hold = config.hold_seconds(int(catalog.capacity_type[profile]))
+        if hold is None:
+            continue
+        if profile in sheet.drawn:
+            continue
+        if sheet.now - float(recent_draw[profile]) < config.demand_window_seconds:
+            continue
+        skip = sheet.consumed.get(pool, 0)
+        rows = pools.members(pool)[: max(0, pools.count(pool) - skip)]
+        expired = rows[(now_s - inventory.since[rows]) >= hold]
+        state_ok = inventory.state[expired] == int(MachineState.IDLE)
+        expired = expired[state_ok][:budget]
+        for row in expired.tolist():
+            if row in sheet.taken:
+                continue
+            sheet.taken.add(row)
+            budget -= 1
+            sheet.record(
+                Release(machine_id=inventory.ids.id_of(row)), Mark(MarkKind.RELEASE, [row], -1)
+            )

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from shard_engine.config import EngineConfig
 from shard_engine.inventory import Inventory
@@ -45,7 +46,8 @@ def explain(pending: PendingNeed, inventory: Inventory) -> str:
         return f"{REASON_TOPOLOGY}: {pending.topology_block}"
     members = inventory.members
     alloc = inventory.catalog.alloc
-    offers = (alloc[:, : len(pending.deficit)][:, pending.deficit > 0] > 0).any(axis=1)
+    short = alloc[:, : len(pending.deficit)][:, pending.deficit > 0]
+    offers: npt.NDArray[np.bool_] = np.asarray((short > 0).any(axis=1), dtype=np.bool_)
     matching = pending.mask[: len(members)] & (members > 0) & offers[: len(members)]
     if not matching.any():
         return f"{REASON_NO_SUPPLY}: no machine in this shard fits the requirements and min_unit"
