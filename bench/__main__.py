@@ -22,7 +22,9 @@ def main(argv: list[str]) -> int:
     status = 0
     for suite in names:
         if suite not in SUITES:
-            print(f"unknown suite {suite!r}; choose from {', '.join(SUITES)} or all", file=sys.stderr)
+            print(
+                f"unknown suite {suite!r}; choose from {', '.join(SUITES)} or all", file=sys.stderr
+            )
             return 2
         try:
             module = importlib.import_module(SUITES[suite])

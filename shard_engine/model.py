@@ -58,7 +58,11 @@ class MachineState(IntEnum):
     @property
     def has_host(self) -> bool:
         """A real host exists in every state but SPECULATIVE and CREATING."""
-        return self not in (MachineState.SPECULATIVE, MachineState.CREATING, MachineState.UNSPECIFIED)
+        return self not in (
+            MachineState.SPECULATIVE,
+            MachineState.CREATING,
+            MachineState.UNSPECIFIED,
+        )
 
 
 _TRANSITIONAL = frozenset(
@@ -170,9 +174,13 @@ class Need:
         spread and penalties refer to the same need even if its size changed.
         """
         parts = [
-            repr(sorted((r.key, int(r.operator), tuple(sorted(r.values))) for r in self.requirements)),
+            repr(
+                sorted((r.key, int(r.operator), tuple(sorted(r.values))) for r in self.requirements)
+            ),
             str(self.priority),
-            repr(sorted((s.topology_key, s.max_skew, int(s.when_unsatisfiable)) for s in self.spread)),
+            repr(
+                sorted((s.topology_key, s.max_skew, int(s.when_unsatisfiable)) for s in self.spread)
+            ),
             repr(self.interruption_penalty),
             repr(self.reclamation_penalty),
         ]

@@ -57,7 +57,9 @@ def parse_quantity(text: str, *, field: str = "") -> float:
         raise InvalidQuantity(text, "empty", field=field)
     match = _PATTERN.match(stripped)
     if match is None:
-        raise InvalidQuantity(text, "not a number with an optional SI or binary suffix", field=field)
+        raise InvalidQuantity(
+            text, "not a number with an optional SI or binary suffix", field=field
+        )
     if match.group("sign") == "-":
         raise InvalidQuantity(text, "negative quantities are not allowed", field=field)
     value = float(match.group("num"))

@@ -39,7 +39,10 @@ def upgrade() -> None:
         sa.Column("id", sa.String(253), primary_key=True),
         sa.Column("shard_id", sa.String(128), sa.ForeignKey("shards.id"), nullable=False),
         sa.Column(
-            "first_seen_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
+            "first_seen_at",
+            sa.DateTime(timezone=True),
+            nullable=False,
+            server_default=sa.func.now(),
         ),
     )
     op.create_index("clusters_by_shard", "clusters", ["shard_id"])
