@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from bigfleet.v1alpha1 import provider_pb2 as pb
 from providers.client import FencingToken, ProviderClient
 from providers.config import ProviderConfig
+from providers.core import ProviderCore
 from providers.server import RunningProvider, start_provider_server
 
 KINDS = ("sim-cloud", "bare-metal")
@@ -74,9 +75,20 @@ class Harness:
     """One provider under test and the helpers every test uses."""
 
     kind: str
-    running: RunningProvider
+    running: RunningProvider | None
     client: ProviderClient
     used: set[str] = field(default_factory=set)
+
+    @property
+    def address(self) -> str:
+        """Where the provider listens."""
+        return self.client.address
+
+    @property
+    def core(self) -> ProviderCore:
+        """The in-process provider, for inspection (not for a child process)."""
+        assert self.running is not None, "this provider runs in another process"
+        return self.running.provider
 
     @property
     def has_delete(self) -> bool:

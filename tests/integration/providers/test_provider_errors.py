@@ -138,7 +138,7 @@ async def test_bad_list_filters_are_invalid_arguments(harness: Harness) -> None:
 
 async def test_the_wire_codes_are_the_documented_ones(harness: Harness) -> None:
     """Raw status codes, not just the client's mapping of them."""
-    async with grpc.aio.insecure_channel(harness.running.address) as channel:
+    async with grpc.aio.insecure_channel(harness.address) as channel:
         stub = provider_pb2_grpc.CapacityProviderStub(channel)
         shard = harness.shard()
         machine = await harness.configured(shard=shard)

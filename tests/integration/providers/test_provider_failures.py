@@ -74,7 +74,7 @@ async def test_a_stuck_configure_fails_at_its_deadline_with_the_binding_cleared(
         assert "deadline" in failed.last_error and "cluster-x" in failed.last_error
         assert failed.cluster == "" and dict(failed.shard_metadata) == {}
         await assert_terminal(h, machine.id)
-        assert h.running.provider.stats["deadlines_missed"] >= 1
+        assert h.core.stats["deadlines_missed"] >= 1
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -83,7 +83,7 @@ async def test_a_late_completion_is_discarded(kind: str) -> None:
         machine = await h.configured()
         await h.client.drain(machine.id, 0, None)
         await h.wait_state(machine.id, pb.MACHINE_STATE_FAILED)
-        stats = h.running.provider.stats
+        stats = h.core.stats
         # Wait (bounded) for the late completion to arrive, then check it changed nothing.
         await h.wait_until(lambda: stats["late_completions_discarded"] >= 1)
         settled = await h.client.get(machine.id)
@@ -114,7 +114,7 @@ async def test_an_operator_can_clear_a_failed_machine() -> None:
         machine = await h.idle()
         await h.client.configure(machine.id, "c", b"", None)
         await h.wait_state(machine.id, pb.MACHINE_STATE_FAILED)
-        h.running.provider.clear_failed(machine.id)
+        h.core.clear_failed(machine.id)
         cleared = await h.client.get(machine.id)
         assert cleared.state == pb.MACHINE_STATE_SPECULATIVE
         await h.client.create(machine.id, None)
@@ -131,7 +131,7 @@ async def test_spot_machines_are_interrupted_and_the_shard_can_see_it() -> None:
         await h.client.create(on_demand.id, None)
         failed = await h.wait_state(spot.id, pb.MACHINE_STATE_FAILED)
         assert failed.last_error.startswith("spot interruption")
-        assert h.running.provider.stats["spot_interruptions"] >= 1
+        assert h.core.stats["spot_interruptions"] >= 1
         assert (await h.client.get(on_demand.id)).state == pb.MACHINE_STATE_IDLE
 
 
@@ -153,7 +153,7 @@ async def test_launches_beyond_the_account_rate_limit_are_queued_not_refused() -
         await asyncio.gather(*(h.client.create(m.id, None) for m in machines))
         for machine in machines:
             await h.wait_state(machine.id, pb.MACHINE_STATE_IDLE)
-        assert h.running.provider.stats["launches_queued_by_rate_limit"] >= 1
+        assert h.core.stats["launches_queued_by_rate_limit"] >= 1
 
 
 async def test_a_rack_being_commissioned_delays_create_until_it_is_ready() -> None:

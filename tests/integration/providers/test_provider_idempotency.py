@@ -35,7 +35,7 @@ async def test_retries_across_connections_with_fresh_sequences_share_one_operati
     the same operation id."""
     shard = harness.shard()
     machine = await harness.machine()
-    clients = [ProviderClient(harness.running.address) for _ in range(4)]
+    clients = [ProviderClient(harness.address) for _ in range(4)]
     try:
         tokens = [shard.token() for _ in range(RETRIES)]
         results = await asyncio.gather(

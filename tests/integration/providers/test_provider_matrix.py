@@ -84,15 +84,18 @@ async def holding(request: pytest.FixtureRequest) -> AsyncIterator[dict[str, Har
     """Per transitional state, a provider where that transition never ends."""
     kind: str = request.param
     out: dict[str, Harness] = {}
+    servers = []
     for state, op in HOLD.items():
         running = await serve(kind, stuck_rate={op: 1.0}, deadlines_s={op: 1e9})
+        servers.append(running)
         out[state] = Harness(kind, running, ProviderClient(running.address))
     try:
         yield out
     finally:
         for h in out.values():
             await h.client.close()
-            await h.running.stop(grace=None)
+        for running in servers:
+            await running.stop(grace=None)
 
 
 async def _bring(h: Harness, state: str) -> tuple[str, str, Shard]:
