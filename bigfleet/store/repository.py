@@ -17,7 +17,16 @@ from datetime import datetime
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-__all__ = ["ClusterAssignment", "LeaseHeld", "LeaseLost", "MachineAssignment", "ShardRow", "Store"]
+__all__ = [
+    "ClusterAssignment",
+    "CoordinatorStore",
+    "InstructionRow",
+    "LeaseHeld",
+    "LeaseLost",
+    "MachineAssignment",
+    "ShardRow",
+    "Store",
+]
 
 
 class LeaseHeld(RuntimeError):
@@ -319,3 +328,202 @@ class Store:
                 {"mid": machine_id},
             )
             return [(str(r[0]), int(r[1]), r[2]) for r in rows]
+
+
+@dataclass(frozen=True)
+class InstructionRow:
+    """One coordinator instruction and what became of it."""
+
+    id: int
+    term: int
+    seq: int
+    kind: str
+    donor_shard: str | None
+    receiver_shard: str | None
+    payload: Mapping[str, object]
+    status: str
+    outcome: str | None
+    created_at: datetime
+
+
+class CoordinatorStore(Store):
+    """The coordinator's operations: terms, machine distribution, transfers, instructions."""
+
+    async def take_term(self) -> int:
+        """Start a new coordinator term (previous + 1) and return it."""
+        async with self._engine.begin() as conn:
+            await conn.execute(
+                text("INSERT INTO coordinator (id, term) VALUES (1, 0) ON CONFLICT (id) DO NOTHING")
+            )
+            row = (
+                await conn.execute(text("UPDATE coordinator SET term = term + 1 RETURNING term"))
+            ).one()
+            return int(row[0])
+
+    async def term(self) -> int:
+        async with self._engine.connect() as conn:
+            row = (await conn.execute(text("SELECT term FROM coordinator WHERE id = 1"))).first()
+            return int(row[0]) if row else 0
+
+    async def active_shards(self) -> list[str]:
+        """Shards that take new clusters and quota."""
+        async with self._engine.connect() as conn:
+            rows = await conn.execute(
+                text("SELECT id FROM shards WHERE state = 'active' ORDER BY id")
+            )
+            return [str(r[0]) for r in rows]
+
+    async def set_shard_state(self, shard_id: str, state: str) -> None:
+        if state not in ("active", "draining", "removed"):
+            raise ValueError(f"state: {state!r} is not one of active, draining, removed")
+        async with self._engine.begin() as conn:
+            result = await conn.execute(
+                text("UPDATE shards SET state = :state WHERE id = :id"),
+                {"state": state, "id": shard_id},
+            )
+            if result.rowcount == 0:
+                raise KeyError(f"shard {shard_id!r} does not exist")
+
+    async def owners(self, machine_ids: Sequence[str] | None = None) -> dict[str, str]:
+        """machine id -> owning shard (all machines when ``machine_ids`` is None)."""
+        sql = "SELECT id, shard_id FROM machines"
+        params: dict[str, object] = {}
+        if machine_ids is not None:
+            sql += " WHERE id = ANY(:ids)"
+            params["ids"] = list(machine_ids)
+        async with self._engine.connect() as conn:
+            return {str(r[0]): str(r[1]) for r in await conn.execute(text(sql), params)}
+
+    async def assign_unowned(
+        self, shard_id: str, provider: str, machine_ids: Sequence[str], *, term: int
+    ) -> list[str]:
+        """Give machines nobody owns yet to ``shard_id``; returns those actually assigned."""
+        if not machine_ids:
+            return []
+        async with self._engine.begin() as conn:
+            rows = await conn.execute(
+                text(
+                    """
+                    INSERT INTO machines (id, shard_id, provider, operation_seq, version,
+                                          assigned_term)
+                    SELECT unnest(CAST(:ids AS text[])), :sid, :provider, 0, 1, :term
+                    ON CONFLICT (id) DO NOTHING
+                    RETURNING id
+                    """
+                ),
+                {"ids": list(machine_ids), "sid": shard_id, "provider": provider, "term": term},
+            )
+            return [str(r[0]) for r in rows]
+
+    async def transfer(
+        self,
+        *,
+        donor: str,
+        receiver: str,
+        machine_ids: Sequence[str],
+        term: int,
+        seq: int,
+    ) -> list[str]:
+        """Move unbound machines from ``donor`` to ``receiver`` by compare-and-set.
+
+        Only rows still owned by the donor, bound to no cluster, and not
+        already moved by a newer term change hands; the rest are left alone.
+        Returns the ids that moved. Re-running the same (term, seq) moves
+        nothing more, so a retried activity is harmless.
+        """
+        if not machine_ids:
+            return []
+        async with self._engine.begin() as conn:
+            rows = await conn.execute(
+                text(
+                    """
+                    UPDATE machines
+                       SET shard_id = :receiver, version = version + 1,
+                           assigned_term = :term, updated_at = now()
+                     WHERE id = ANY(:ids) AND shard_id = :donor AND cluster_id IS NULL
+                       AND assigned_term <= :term
+                 RETURNING id, operation_seq
+                    """
+                ),
+                {"ids": list(machine_ids), "donor": donor, "receiver": receiver, "term": term},
+            )
+            moved = [(str(r[0]), int(r[1])) for r in rows]
+            for machine_id, op_seq in moved:
+                await conn.execute(
+                    text(
+                        """
+                        INSERT INTO assignment_log (machine_id, shard_id, shard_epoch, cluster_id,
+                                                    operation, operation_seq, detail)
+                        VALUES (:mid, :receiver, 0, NULL, 'transfer', :op_seq, :detail)
+                        """
+                    ),
+                    {
+                        "mid": machine_id,
+                        "receiver": receiver,
+                        "op_seq": op_seq,
+                        "detail": f"from {donor} by coordinator term {term} seq {seq}",
+                    },
+                )
+            return [m for m, _ in moved]
+
+    async def record_instruction(
+        self,
+        *,
+        term: int,
+        seq: int,
+        kind: str,
+        donor: str | None,
+        receiver: str | None,
+        payload: Mapping[str, object],
+    ) -> int:
+        """Persist an instruction before it is carried out (idempotent on (term, seq))."""
+        async with self._engine.begin() as conn:
+            row = (
+                await conn.execute(
+                    text(
+                        """
+                        INSERT INTO coordinator_instructions
+                               (term, seq, kind, donor_shard, receiver_shard, payload)
+                        VALUES (:term, :seq, :kind, :donor, :receiver, CAST(:payload AS jsonb))
+                        ON CONFLICT (term, seq) DO UPDATE SET term = EXCLUDED.term
+                        RETURNING id
+                        """
+                    ),
+                    {
+                        "term": term,
+                        "seq": seq,
+                        "kind": kind,
+                        "donor": donor,
+                        "receiver": receiver,
+                        "payload": json.dumps(payload, sort_keys=True, default=str),
+                    },
+                )
+            ).one()
+            return int(row[0])
+
+    async def finish_instruction(self, *, term: int, seq: int, status: str, outcome: str) -> None:
+        async with self._engine.begin() as conn:
+            await conn.execute(
+                text(
+                    """
+                    UPDATE coordinator_instructions
+                       SET status = :status, outcome = :outcome, updated_at = now()
+                     WHERE term = :term AND seq = :seq
+                    """
+                ),
+                {"term": term, "seq": seq, "status": status, "outcome": outcome},
+            )
+
+    async def instructions(self, *, limit: int = 50) -> list[InstructionRow]:
+        async with self._engine.connect() as conn:
+            rows = await conn.execute(
+                text(
+                    """
+                    SELECT id, term, seq, kind, donor_shard, receiver_shard, payload, status,
+                           outcome, created_at
+                      FROM coordinator_instructions ORDER BY id DESC LIMIT :limit
+                    """
+                ),
+                {"limit": limit},
+            )
+            return [InstructionRow(*r) for r in rows]
