@@ -266,6 +266,11 @@ class ProviderCore:
             self._store.close()
 
     @property
+    def scheduler(self) -> Scheduler:
+        """The clock and timer source this provider runs on."""
+        return self._scheduler
+
+    @property
     def now(self) -> float:
         """The scheduler's current time (real seconds, not simulated)."""
         return self._scheduler.now()

@@ -63,7 +63,7 @@ class FakeProvider:
             self.scheduler: Scheduler = scheduler or ManualScheduler()
             provider = build_provider(config or default_fake_config(), scheduler=self.scheduler)
         else:
-            self.scheduler = provider._scheduler
+            self.scheduler = provider.scheduler
         self.provider = provider
         self.provider.start()
         self.calls: list[Call] = []
