@@ -24,6 +24,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from bigfleet import temporal
+from bigfleet.coordinator import CoordinatorProcess
 from bigfleet.shard.process import ShardOptions, ShardProcess
 from bigfleet.store import Database, EmbeddedPostgres, Store
 from clusters.operator import DemandPattern, SimulatedCluster
@@ -63,6 +64,11 @@ class DevStackOptions:
     ui_port: int = 8233
     ui: bool = True
     shard_listen: str = "127.0.0.1:7443"
+    # Shard i listens on shard_listen's port + i (or any free port when it is 0).
+    shards: int = 1
+    coordinator: bool = True
+    coordinator_interval_s: float = 2.0
+    report_interval_s: float = 2.0
     provider_listen: str = "127.0.0.1:0"
     time_factor: float = 0.05
     cycle_interval_s: float = 1.0
@@ -91,6 +97,8 @@ class DevStack:
         self.providers: list[RunningProvider] = []
         self.provider_clients: dict[str, ProviderClient] = {}
         self.shard: ShardProcess | None = None
+        self.shards: list[ShardProcess] = []
+        self.coordinator: CoordinatorProcess | None = None
         self.clusters: list[SimulatedCluster] = []
         self._pg: EmbeddedPostgres | None = None
         self._env: WorkflowEnvironment | None = None
@@ -136,25 +144,44 @@ class DevStack:
         self.providers.append(running)
         self.provider_clients[config.name] = ProviderClient(running.address)
 
-        self.shard = ShardProcess(
-            ShardOptions(
-                shard_id="shard-0",
-                listen=o.shard_listen,
-                holder=f"devstack:{socket.gethostname()}",
-                cycle_interval_s=o.cycle_interval_s,
-                observe_interval_s=o.observe_interval_s,
-                deadlines=o.deadlines,
-                poll=o.poll,
-            ),
-            store=self.store,
-            temporal=self.client,
-            providers=self.provider_clients,
-        )
-        await self.shard.start()
+        host, _, port = o.shard_listen.rpartition(":")
+        for i in range(o.shards):
+            listen = f"{host}:{int(port) + i if int(port) else 0}"
+            process = ShardProcess(
+                ShardOptions(
+                    shard_id=f"shard-{i}",
+                    listen=listen,
+                    holder=f"devstack:{socket.gethostname()}",
+                    cycle_interval_s=o.cycle_interval_s,
+                    observe_interval_s=o.observe_interval_s,
+                    report_interval_s=o.report_interval_s,
+                    deadlines=o.deadlines,
+                    poll=o.poll,
+                ),
+                store=self.store,
+                temporal=self.client,
+                providers=self.provider_clients,
+            )
+            await process.start()
+            self.shards.append(process)
+        self.shard = self.shards[0]
 
+        if o.coordinator:
+            self.coordinator = CoordinatorProcess(
+                store=self.store,
+                temporal=self.client,
+                providers=self.provider_clients,
+                interval_s=o.coordinator_interval_s,
+            )
+            await self.coordinator.start()
+
+        by_id = {p.shard_id: p for p in self.shards}
         for cluster_id, demand in o.clusters:
+            # Clusters are assigned to the least-loaded shard on first contact;
+            # the demo operator asks the store where to dial (a gateway's job).
+            owner = await self.store.assign_cluster(cluster_id)
             cluster = SimulatedCluster(
-                cluster_id, self.shard.address, demand, rollup_interval_s=o.rollup_interval_s
+                cluster_id, by_id[owner].address, demand, rollup_interval_s=o.rollup_interval_s
             )
             cluster.start()
             self.clusters.append(cluster)
@@ -162,9 +189,12 @@ class DevStack:
     async def stop(self) -> None:
         for cluster in self.clusters:
             await cluster.stop()
-        if self.shard is not None:
+        if self.coordinator is not None:
             with contextlib.suppress(Exception):
-                await self.shard.stop()
+                await self.coordinator.stop()
+        for process in self.shards:
+            with contextlib.suppress(Exception):
+                await process.stop()
         for client in self.provider_clients.values():
             with contextlib.suppress(Exception):
                 await client.close()
@@ -182,20 +212,23 @@ class DevStack:
     def summary(self) -> str:
         """One screenful: machines by state, each cluster's nodes, the shard's activity."""
         lines: list[str] = []
-        if self.shard is not None:
-            states = Counter(m.state.name for m in self.shard.engine.machines())
+        if self.coordinator is not None:
+            lines.append(f"coordinator term {self.coordinator.term}")
+        for process in self.shards:
+            states = Counter(m.state.name for m in process.engine.machines())
             lines.append(
-                f"shard {self.shard.shard_id} epoch {self.shard.epoch} "
-                f"{'ACTIVE' if self.shard.active else 'NOT ACTING'} · cycles {self.shard.cycles} · "
-                f"in flight {len(self.shard.engine.in_flight())}"
+                f"shard {process.shard_id} epoch {process.epoch} "
+                f"{'ACTIVE' if process.active else 'NOT ACTING'} · cycles {process.cycles} · "
+                f"owns {len(process.owned)} · in flight {len(process.engine.in_flight())}"
             )
-            lines.append("machines: " + ", ".join(f"{k} {v}" for k, v in sorted(states.items())))
+            lines.append("  machines: " + ", ".join(f"{k} {v}" for k, v in sorted(states.items())))
         for cluster in self.clusters:
             by_state = Counter(n.state_name for n in cluster.nodes.values())
             cpu, mem = cluster.demand.at(cluster.clock() - cluster._started)
             have = sum(
                 m.allocatable.get("cpu", 0.0)
-                for m in (self.shard.engine.machines() if self.shard else ())
+                for process in self.shards
+                for m in process.engine.machines()
                 if m.cluster == cluster.cluster_id and m.state.name == "CONFIGURED"
             )
             lines.append(

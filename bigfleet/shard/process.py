@@ -29,12 +29,21 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 from temporalio.client import Client
+from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from activities.context import BootstrapBlob, ProviderCalls, ShardInactive
-from activities.machines import MachineActivities
-from bigfleet.shard.convert import InvalidMachine, machine_record, resources_to_wire
+from activities.machines import META_PRIORITY
+from activities.registry import activities_for
+from activities.transfers import TransferActivities
+from bigfleet.shard.convert import (
+    InvalidMachine,
+    machine_record,
+    requirement_specs,
+    resources_to_wire,
+)
 from bigfleet.shard.executor import Executor
+from bigfleet.shard.lifecycle import MachineLifecycle, reclaim_key
 from bigfleet.shard.sessions import SessionHub, ShardServicer
 from bigfleet.store import LeaseLost, Store
 from bigfleet.store.repository import LeaseHeld
@@ -42,9 +51,20 @@ from bigfleet.v1alpha1 import provider_pb2, shard_pb2, shard_pb2_grpc
 from providers.client import FencingToken
 from providers.errors import ProviderError
 from shard_engine.engine import EngineConfig, ShardEngine
-from shard_engine.model import MachineRecord, MachineState, Rollup
-from workflows.contracts import Deadlines, PollPolicy, RecordOutcomesInput, RequirementSpec
-from workflows.provision import ProvisionWorkflow
+from shard_engine.model import MachineRecord, MachineState, Need, Rollup
+from workflows import coordinator as co
+from workflows.contracts import (
+    BlockedDrain,
+    Deadlines,
+    MachineTarget,
+    NotifyReclaimInput,
+    PollPolicy,
+    RecordMachineInput,
+    RecordOutcomesInput,
+    RequirementSpec,
+    default_deadline_overrides,
+)
+from workflows.registry import ALL_WORKFLOWS
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +88,15 @@ class ShardOptions:
     observe_interval_s: float = 2.0
     deadlines: Deadlines = field(default_factory=Deadlines)
     poll: PollPolicy = field(default_factory=PollPolicy)
+    # Deadline overrides per provider and capacity type (see workflows.contracts.DeadlinePolicy).
+    deadline_overrides: dict[str, dict[str, float]] = field(
+        default_factory=default_deadline_overrides
+    )
     engine: EngineConfig = field(default_factory=EngineConfig)
+    # How often the shard reports to the coordinator (summary + shortfalls).
+    report_interval_s: float = 30.0
+    # No coordinator instruction may move more than this share of our machines.
+    max_instruction_share: float = 0.05
 
 
 class ShardProcess:
@@ -106,7 +134,14 @@ class ShardProcess:
         self._server: grpc.aio.Server | None = None
         self._worker: Worker | None = None
         self._executor = Executor(self)
+        self.lifecycle = MachineLifecycle()
         self._stopping = False
+        # Machines PostgreSQL records as ours (id -> provider); only these are acted on.
+        self.owned: dict[str, str] = {}
+        self.highest_term = 0
+        self.standing_by = False
+        self._machine_priority: dict[str, int] = {}
+        self._needs: dict[str, dict[str, Need]] = {}
 
     # ------------------------------------------------------------ lifecycle
 
@@ -120,9 +155,10 @@ class ShardProcess:
 
     async def start(self) -> None:
         """Take the lease, load inventory, serve sessions, and start the loops."""
-        await self._take_lease()
+        await self._take_lease_or_stand_by()
         for row in await self.store.machines(self.shard_id):
             self._op_seq[row.machine_id] = row.operation_seq
+            self.owned[row.machine_id] = row.provider
         await self._observe_all(full=True)
         self._server = grpc.aio.server()
         shard_pb2_grpc.add_ShardServicer_to_server(ShardServicer(self.hub, self), self._server)
@@ -137,16 +173,15 @@ class ShardProcess:
         host = self.options.listen.rsplit(":", 1)[0]
         self.address = f"{host}:{port}"
         await self._server.start()
-        acts = MachineActivities(self)
+        transfers = TransferActivities(self)
         self._worker = Worker(
             self.temporal,
             task_queue=self.task_queue,
-            workflows=[ProvisionWorkflow],
+            workflows=list(ALL_WORKFLOWS),
             activities=[
-                acts.create_machines,
-                acts.configure_machines,
-                acts.observe_machines,
-                acts.record_outcomes,
+                *activities_for(self),
+                transfers.release_machines,
+                transfers.adopt_machines,
             ],
             graceful_shutdown_timeout=timedelta(seconds=5),
         )
@@ -155,6 +190,7 @@ class ShardProcess:
             asyncio.create_task(self._lease_loop(), name="lease"),
             asyncio.create_task(self._observe_loop(), name="observe"),
             asyncio.create_task(self._cycle_loop(), name="cycle"),
+            asyncio.create_task(self._report_loop(), name="report"),
         ]
         log.info(
             "shard %s serving on %s (epoch %d, task queue %s)",
@@ -185,6 +221,23 @@ class ShardProcess:
             with contextlib.suppress(Exception):
                 await self.store.release_lease(self.shard_id, self.options.holder, self.epoch)
         self.lease_ok = False
+
+    async def _take_lease_or_stand_by(self) -> None:
+        """Take the lease; while another live process holds it, stand by and retry.
+
+        Two processes started for one shard: exactly one acts, the other waits
+        here until the first stops renewing (its lease expires) or gives up.
+        """
+        while True:
+            try:
+                await self._take_lease()
+                self.standing_by = False
+                return
+            except LeaseHeld as err:
+                if not self.standing_by:
+                    log.info("standing by: %s", err)
+                self.standing_by = True
+                await asyncio.sleep(max(0.2, self.options.lease_ttl_s / 3))
 
     async def _take_lease(self) -> None:
         self.epoch = await self.store.acquire_lease(
@@ -264,6 +317,8 @@ class ShardProcess:
         return await self.hub.request_bootstrap(cluster_id, requirements, wait_seconds=wait_seconds)
 
     def observe(self, provider: str, machine: provider_pb2.Machine) -> None:
+        if self.lifecycle.is_quarantined(machine.id):
+            return
         try:
             record = machine_record(provider, machine)
         except InvalidMachine as err:
@@ -275,6 +330,11 @@ class ShardProcess:
                 record = _with_state(record, MachineState.FAILED, declared)
             else:
                 del self._declared_failed[record.id]
+        priority = machine.shard_metadata.get(META_PRIORITY)
+        if priority and priority.lstrip("-").isdigit():
+            self._machine_priority[record.id] = int(priority)
+        elif not record.cluster:
+            self._machine_priority.pop(record.id, None)
         self.engine.upsert_machine(record, now=self.clock())
         self._push_node_state(record)
 
@@ -305,6 +365,56 @@ class ShardProcess:
             if current is not None:
                 self._push_node_state(current, cluster_hint=outcome.cluster_id)
 
+    def send_reclaim(self, instruction: NotifyReclaimInput) -> bool:
+        frame = shard_pb2.ShardMessage(
+            reclaim_instruction=shard_pb2.ReclaimInstruction(
+                instruction_id=instruction.instruction_id,
+                nodes=list(instruction.machine_ids),
+                grace_period_seconds=instruction.grace_seconds,
+                preemptor_priority=instruction.preemptor_priority,
+            )
+        )
+        return self.hub.send(instruction.cluster_id, frame, key=reclaim_key(instruction))
+
+    def report_blocked_drain(self, report: BlockedDrain) -> None:
+        self.lifecycle.report_blocked(report)
+
+    async def record_machine(self, record: RecordMachineInput) -> None:
+        result = record.outcome
+        if record.persist:
+            bound = record.cluster_id if record.succeeded else ""
+            try:
+                await self.store.record_operation(
+                    machine_id=result.machine_id,
+                    shard_id=self.shard_id,
+                    shard_epoch=self.epoch,
+                    provider=result.provider,
+                    cluster_id=bound or None,
+                    operation=record.operation
+                    if record.succeeded
+                    else f"{record.operation}-failed",
+                    operation_seq=record.operation_seq,
+                    shard_metadata={"bigfleet.io/need": record.need_key}
+                    if bound and record.need_key
+                    else {},
+                    detail=result.last_error or record.note,
+                )
+            except LeaseLost as err:
+                self.lease_ok = False
+                raise ShardInactive(str(err)) from err
+        self.lifecycle.settled(result.machine_id)
+        current = self.engine.machine(result.machine_id)
+        if result.state == "FAILED":
+            self._declared_failed[result.machine_id] = result.last_error
+            if current is not None:
+                current = _with_state(current, MachineState.FAILED, result.last_error)
+        self.engine.settle(result.machine_id, current, now=self.clock())
+        if current is not None:
+            self._push_node_state(current, cluster_hint=record.cluster_id)
+        if record.quarantine:
+            self.lifecycle.quarantine(result.machine_id, result.last_error or record.note)
+            self.engine.remove_machine(result.machine_id)
+
     # ---------------------------------------------------------- RollupSink
 
     async def admit_cluster(self, cluster_id: str) -> None:
@@ -315,6 +425,7 @@ class ShardProcess:
     def apply_rollup(self, rollup: Rollup) -> str:
         result = self.engine.apply_rollup(rollup, now=self.clock())
         if result.status == "applied":
+            self._needs[rollup.cluster_id] = {n.key: n for n in rollup.needs}
             return "rollup"
         return f"rollup-{result.status}" + (f": {result.detail}" if result.detail else "")
 
@@ -340,7 +451,7 @@ class ShardProcess:
                 log.warning("provider %s: List failed: %s", name, err)
                 continue
             for machine in listing.machines:
-                if _owned_elsewhere(machine, self.shard_id):
+                if machine.id not in self.owned:
                     continue
                 self.observe(name, machine)
             self._cursors[name] = bytes(listing.revision)
@@ -368,6 +479,167 @@ class ShardProcess:
         for m in machine_ids:
             self._op_seq[m] = seq
         return seq
+
+    # --------------------------------------------------- coordinator side
+
+    def _check_term(self, term: int) -> str:
+        """'' if an instruction of ``term`` may act, else why it is refused."""
+        if term < self.highest_term:
+            return f"stale coordinator term {term} < {self.highest_term} already seen"
+        self.highest_term = term
+        return ""
+
+    async def release_machines(self, inp: co.ReleaseInput) -> co.ReleaseResult:
+        """Give up to ``count`` unbound machines of one profile to another shard.
+
+        Chosen synchronously (no await between choosing and removing them from
+        the engine, so the cycle cannot plan on them meanwhile), then moved by
+        compare-and-set in PostgreSQL; any the store refuses come back.
+        """
+        refused = self._check_term(inp.term)
+        if refused:
+            return co.ReleaseResult([], refused)
+        spec = inp.spec
+        limit = max(1, int(len(self.owned) * self.options.max_instruction_share))
+        if spec.count > limit:
+            log.warning(
+                "refusing instruction %d/%d: %d machines > limit %d",
+                inp.term,
+                inp.seq,
+                spec.count,
+                limit,
+            )
+            return co.ReleaseResult(
+                [],
+                f"moving {spec.count} machines exceeds the limit of {limit} "
+                f"({self.options.max_instruction_share:.0%} of {len(self.owned)})",
+            )
+        wanted = MachineState.IDLE if spec.kind == "idle" else MachineState.SPECULATIVE
+        busy = set(self.engine.in_flight()) | set(self.engine.promised())
+        chosen: list[MachineRecord] = []
+        for record in self.engine.machines():
+            if len(chosen) >= spec.count:
+                break
+            if (
+                record.state == wanted
+                and record.id not in busy
+                and not record.cluster
+                and record.provider == spec.provider
+                and record.instance_type == spec.instance_type
+                and record.zone == spec.zone
+                and int(record.capacity_type) == spec.capacity_type
+            ):
+                chosen.append(record)
+        for record in chosen:
+            self.engine.remove_machine(record.id)
+            self.owned.pop(record.id, None)
+        moved_ids = set(
+            await self.store.transfer(
+                donor=self.shard_id,
+                receiver=spec.receiver,
+                machine_ids=[r.id for r in chosen],
+                term=inp.term,
+                seq=inp.seq,
+            )
+        )
+        for record in chosen:
+            if record.id not in moved_ids:
+                self.owned[record.id] = record.provider
+                self.engine.upsert_machine(record, now=self.clock())
+        return co.ReleaseResult(
+            [MachineTarget(r.id, r.provider) for r in chosen if r.id in moved_ids]
+        )
+
+    async def adopt_machines(self, inp: co.AdoptInput) -> co.AdoptResult:
+        """Start acting on machines that PostgreSQL now records as ours."""
+        refused = self._check_term(inp.term)
+        if refused:
+            return co.AdoptResult(0, refused)
+        owners = await self.store.owners([m.machine_id for m in inp.machines])
+        adopted = 0
+        for target in inp.machines:
+            if owners.get(target.machine_id) != self.shard_id:
+                continue
+            self.owned[target.machine_id] = target.provider
+            try:
+                machine = await self.provider(target.provider).get(target.machine_id)
+            except ProviderError as err:
+                log.warning("adopting %s: %s (will load on next List)", target.machine_id, err)
+                continue
+            self.observe(target.provider, machine)
+            adopted += 1
+        return co.AdoptResult(adopted)
+
+    def build_report(self) -> co.ShardReport:
+        """Summary + up to 100 shortfalls for the coordinator."""
+        busy = set(self.engine.in_flight()) | set(self.engine.promised())
+        profiles: dict[tuple[str, str, str, int], co.ProfileReport] = {}
+        total = 0
+        for record in self.engine.machines():
+            total += 1
+            key = (record.provider, record.instance_type, record.zone, int(record.capacity_type))
+            prof = profiles.get(key)
+            if prof is None:
+                prof = profiles[key] = co.ProfileReport(
+                    provider=record.provider,
+                    instance_type=record.instance_type,
+                    zone=record.zone,
+                    capacity_type=int(record.capacity_type),
+                    labels=dict(record.labels),
+                    allocatable=dict(record.allocatable),
+                )
+            if record.id in busy:
+                continue
+            if record.state == MachineState.IDLE and not record.cluster:
+                prof.idle += 1
+            elif record.state == MachineState.SPECULATIVE:
+                prof.speculative += 1
+            elif record.state == MachineState.CONFIGURED:
+                prio = str(self._machine_priority.get(record.id, 0))
+                prof.configured_by_priority[prio] = prof.configured_by_priority.get(prio, 0) + 1
+        shortfalls = []
+        for sf in self.engine.shortfalls()[:100]:
+            need = self._needs.get(sf.cluster_id, {}).get(sf.need_key)
+            shortfalls.append(
+                co.ShortfallReport(
+                    cluster_id=sf.cluster_id,
+                    need_key=sf.need_key,
+                    priority=sf.priority,
+                    deficit=dict(sf.deficit),
+                    requirements=requirement_specs(need.requirements) if need else [],
+                    min_unit=dict(need.min_unit) if need else {},
+                    age_cycles=sf.age_cycles,
+                    escalated=sf.escalated,
+                )
+            )
+        return co.ShardReport(
+            shard_id=self.shard_id,
+            epoch=self.epoch,
+            sent_at=self.clock(),
+            total_machines=total,
+            profiles=list(profiles.values()),
+            shortfalls=shortfalls,
+            highest_term_seen=self.highest_term,
+        )
+
+    async def send_report(self) -> bool:
+        """Signal the coordinator; False when it is not running (shards carry on alone)."""
+        try:
+            handle = self.temporal.get_workflow_handle(co.COORDINATOR_ID)
+            await handle.signal(co.CoordinatorWorkflow.report, self.build_report())
+        except RPCError as err:
+            log.debug("coordinator unreachable (%s); carrying on alone", err)
+            return False
+        return True
+
+    async def _report_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.report_interval_s)
+            if self.active:
+                try:
+                    await self.send_report()
+                except Exception:
+                    log.exception("reporting to the coordinator failed")
 
     # ------------------------------------------------------- node updates
 
@@ -399,11 +671,6 @@ class ShardProcess:
 
 def _with_state(record: MachineRecord, state: MachineState, error: str) -> MachineRecord:
     return replace(record, state=state, last_error=error)
-
-
-def _owned_elsewhere(machine: provider_pb2.Machine, shard_id: str) -> bool:
-    owner = machine.shard_metadata.get("bigfleet.io/shard", "")
-    return bool(owner) and owner != shard_id
 
 
 async def _list(client: ProviderCalls, cursor: bytes) -> provider_pb2.MachineList:

@@ -19,7 +19,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 __all__ = [
     "ClusterAssignment",
-    "CoordinatorStore",
     "InstructionRow",
     "LeaseHeld",
     "LeaseLost",
@@ -73,6 +72,22 @@ class MachineAssignment:
     operation_seq: int
     version: int
     shard_metadata: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class InstructionRow:
+    """One coordinator instruction and what became of it."""
+
+    id: int
+    term: int
+    seq: int
+    kind: str
+    donor_shard: str | None
+    receiver_shard: str | None
+    payload: Mapping[str, object]
+    status: str
+    outcome: str | None
+    created_at: datetime
 
 
 class Store:
@@ -329,25 +344,7 @@ class Store:
             )
             return [(str(r[0]), int(r[1]), r[2]) for r in rows]
 
-
-@dataclass(frozen=True)
-class InstructionRow:
-    """One coordinator instruction and what became of it."""
-
-    id: int
-    term: int
-    seq: int
-    kind: str
-    donor_shard: str | None
-    receiver_shard: str | None
-    payload: Mapping[str, object]
-    status: str
-    outcome: str | None
-    created_at: datetime
-
-
-class CoordinatorStore(Store):
-    """The coordinator's operations: terms, machine distribution, transfers, instructions."""
+    # ------------------------------------------------------------ coordinator
 
     async def take_term(self) -> int:
         """Start a new coordinator term (previous + 1) and return it."""

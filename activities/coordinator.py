@@ -1,0 +1,236 @@
+"""The coordinator's activities: read providers and PostgreSQL, plan, record instructions.
+
+They run on the coordinator's task queue in the coordinator process. The
+shard-side halves of an instruction (release, adopt) run in the shards.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Mapping
+
+from temporalio import activity
+
+from activities.context import ProviderCalls
+from bigfleet.store import Store
+from bigfleet.v1alpha1 import provider_pb2
+from shard_engine.coordination import (
+    ProfileSupply,
+    ShardShortfall,
+    ShardView,
+    distribute_evenly,
+    plan_transfers,
+)
+from shard_engine.model import Operator, Requirement
+from workflows import coordinator as co
+from workflows.contracts import MachineTarget
+
+log = logging.getLogger(__name__)
+
+RACK_LABEL = "topology.kubernetes.io/rack"
+BARE_METAL = provider_pb2.CAPACITY_TYPE_BARE_METAL
+
+
+def cloud_group(provider: str, m: provider_pb2.Machine) -> str:
+    """Quota is distributed per (provider, zone, instance type, capacity type)."""
+    return f"{provider}/{m.zone}/{m.instance_type}/{int(m.capacity_type)}"
+
+
+class CoordinatorActivities:
+    """Bound to the coordinator process's store and provider clients."""
+
+    def __init__(
+        self,
+        store: Store,
+        providers: Mapping[str, ProviderCalls],
+        *,
+        rebalance_share: float = 0.05,
+    ) -> None:
+        self._store = store
+        self._providers = providers
+        self._rebalance_share = rebalance_share
+
+    @activity.defn(name=co.DISTRIBUTE)
+    async def distribute(self, inp: co.DistributeInput) -> co.DistributeResult:
+        """Assign unowned machines evenly; plan moves toward new and away from draining shards.
+
+        Cloud quota spreads per (provider, zone, instance type, capacity type);
+        bare metal moves in whole racks, so a shard can satisfy rack gangs.
+        """
+        shards = await self._store.active_shards()
+        everyone = {row.id: row.state for row in await self._store.shards()}
+        if not shards:
+            return co.DistributeResult(adoptions=[])
+        owners = await self._store.owners()
+        adoptions: dict[str, list[MachineTarget]] = defaultdict(list)
+        rebalance: list[co.TransferSpec] = []
+        for provider, client in sorted(self._providers.items()):
+            listing = await client.list()
+            cloud_unowned: dict[str, list[str]] = defaultdict(list)
+            cloud_current: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+            racks: dict[str, list[str]] = defaultdict(list)
+            rack_owner: dict[str, str] = {}
+            samples: dict[str, provider_pb2.Machine] = {}
+            for m in listing.machines:
+                if m.capacity_type == BARE_METAL:
+                    rack = m.labels.get(RACK_LABEL, m.zone)
+                    racks[rack].append(m.id)
+                    if m.id in owners:
+                        rack_owner.setdefault(rack, owners[m.id])
+                    continue
+                group = cloud_group(provider, m)
+                samples.setdefault(group, m)
+                if m.id in owners:
+                    cloud_current[owners[m.id]][group] += 1
+                elif m.state == provider_pb2.MACHINE_STATE_SPECULATIVE:
+                    cloud_unowned[group].append(m.id)
+            for shard, ids in distribute_evenly(cloud_unowned, shards, cloud_current).items():
+                taken = await self._store.assign_unowned(shard, provider, ids, term=inp.term)
+                adoptions[shard] += [MachineTarget(i, provider) for i in taken]
+            # Whole racks: a rack nobody owns goes to the shard with the fewest racks.
+            rack_counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+            for owner in rack_owner.values():
+                rack_counts[owner]["racks"] += 1
+            free_racks = [r for r in racks if r not in rack_owner]
+            for shard, rack_ids in distribute_evenly(
+                {"racks": free_racks}, shards, rack_counts
+            ).items():
+                for rack in rack_ids:
+                    taken = await self._store.assign_unowned(
+                        shard, provider, racks[rack], term=inp.term
+                    )
+                    adoptions[shard] += [MachineTarget(i, provider) for i in taken]
+            rebalance += self._rebalance(provider, shards, everyone, cloud_current, samples)
+        return co.DistributeResult(
+            adoptions=[co.Adoption(s, ms) for s, ms in sorted(adoptions.items()) if ms],
+            rebalance=rebalance,
+        )
+
+    def _rebalance(
+        self,
+        provider: str,
+        active: list[str],
+        everyone: Mapping[str, str],
+        current: Mapping[str, Mapping[str, int]],
+        samples: Mapping[str, provider_pb2.Machine],
+    ) -> list[co.TransferSpec]:
+        """Speculative moves that even out each quota group (new shards fill, draining empty)."""
+        out: list[co.TransferSpec] = []
+        for group, sample in sorted(samples.items()):
+            counts = {s: current.get(s, {}).get(group, 0) for s in everyone}
+            total = sum(counts.values())
+            target = total // len(active)
+            donors = [
+                s
+                for s in sorted(counts)
+                if counts[s] > (0 if everyone[s] != "active" else target + 1)
+            ]
+            receivers = [s for s in active if counts[s] < target]
+            for receiver in receivers:
+                for donor in donors:
+                    surplus = counts[donor] - (target if everyone[donor] == "active" else 0)
+                    want = target - counts[receiver]
+                    if surplus <= 0 or want <= 0:
+                        continue
+                    step = min(surplus, want, max(1, int(total * self._rebalance_share)))
+                    out.append(
+                        co.TransferSpec(
+                            kind="speculative",
+                            donor=donor,
+                            receiver=receiver,
+                            provider=provider,
+                            instance_type=sample.instance_type,
+                            zone=sample.zone,
+                            capacity_type=int(sample.capacity_type),
+                            count=step,
+                            cluster_id="",
+                            need_key=f"rebalance:{group}",
+                            priority=0,
+                        )
+                    )
+                    counts[donor] -= step
+                    counts[receiver] += step
+        return out
+
+    @activity.defn(name=co.PLAN)
+    async def plan(self, inp: co.PlanInput) -> co.PlanResult:
+        """Turn the shards' latest reports into transfer instructions (pure planning)."""
+        views = {r.shard_id: _view(r) for r in inp.reports}
+        planned = plan_transfers(views, max_share=inp.max_share)
+        return co.PlanResult(
+            transfers=[
+                co.TransferSpec(
+                    kind=i.kind,
+                    donor=i.donor,
+                    receiver=i.receiver,
+                    provider=i.provider,
+                    instance_type=i.instance_type,
+                    zone=i.zone,
+                    capacity_type=i.capacity_type,
+                    count=i.count,
+                    cluster_id=i.cluster_id,
+                    need_key=i.need_key,
+                    priority=i.priority,
+                    below_priority=i.below_priority,
+                )
+                for i in planned
+            ]
+        )
+
+    @activity.defn(name=co.RECORD_INSTRUCTION)
+    async def record_instruction(self, inp: co.InstructionRecord) -> None:
+        await self._store.record_instruction(
+            term=inp.term,
+            seq=inp.seq,
+            kind=inp.kind,
+            donor=inp.donor,
+            receiver=inp.receiver,
+            payload=vars(inp.spec),
+        )
+
+    @activity.defn(name=co.FINISH_INSTRUCTION)
+    async def finish_instruction(self, inp: co.InstructionOutcome) -> None:
+        await self._store.finish_instruction(
+            term=inp.term, seq=inp.seq, status=inp.status, outcome=inp.outcome
+        )
+
+
+def _view(report: co.ShardReport) -> ShardView:
+    return ShardView(
+        shard_id=report.shard_id,
+        total_machines=report.total_machines,
+        supply=tuple(
+            ProfileSupply(
+                provider=p.provider,
+                instance_type=p.instance_type,
+                zone=p.zone,
+                capacity_type=p.capacity_type,
+                labels=p.labels,
+                allocatable=p.allocatable,
+                idle=p.idle,
+                speculative=p.speculative,
+                configured_by_priority={int(k): v for k, v in p.configured_by_priority.items()},
+            )
+            for p in report.profiles
+        ),
+        shortfalls=tuple(
+            ShardShortfall(
+                cluster_id=s.cluster_id,
+                need_key=s.need_key,
+                priority=s.priority,
+                deficit=s.deficit,
+                requirements=tuple(
+                    Requirement(r.key, Operator(r.operator), tuple(r.values))
+                    for r in s.requirements
+                ),
+                min_unit=s.min_unit,
+                age_cycles=s.age_cycles,
+                escalated=s.escalated,
+            )
+            for s in report.shortfalls
+        ),
+    )
+
+
+__all__ = ["CoordinatorActivities", "cloud_group"]

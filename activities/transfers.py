@@ -1,0 +1,53 @@
+"""Shard-side halves of coordinator instructions: release machines, adopt machines.
+
+Both check the coordinator's term first: an instruction from a term lower
+than the highest this shard has seen comes from a zombie coordinator and is
+refused (and the refusal is the instruction's outcome, not an error).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.context import ShardInactive
+from workflows import coordinator as co
+from workflows.errors import LEASE_LOST
+
+
+class TransferContext(Protocol):
+    """What the shard process offers for coordinator instructions."""
+
+    def check_active(self) -> None: ...
+
+    async def release_machines(self, inp: co.ReleaseInput) -> co.ReleaseResult: ...
+
+    async def adopt_machines(self, inp: co.AdoptInput) -> co.AdoptResult: ...
+
+
+class TransferActivities:
+    def __init__(self, ctx: TransferContext) -> None:
+        self._ctx = ctx
+
+    def _ensure_active(self) -> None:
+        try:
+            self._ctx.check_active()
+        except ShardInactive as err:
+            raise ApplicationError(str(err), type=LEASE_LOST, non_retryable=True) from err
+
+    @activity.defn(name=co.RELEASE_MACHINES)
+    async def release_machines(self, inp: co.ReleaseInput) -> co.ReleaseResult:
+        """Give unbound machines of one profile to another shard (CAS in PostgreSQL)."""
+        self._ensure_active()
+        return await self._ctx.release_machines(inp)
+
+    @activity.defn(name=co.ADOPT_MACHINES)
+    async def adopt_machines(self, inp: co.AdoptInput) -> co.AdoptResult:
+        """Take ownership of machines PostgreSQL now records as this shard's."""
+        self._ensure_active()
+        return await self._ctx.adopt_machines(inp)
+
+
+__all__ = ["TransferActivities", "TransferContext"]

@@ -1,0 +1,410 @@
+"""The global coordinator: a singleton workflow that moves capacity between shards.
+
+    shards ──report(ShardReport) signal──▶ CoordinatorWorkflow (id "bigfleet-coordinator")
+        every round:  distribute unowned provider machines evenly over active shards
+                      plan transfers for the reported shortfalls (pure, in an activity)
+                      one TransferWorkflow per instruction (visible, retryable)
+        continue-as-new carries the term, the sequence and the latest reports
+
+Every instruction carries the coordinator's (term, seq). The term comes from
+PostgreSQL and grows with every coordinator start; shards refuse instructions
+from a term lower than the highest they have seen. While the coordinator is
+down, shards keep serving from what they own (static stability); their
+reports wait as signals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ChildWorkflowError
+from temporalio.workflow import ParentClosePolicy
+
+from workflows.contracts import MachineTarget, RequirementSpec
+
+COORDINATOR_ID = "bigfleet-coordinator"
+COORDINATOR_QUEUE = "bigfleet-coordinator"
+
+# Coordinator-side activities (task queue COORDINATOR_QUEUE).
+DISTRIBUTE = "bigfleet.coordinator.distribute"
+PLAN = "bigfleet.coordinator.plan"
+RECORD_INSTRUCTION = "bigfleet.coordinator.record_instruction"
+FINISH_INSTRUCTION = "bigfleet.coordinator.finish_instruction"
+# Shard-side activities (task queue shard-<id>, run by the lease holder).
+ADOPT_MACHINES = "bigfleet.shard.adopt_machines"
+RELEASE_MACHINES = "bigfleet.shard.release_machines"
+
+
+@dataclass
+class ProfileReport:
+    """One machine shape a shard holds, and how many are idle, speculative or configured."""
+
+    provider: str
+    instance_type: str
+    zone: str
+    capacity_type: int
+    labels: dict[str, str]
+    allocatable: dict[str, float]
+    idle: int = 0
+    speculative: int = 0
+    # priority (as a string key: JSON objects have string keys) -> configured count
+    configured_by_priority: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class ShortfallReport:
+    cluster_id: str
+    need_key: str
+    priority: int
+    deficit: dict[str, float]
+    requirements: list[RequirementSpec] = field(default_factory=list)
+    min_unit: dict[str, float] = field(default_factory=dict)
+    age_cycles: int = 0
+    escalated: bool = False
+
+
+@dataclass
+class ShardReport:
+    """What a shard tells the coordinator every report interval."""
+
+    shard_id: str
+    epoch: int
+    sent_at: float
+    total_machines: int
+    profiles: list[ProfileReport] = field(default_factory=list)
+    shortfalls: list[ShortfallReport] = field(default_factory=list)
+    highest_term_seen: int = 0
+
+
+@dataclass
+class TransferSpec:
+    """One planned instruction (see ``shard_engine.coordination.Instruction``)."""
+
+    kind: str
+    donor: str
+    receiver: str
+    provider: str
+    instance_type: str
+    zone: str
+    capacity_type: int
+    count: int
+    cluster_id: str
+    need_key: str
+    priority: int
+    below_priority: int = 0
+
+
+@dataclass
+class PlanInput:
+    reports: list[ShardReport]
+    max_share: float
+
+
+@dataclass
+class PlanResult:
+    transfers: list[TransferSpec]
+
+
+@dataclass
+class DistributeInput:
+    term: int
+    seq: int
+
+
+@dataclass
+class Adoption:
+    shard_id: str
+    machines: list[MachineTarget]
+
+
+@dataclass
+class DistributeResult:
+    adoptions: list[Adoption]
+    rebalance: list[TransferSpec] = field(default_factory=list)
+
+
+@dataclass
+class AdoptInput:
+    term: int
+    seq: int
+    machines: list[MachineTarget]
+
+
+@dataclass
+class AdoptResult:
+    adopted: int
+    refused: str = ""
+
+
+@dataclass
+class ReleaseInput:
+    term: int
+    seq: int
+    spec: TransferSpec
+
+
+@dataclass
+class ReleaseResult:
+    moved: list[MachineTarget]
+    refused: str = ""
+
+
+@dataclass
+class InstructionRecord:
+    term: int
+    seq: int
+    kind: str
+    donor: str
+    receiver: str
+    spec: TransferSpec
+
+
+@dataclass
+class InstructionOutcome:
+    term: int
+    seq: int
+    status: str
+    outcome: str
+
+
+@dataclass
+class TransferInput:
+    term: int
+    seq: int
+    spec: TransferSpec
+
+
+@dataclass
+class TransferResult:
+    status: str
+    moved: int
+    outcome: str
+
+
+@dataclass
+class CoordinatorInput:
+    """The coordinator's whole state, carried through continue-as-new."""
+
+    term: int
+    interval_s: float = 30.0
+    max_share: float = 0.05
+    seq: int = 0
+    reports: dict[str, ShardReport] = field(default_factory=dict)
+    # (receiver|cluster|need) -> workflow.now() timestamp before which it is not re-planned
+    cooldown: dict[str, float] = field(default_factory=dict)
+    rounds_per_run: int = 200
+
+
+_QUICK = timedelta(seconds=30)
+_RETRY = RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds=10))
+
+
+@workflow.defn(name="TransferWorkflow")
+class TransferWorkflow:
+    """Move machines from a donor shard to a receiver: release, then adopt, then record."""
+
+    @workflow.run
+    async def run(self, inp: TransferInput) -> TransferResult:
+        spec = inp.spec
+        await workflow.execute_activity(
+            RECORD_INSTRUCTION,
+            InstructionRecord(inp.term, inp.seq, spec.kind, spec.donor, spec.receiver, spec),
+            start_to_close_timeout=_QUICK,
+            retry_policy=_RETRY,
+        )
+        try:
+            released = await workflow.execute_activity(
+                RELEASE_MACHINES,
+                ReleaseInput(inp.term, inp.seq, spec),
+                result_type=ReleaseResult,
+                task_queue=f"shard-{spec.donor}",
+                schedule_to_close_timeout=timedelta(minutes=2),
+                retry_policy=_RETRY,
+            )
+        except ActivityError as err:
+            return await self._finish(inp, "failed", 0, f"donor {spec.donor}: {err.cause or err}")
+        if released.refused:
+            return await self._finish(inp, "refused", 0, f"donor {spec.donor}: {released.refused}")
+        if released.moved:
+            try:
+                adopted = await workflow.execute_activity(
+                    ADOPT_MACHINES,
+                    AdoptInput(inp.term, inp.seq, released.moved),
+                    result_type=AdoptResult,
+                    task_queue=f"shard-{spec.receiver}",
+                    schedule_to_close_timeout=timedelta(minutes=2),
+                    retry_policy=_RETRY,
+                )
+            except ActivityError as err:
+                # Ownership already moved in PostgreSQL: the receiver loads it
+                # at its next start, so nothing is lost, only delayed.
+                return await self._finish(
+                    inp,
+                    "applied",
+                    len(released.moved),
+                    f"moved {len(released.moved)}; receiver will load them at restart ({err})",
+                )
+            if adopted.refused:
+                return await self._finish(
+                    inp, "applied", len(released.moved), f"receiver: {adopted.refused}"
+                )
+        return await self._finish(
+            inp, "applied", len(released.moved), f"moved {len(released.moved)} of {spec.count}"
+        )
+
+    async def _finish(
+        self, inp: TransferInput, status: str, moved: int, outcome: str
+    ) -> TransferResult:
+        await workflow.execute_activity(
+            FINISH_INSTRUCTION,
+            InstructionOutcome(inp.term, inp.seq, status, outcome),
+            start_to_close_timeout=_QUICK,
+            retry_policy=_RETRY,
+        )
+        return TransferResult(status, moved, outcome)
+
+
+def _cooldown_key(spec: TransferSpec) -> str:
+    return f"{spec.receiver}|{spec.cluster_id}|{spec.need_key}"
+
+
+@workflow.defn(name="CoordinatorWorkflow")
+class CoordinatorWorkflow:
+    """The singleton coordinator (workflow id ``bigfleet-coordinator``)."""
+
+    def __init__(self) -> None:
+        self._state: CoordinatorInput | None = None
+        self._new_reports = False
+        self._pending: dict[str, TransferSpec] = {}
+        self._recent: list[dict[str, object]] = []
+        self._tasks: set[asyncio.Future[None]] = set()
+
+    @workflow.signal(name="report")
+    def report(self, report: ShardReport) -> None:
+        """A shard's periodic report; the newest per shard wins."""
+        if self._state is None:
+            return
+        current = self._state.reports.get(report.shard_id)
+        if current is None or report.sent_at >= current.sent_at:
+            self._state.reports[report.shard_id] = report
+            self._new_reports = True
+
+    @workflow.query(name="status")
+    def status(self) -> dict[str, object]:
+        state = self._state
+        return {
+            "term": state.term if state else 0,
+            "seq": state.seq if state else 0,
+            "shards": sorted(state.reports) if state else [],
+            "shortfalls": sum(len(r.shortfalls) for r in state.reports.values()) if state else 0,
+            "pending": [vars(s) for s in self._pending.values()],
+            "recent": self._recent[-20:],
+        }
+
+    @workflow.run
+    async def run(self, inp: CoordinatorInput) -> None:
+        self._state = inp
+        for _ in range(inp.rounds_per_run):
+            await self._round(inp)
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(
+                    lambda: self._new_reports, timeout=timedelta(seconds=inp.interval_s)
+                )
+            self._new_reports = False
+            if workflow.info().is_continue_as_new_suggested():
+                break
+        await workflow.wait_condition(lambda: not self._pending)
+        workflow.continue_as_new(inp)
+
+    async def _round(self, inp: CoordinatorInput) -> None:
+        inp.seq += 1
+        try:
+            distributed = await workflow.execute_activity(
+                DISTRIBUTE,
+                DistributeInput(inp.term, inp.seq),
+                result_type=DistributeResult,
+                start_to_close_timeout=timedelta(minutes=2),
+                retry_policy=_RETRY,
+            )
+        except ActivityError as err:
+            workflow.logger.warning("distribution failed this round: %s", err)
+            distributed = DistributeResult(adoptions=[])
+        for adoption in distributed.adoptions:
+            inp.seq += 1
+            try:
+                await workflow.execute_activity(
+                    ADOPT_MACHINES,
+                    AdoptInput(inp.term, inp.seq, adoption.machines),
+                    result_type=AdoptResult,
+                    task_queue=f"shard-{adoption.shard_id}",
+                    schedule_to_close_timeout=timedelta(seconds=30),
+                    retry_policy=RetryPolicy(maximum_attempts=2),
+                )
+            except ActivityError:
+                # Ownership is in PostgreSQL already; the shard loads it when it runs.
+                workflow.logger.info("shard %s did not take its machines now", adoption.shard_id)
+        now = workflow.now().timestamp()
+        inp.cooldown = {k: v for k, v in inp.cooldown.items() if v > now}
+        reports = [
+            ShardReport(
+                r.shard_id,
+                r.epoch,
+                r.sent_at,
+                r.total_machines,
+                r.profiles,
+                [
+                    s
+                    for s in r.shortfalls
+                    if f"{r.shard_id}|{s.cluster_id}|{s.need_key}" not in inp.cooldown
+                    and f"{r.shard_id}|{s.cluster_id}|{s.need_key}" not in self._pending
+                ],
+                r.highest_term_seen,
+            )
+            for r in inp.reports.values()
+        ]
+        planned = PlanResult(transfers=list(distributed.rebalance))
+        if any(r.shortfalls for r in reports):
+            planned.transfers += (
+                await workflow.execute_activity(
+                    PLAN,
+                    PlanInput(reports, inp.max_share),
+                    result_type=PlanResult,
+                    start_to_close_timeout=_QUICK,
+                    retry_policy=_RETRY,
+                )
+            ).transfers
+        for spec in planned.transfers:
+            inp.seq += 1
+            key = _cooldown_key(spec)
+            self._pending[key] = spec
+            task = asyncio.ensure_future(self._transfer(inp, inp.seq, spec, key))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _transfer(
+        self, inp: CoordinatorInput, seq: int, spec: TransferSpec, key: str
+    ) -> None:
+        try:
+            result = await workflow.execute_child_workflow(
+                TransferWorkflow.run,
+                TransferInput(inp.term, seq, spec),
+                id=f"{COORDINATOR_ID}/{inp.term}/{seq}/{spec.kind}",
+                parent_close_policy=ParentClosePolicy.ABANDON,
+            )
+            outcome = {
+                "seq": seq,
+                "kind": spec.kind,
+                "status": result.status,
+                "outcome": result.outcome,
+            }
+        except ChildWorkflowError as err:
+            outcome = {"seq": seq, "kind": spec.kind, "status": "failed", "outcome": str(err)}
+        self._recent.append(outcome)
+        # Give the receiver a couple of rounds to report fresh numbers first.
+        inp.cooldown[key] = workflow.now().timestamp() + 2 * inp.interval_s
+        self._pending.pop(key, None)
