@@ -58,6 +58,7 @@ def dev(
     temporal_port: Annotated[int, typer.Option(help="Temporal frontend port.")] = 7233,
     shard_port: Annotated[int, typer.Option(help="Shard.Session port.")] = 7443,
     summary_every: Annotated[float, typer.Option(help="Seconds between summaries.")] = 5.0,
+    shards: Annotated[int, typer.Option(min=1, max=16, help="Shard processes to run.")] = 1,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run the full stack on embedded defaults with a demo fleet (Ctrl-C stops it)."""
@@ -75,6 +76,7 @@ def dev(
         ui_port=ui_port,
         shard_listen=f"127.0.0.1:{shard_port}",
         time_factor=time_factor,
+        shards=shards,
     )
 
     async def main(stop: asyncio.Event) -> None:
@@ -87,8 +89,10 @@ def dev(
                 f"  Temporal UI      http://localhost:{ui_port}  "
                 "(search: BigFleetClusterId='demo-web')\n"
                 f"  Temporal         {stack.temporal_address}\n"
-                f"  Shard.Session    {stack.shard.address}\n"
-                f"  Providers        "
+                "  Shard.Session    "
+                + ", ".join(f"{p.shard_id}={p.address}" for p in stack.shards)
+                + "\n"
+                "  Providers        "
                 + ", ".join(
                     f"{n}={p.address}"
                     for n, p in zip(stack.provider_clients, stack.providers, strict=True)
@@ -155,6 +159,140 @@ def shard(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> 
             await db.close()
 
     _run(_until_signalled(main))
+
+
+coordinator_app = typer.Typer(help="The global coordinator.", no_args_is_help=True)
+app.add_typer(coordinator_app, name="coordinator")
+
+
+@coordinator_app.command("run")
+def coordinator_run(
+    interval: Annotated[float, typer.Option(help="Seconds between planning rounds.")] = 30.0,
+    max_share: Annotated[
+        float, typer.Option(help="Largest share of a shard's machines one instruction may move.")
+    ] = 0.05,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Run the coordinator: a new term, its worker, and the singleton workflow."""
+    from bigfleet import temporal
+    from bigfleet.coordinator import CoordinatorProcess
+    from bigfleet.store import Database, Store
+    from providers.client import ProviderClient
+
+    _logging(verbose)
+    settings = _settings()
+    if not settings.database_url or not settings.temporal_address:
+        _fail("BIGFLEET_DATABASE_URL and BIGFLEET_TEMPORAL_ADDRESS must be set")
+
+    async def main(stop: asyncio.Event) -> None:
+        assert settings.database_url and settings.temporal_address
+        db = Database.connect(settings.database_url)
+        await db.migrate()
+        client = await temporal.connect(settings.temporal_address, settings.temporal_namespace)
+        providers = {p.name: ProviderClient(p.address) for p in settings.providers}
+        process = CoordinatorProcess(
+            store=Store(db.engine),
+            temporal=client,
+            providers=providers,
+            interval_s=interval,
+            max_share=max_share,
+        )
+        try:
+            await process.start()
+            await stop.wait()
+        finally:
+            await process.stop()
+            for p in providers.values():
+                await p.close()
+            await db.close()
+
+    _run(_until_signalled(main))
+
+
+@coordinator_app.command("status")
+def coordinator_status(
+    limit: Annotated[int, typer.Option(help="Instructions to show.")] = 20,
+) -> None:
+    """The coordinator's term, pending instructions, and recent outcomes."""
+    from bigfleet.store import Database, Store
+
+    settings = _settings()
+    if not settings.database_url:
+        _fail("BIGFLEET_DATABASE_URL is not set")
+
+    async def main() -> None:
+        assert settings.database_url
+        db = Database.connect(settings.database_url)
+        try:
+            store = Store(db.engine)
+            typer.echo(f"term {await store.term()}")
+            rows = await store.instructions(limit=limit)
+            if not rows:
+                typer.echo("no instructions yet")
+            for r in rows:
+                typer.echo(
+                    f"{r.term}/{r.seq:<5} {r.kind:<12} {r.donor_shard or '-':>10} -> "
+                    f"{r.receiver_shard or '-':<10} {r.status:<8} {r.outcome or ''}"
+                )
+        finally:
+            await db.close()
+
+    _run(main())
+
+
+@app.command("shards")
+def shards_list() -> None:
+    """Shard membership: leases, epochs, clusters and machines per shard."""
+    from bigfleet.store import Database, Store
+
+    settings = _settings()
+    if not settings.database_url:
+        _fail("BIGFLEET_DATABASE_URL is not set")
+
+    async def main() -> None:
+        assert settings.database_url
+        db = Database.connect(settings.database_url)
+        try:
+            rows = await Store(db.engine).shards()
+            typer.echo(
+                f"{'shard':<12} {'state':<9} {'epoch':>5} {'clusters':>8} {'machines':>8}  lease"
+            )
+            for r in rows:
+                lease = (
+                    f"{r.lease_holder} until {r.lease_expires_at:%H:%M:%S}"
+                    if r.lease_holder and r.lease_expires_at
+                    else "free"
+                )
+                typer.echo(
+                    f"{r.id:<12} {r.state:<9} {r.epoch:>5} {r.clusters:>8} {r.machines:>8}  {lease}"
+                )
+        finally:
+            await db.close()
+
+    _run(main())
+
+
+@app.command("clusters")
+def clusters_list() -> None:
+    """Which shard serves each cluster (assigned on first contact, permanent)."""
+    from bigfleet.store import Database, Store
+
+    settings = _settings()
+    if not settings.database_url:
+        _fail("BIGFLEET_DATABASE_URL is not set")
+
+    async def main() -> None:
+        assert settings.database_url
+        db = Database.connect(settings.database_url)
+        try:
+            for c in await Store(db.engine).clusters():
+                typer.echo(
+                    f"{c.cluster_id:<32} {c.shard_id:<12} since {c.first_seen_at:%Y-%m-%d %H:%M:%S}"
+                )
+        finally:
+            await db.close()
+
+    _run(main())
 
 
 @app.command()

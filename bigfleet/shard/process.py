@@ -467,7 +467,13 @@ class ShardProcess:
                 log.exception("decision cycle failed")
 
     async def run_cycle(self) -> int:
-        """One decision cycle: plan, then start a workflow per action. Returns actions started."""
+        """One decision cycle: plan, then start a workflow per action. Returns actions started.
+
+        A process that cannot prove it holds its lease (or was fenced) plans
+        nothing and starts nothing.
+        """
+        if not self.active:
+            return 0
         plan = self.engine.cycle(now=self.clock())
         self.cycles += 1
         self.last_plan_actions = len(plan.actions)
