@@ -163,7 +163,7 @@ def assign(
             else:
                 dstar = dominant_dimension(deficit, shapes.max(axis=0), names)
                 unit = shapes[:, dstar] if dstar is not None else np.ones(len(candidates))
-                with np.errstate(divide="ignore"):
+                with np.errstate(divide="ignore", invalid="ignore"):
                     preference = np.where(unit > 0, cost[candidates] / unit, np.inf)
                 picks, deficit, blocked = cover_with_spread(
                     deficit=deficit,

@@ -1,0 +1,50 @@
+"""Kubernetes quantities as the engine reads them: canonical units and clear errors."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shard_engine.quantity import InvalidQuantity, format_quantity, parse_quantity, parse_resources
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("500m", 0.5),
+        ("4Gi", 4 * 2**30),
+        ("1.5", 1.5),
+        ("2e3", 2000.0),
+        ("1k", 1000.0),
+        ("128Mi", 128 * 2**20),
+        ("0", 0.0),
+        (".5", 0.5),
+        ("100n", 100e-9),
+    ],
+)
+def test_quantities_parse_into_canonical_units(text: str, value: float) -> None:
+    assert parse_quantity(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text", ["", "-1", "4GB", "abc", "1..2", "Gi", "1e", "nan", "inf"])
+def test_unparseable_quantities_are_refused_with_the_text_in_the_message(text: str) -> None:
+    with pytest.raises(InvalidQuantity) as caught:
+        parse_quantity(text, field="aggregate[cpu]")
+    assert repr(text) in str(caught.value)
+    assert "aggregate[cpu]" in str(caught.value)
+
+
+def test_a_bad_resource_map_names_the_resource() -> None:
+    with pytest.raises(InvalidQuantity, match=r"needs\[0\]\[memory\]"):
+        parse_resources({"cpu": "1", "memory": "lots"}, field="needs[0]")
+
+
+@given(st.integers(0, 10**6))
+def test_cpu_millicores_round_trip_through_formatting(millis: int) -> None:
+    assert parse_quantity(format_quantity("cpu", millis / 1000)) == pytest.approx(millis / 1000)
+
+
+@given(st.integers(0, 2**50))
+def test_byte_counts_round_trip_through_formatting(count: int) -> None:
+    assert parse_quantity(format_quantity("memory", float(count))) == count
