@@ -194,6 +194,13 @@ class ProviderCore:
     Construct a substrate subclass, call `start` on the loop that will serve
     it, and `close` when done. Public methods are the provider contract in
     domain types; each raises only the `providers.errors` vocabulary.
+
+    ``stats`` counts what happened, for tests and inspection: ``fenced``,
+    ``idempotent_retries``, ``deadlines_missed``,
+    ``late_completions_discarded``, ``interrupted_by_restart``,
+    ``failed_cleaned_up``, ``injected_{error,stuck,late}:<op>``, and the
+    substrates' own (``spot_interruptions``, ``launches_queued_by_rate_limit``,
+    ``racks_commissioned``).
     """
 
     kind: ClassVar[str] = ""
@@ -237,13 +244,14 @@ class ProviderCore:
             self._store.save(self._document())
         self._dirty_machines.clear()
         self._dirty_fences.clear()
+        self._meta_dirty = False
 
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        """Arm background timers (completions pending from before, spot
-        interruptions, commissioning, cleanups). Call once, on the loop that
-        will run the provider; later calls do nothing."""
+        """Arm the background timers (spot interruptions, rack commissioning,
+        FAILED clean-ups, and any timer requested before the start). Call
+        once, on the loop that will run the provider; later calls do nothing."""
         if self._started:
             return
         self._started = True
