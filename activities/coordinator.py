@@ -69,6 +69,7 @@ class CoordinatorActivities:
             listing = await client.list()
             cloud_unowned: dict[str, list[str]] = defaultdict(list)
             cloud_current: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+            cloud_spare: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
             racks: dict[str, list[str]] = defaultdict(list)
             rack_owner: dict[str, str] = {}
             samples: dict[str, provider_pb2.Machine] = {}
@@ -83,6 +84,8 @@ class CoordinatorActivities:
                 samples.setdefault(group, m)
                 if m.id in owners:
                     cloud_current[owners[m.id]][group] += 1
+                    if m.state == provider_pb2.MACHINE_STATE_SPECULATIVE:
+                        cloud_spare[owners[m.id]][group] += 1
                 elif m.state == provider_pb2.MACHINE_STATE_SPECULATIVE:
                     cloud_unowned[group].append(m.id)
             for shard, ids in distribute_evenly(cloud_unowned, shards, cloud_current).items():
@@ -101,7 +104,9 @@ class CoordinatorActivities:
                         shard, provider, racks[rack], term=inp.term
                     )
                     adoptions[shard] += [MachineTarget(i, provider) for i in taken]
-            rebalance += self._rebalance(provider, shards, everyone, cloud_current, samples)
+            rebalance += self._rebalance(
+                provider, shards, everyone, cloud_current, cloud_spare, samples
+            )
         return co.DistributeResult(
             adoptions=[co.Adoption(s, ms) for s, ms in sorted(adoptions.items()) if ms],
             rebalance=rebalance,
@@ -113,27 +118,40 @@ class CoordinatorActivities:
         active: list[str],
         everyone: Mapping[str, str],
         current: Mapping[str, Mapping[str, int]],
+        spare: Mapping[str, Mapping[str, int]],
         samples: Mapping[str, provider_pb2.Machine],
     ) -> list[co.TransferSpec]:
-        """Speculative moves that even out each quota group (new shards fill, draining empty)."""
+        """Speculative moves for membership changes only.
+
+        A draining shard hands all its speculative quota to active shards; an
+        active shard that owns nothing of a quota group (it just joined)
+        receives its even share from the shards with the most. Otherwise
+        quota stays where shortfall transfers put it — evening it out again
+        would undo them.
+        """
         out: list[co.TransferSpec] = []
         for group, sample in sorted(samples.items()):
-            counts = {s: current.get(s, {}).get(group, 0) for s in everyone}
-            total = sum(counts.values())
-            target = total // len(active)
-            donors = [
-                s
-                for s in sorted(counts)
-                if counts[s] > (0 if everyone[s] != "active" else target + 1)
-            ]
-            receivers = [s for s in active if counts[s] < target]
-            for receiver in receivers:
-                for donor in donors:
-                    surplus = counts[donor] - (target if everyone[donor] == "active" else 0)
-                    want = target - counts[receiver]
-                    if surplus <= 0 or want <= 0:
+            free = {s: spare.get(s, {}).get(group, 0) for s in everyone}
+            target = sum(free.values()) // max(1, len(active))
+            wants: dict[str, int] = {}
+            for s in active:
+                if current.get(s, {}).get(group, 0) == 0 and target > 0:
+                    wants[s] = target
+            donors = [s for s in sorted(free) if everyone[s] != "active" and free[s] > 0]
+            donors += sorted(
+                (s for s in active if s not in wants and free[s] > target),
+                key=lambda s: -free[s],
+            )
+            receivers = sorted(wants) or sorted(active, key=lambda s: free[s])
+            for donor in donors:
+                surplus = free[donor] - (target if everyone[donor] == "active" else 0)
+                for receiver in receivers:
+                    if receiver == donor or surplus <= 0:
                         continue
-                    step = min(surplus, want, max(1, int(total * self._rebalance_share)))
+                    want = wants.get(receiver, surplus if everyone[donor] != "active" else 0)
+                    step = min(surplus, want)
+                    if step <= 0:
+                        continue
                     out.append(
                         co.TransferSpec(
                             kind="speculative",
@@ -149,8 +167,10 @@ class CoordinatorActivities:
                             priority=0,
                         )
                     )
-                    counts[donor] -= step
-                    counts[receiver] += step
+                    surplus -= step
+                    free[donor] -= step
+                    free[receiver] += step
+                    wants[receiver] = wants.get(receiver, 0) - step
         return out
 
     @activity.defn(name=co.PLAN)

@@ -76,6 +76,10 @@ class DevStackOptions:
     rollup_interval_s: float = 2.0
     clusters: tuple[tuple[str, DemandPattern], ...] = DEMO_CLUSTERS
     quota_scale: float = 1.0
+    # A provider catalog file (instance types, zones, quotas); None = the built-in one.
+    catalog_path: Path | None = None
+    # Largest share of a shard's machines one coordinator instruction may move.
+    max_instruction_share: float = 0.05
     provider_seed: int = 7
     persist: bool = True
     deadlines: Deadlines = field(default_factory=Deadlines)
@@ -135,6 +139,10 @@ class DevStack:
             seed=o.provider_seed,
             time_factor=o.time_factor,
             quota_scale=o.quota_scale,
+            catalog_path=o.catalog_path,
+            # FAILED machines (spot interruptions, injected faults) return to
+            # SPECULATIVE after ten simulated minutes, as a cloud's cleanup would.
+            failed_cleanup_s=600.0,
             state_path=state_dir / "simcloud.json" if state_dir else None,
         )
         core = build_provider(config)
@@ -155,6 +163,7 @@ class DevStack:
                     cycle_interval_s=o.cycle_interval_s,
                     observe_interval_s=o.observe_interval_s,
                     report_interval_s=o.report_interval_s,
+                    max_instruction_share=o.max_instruction_share,
                     deadlines=o.deadlines,
                     poll=o.poll,
                 ),
@@ -172,6 +181,7 @@ class DevStack:
                 temporal=self.client,
                 providers=self.provider_clients,
                 interval_s=o.coordinator_interval_s,
+                max_share=o.max_instruction_share,
             )
             await self.coordinator.start()
 

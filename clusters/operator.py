@@ -45,6 +45,8 @@ class DemandPattern:
     min_unit_memory_gib: float = 2.0
     requirements: tuple[tuple[str, int, tuple[str, ...]], ...] = ()
     interruption_bucket: int = capacity_pb2.PENALTY_BUCKET_8
+    gpus: float = 0.0
+    min_unit_gpus: float = 0.0
 
     def at(self, t: float) -> tuple[float, float]:
         """(cpu, memory GiB) demanded ``t`` seconds after start."""
@@ -121,23 +123,33 @@ class SimulatedCluster:
                 capacity_pb2.NodeSelectorRequirement(key=k, operator=op, values=list(v))  # type: ignore[arg-type]
                 for k, op, v in d.requirements
             ],
-            aggregate_resources={
-                "cpu": f"{round(cpu * 1000)}m",
-                "memory": f"{round(mem * 1024)}Mi",
-            },
+            aggregate_resources=self._aggregate(cpu, mem),
             priority=d.priority,
             interruption_penalty_bucket=d.interruption_bucket,  # type: ignore[arg-type]
             reclamation_penalty_bucket=capacity_pb2.PENALTY_BUCKET_8,
-            min_unit={
-                "cpu": f"{round(d.min_unit_cpu * 1000)}m",
-                "memory": f"{round(d.min_unit_memory_gib * 1024)}Mi",
-            },
+            min_unit=self._min_unit(),
         )
         return capacity_pb2.ClusterCapacityNeeds(
             cluster_id=self.cluster_id,
             timestamp_unix_nanos=time.time_ns(),
             needs=[need] if cpu > 0 else [],
         )
+
+    def _aggregate(self, cpu: float, mem: float) -> dict[str, str]:
+        out = {"cpu": f"{round(cpu * 1000)}m", "memory": f"{round(mem * 1024)}Mi"}
+        if self.demand.gpus > 0:
+            out["nvidia.com/gpu"] = f"{round(self.demand.gpus)}"
+        return out
+
+    def _min_unit(self) -> dict[str, str]:
+        d = self.demand
+        out = {
+            "cpu": f"{round(d.min_unit_cpu * 1000)}m",
+            "memory": f"{round(d.min_unit_memory_gib * 1024)}Mi",
+        }
+        if d.min_unit_gpus > 0:
+            out["nvidia.com/gpu"] = f"{round(d.min_unit_gpus)}"
+        return out
 
     async def _run_forever(self) -> None:
         backoff = 0.2

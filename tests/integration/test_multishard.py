@@ -1,0 +1,220 @@
+"""Two shards, one coordinator, real Temporal, real PostgreSQL, a simulated cloud over gRPC.
+
+The tiny cloud has four GPU machines and eight small ones; the coordinator
+splits them evenly, so each shard owns two GPU machines. A cluster asking
+for four GPU machines can only be served with help from the other shard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from bigfleet.devstack import DevStack
+from bigfleet.v1alpha1 import provider_pb2
+from clusters.operator import SimulatedCluster
+from providers.model import FencingToken
+from providers.errors import Fenced
+from tests.integration.multishard import configured_for, eventually, gpu_demand, options, shard
+from workflows import coordinator as co
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+async def stack(tmp_path: Path, empty_database_url: str) -> AsyncIterator[DevStack]:
+    dev = DevStack(options(tmp_path, empty_database_url))
+    try:
+        await dev.start()
+        yield dev
+    finally:
+        await dev.stop()
+
+
+async def _owned_gpus(dev: DevStack, shard_id: str) -> list[str]:
+    assert dev.store is not None
+    owners = await dev.store.owners()
+    return sorted(m for m, s in owners.items() if s == shard_id and "p5-48xlarge" in m)
+
+
+async def _connect(dev: DevStack, cluster_id: str, machines: int) -> SimulatedCluster:
+    assert dev.store is not None
+    owner = await dev.store.assign_cluster(cluster_id)
+    cluster = SimulatedCluster(
+        cluster_id, shard(dev, owner).address, gpu_demand(machines), rollup_interval_s=0.5
+    )
+    cluster.start()
+    dev.clusters.append(cluster)
+    return cluster
+
+
+async def test_the_coordinator_splits_quota_evenly_between_shards(stack: DevStack) -> None:
+    await eventually(
+        lambda: all(len(p.owned) == 6 for p in stack.shards), what="6 machines per shard"
+    )
+    assert len(await _owned_gpus(stack, "shard-0")) == 2
+    assert len(await _owned_gpus(stack, "shard-1")) == 2
+
+
+async def test_a_shortfall_is_met_with_speculative_quota_from_another_shard(
+    stack: DevStack,
+) -> None:
+    await eventually(lambda: all(len(p.owned) == 6 for p in stack.shards), what="distribution")
+    await _connect(stack, "gpu-b", machines=4)
+    machines = await eventually(
+        lambda: _four(configured_for(stack, "gpu-b")), within=90, what="4 GPU machines configured"
+    )
+    assert len(machines) == 4
+    assert stack.store is not None
+    receiver = await stack.store.assign_cluster("gpu-b")
+    assert len(await _owned_gpus(stack, receiver)) == 4
+    applied = [i for i in await stack.store.instructions() if i.status == "applied"]
+    assert any(i.kind == "speculative" and i.receiver_shard == receiver for i in applied)
+
+
+async def _four(machines: object) -> object:
+    found = await machines  # type: ignore[misc]
+    return found if len(found) >= 4 else None
+
+
+async def test_idle_machines_of_another_shard_are_given_before_new_ones_are_bought(
+    stack: DevStack,
+) -> None:
+    await eventually(lambda: all(len(p.owned) == 6 for p in stack.shards), what="distribution")
+    donor_gpus = await _owned_gpus(stack, "shard-1")
+    client = next(iter(stack.provider_clients.values()))
+    # Two of shard-1's GPU slots become real idle hosts (say, left over by a cluster).
+    for i, machine_id in enumerate(donor_gpus):
+        await client.create(machine_id, FencingToken("setup", 1, i + 1))
+    await eventually(
+        lambda: (
+            sum(
+                1
+                for m in shard(stack, "shard-1").engine.machines()
+                if m.id in donor_gpus and m.state.name == "IDLE"
+            )
+            == 2
+        ),
+        what="shard-1 sees two idle GPU machines",
+    )
+    await _connect(stack, "gpu-a", machines=4)  # first contact: shard-0
+    machines = await eventually(
+        lambda: _four(configured_for(stack, "gpu-a")), within=90, what="4 GPU machines configured"
+    )
+    assert {m.id for m in machines} >= set(donor_gpus), "the idle machines were used"
+    assert stack.store is not None
+    kinds = [i.kind for i in await stack.store.instructions() if i.status == "applied"]
+    assert "idle" in kinds and "speculative" not in kinds
+    assert sorted(await _owned_gpus(stack, "shard-0")) == sorted(
+        set(donor_gpus) | set(await _owned_gpus(stack, "shard-0"))
+    )
+
+
+async def test_an_instruction_from_an_older_term_is_refused(stack: DevStack) -> None:
+    assert stack.coordinator is not None
+    await eventually(lambda: all(len(p.owned) == 6 for p in stack.shards), what="distribution")
+    donor = shard(stack, "shard-1")
+    assert donor.highest_term == stack.coordinator.term
+    spec = co.TransferSpec(
+        kind="speculative",
+        donor="shard-1",
+        receiver="shard-0",
+        provider="simcloud",
+        instance_type="m6i.large",
+        zone="test-1a",
+        capacity_type=provider_pb2.CAPACITY_TYPE_ON_DEMAND,
+        count=1,
+        cluster_id="",
+        need_key="zombie",
+        priority=0,
+    )
+    before = dict(donor.owned)
+    result = await donor.release_machines(co.ReleaseInput(stack.coordinator.term - 1, 1, spec))
+    assert result.moved == [] and "stale coordinator term" in result.refused
+    assert donor.owned == before
+
+
+async def test_an_instruction_larger_than_the_sanity_limit_is_refused(stack: DevStack) -> None:
+    assert stack.coordinator is not None
+    await eventually(lambda: all(len(p.owned) == 6 for p in stack.shards), what="distribution")
+    donor = shard(stack, "shard-1")
+    spec = co.TransferSpec(
+        kind="speculative",
+        donor="shard-1",
+        receiver="shard-0",
+        provider="simcloud",
+        instance_type="m6i.large",
+        zone="test-1a",
+        capacity_type=provider_pb2.CAPACITY_TYPE_ON_DEMAND,
+        count=4,  # limit is 50% of 6 = 3
+        cluster_id="",
+        need_key="greedy",
+        priority=0,
+    )
+    result = await donor.release_machines(co.ReleaseInput(stack.coordinator.term, 99, spec))
+    assert result.moved == [] and "exceeds the limit of 3" in result.refused
+
+
+async def test_a_shard_that_lost_its_lease_stops_acting_and_is_fenced(stack: DevStack) -> None:
+    await eventually(lambda: all(len(p.owned) == 6 for p in stack.shards), what="distribution")
+    zombie = shard(stack, "shard-1")
+    machine_id = (await _owned_gpus(stack, "shard-1"))[0]
+    assert stack.store is not None and stack.db is not None
+    # Another process takes shard-1's lease (the zombie's lease "expired" during a pause).
+    async with stack.db.engine.begin() as conn:
+        from sqlalchemy import text
+
+        await conn.execute(
+            text(
+                "UPDATE shards SET lease_expires_at = now() - interval '1 second' WHERE id = 'shard-1'"
+            )
+        )
+    successor_epoch = await stack.store.acquire_lease("shard-1", "successor", ttl_seconds=60)
+    assert successor_epoch > zombie.epoch
+    await eventually(lambda: not zombie.active, within=10, what="the zombie to notice")
+    assert await zombie.run_cycle() == 0, "a shard without its lease plans nothing"
+    # The successor acts on a machine; the zombie's next call on it is fenced.
+    client = next(iter(stack.provider_clients.values()))
+    await client.create(machine_id, FencingToken("shard-1", successor_epoch, 1))
+    with pytest.raises(Fenced):
+        await client.create(machine_id, zombie.next_token())
+
+
+async def test_shards_keep_serving_while_the_coordinator_is_away(stack: DevStack) -> None:
+    assert stack.coordinator is not None and stack.store is not None
+    await eventually(lambda: all(len(p.owned) == 6 for p in stack.shards), what="distribution")
+    await stack.coordinator.stop()
+    cluster = await _connect(stack, "gpu-c", machines=2)
+    machines = await eventually(
+        lambda: _two(configured_for(stack, "gpu-c")), within=60, what="2 GPUs from own quota"
+    )
+    assert len(machines) == 2
+    # It wants more than its shard owns: nothing can move while the coordinator is away.
+    instructions_before = len(await stack.store.instructions())
+    cluster.demand = gpu_demand(4)
+    await asyncio.sleep(3)
+    assert len(await configured_for(stack, "gpu-c")) == 2
+    assert len(await stack.store.instructions()) == instructions_before
+    # The coordinator returns with a new term and resolves the shortfall exactly once.
+    await stack.coordinator.start()
+    await eventually(
+        lambda: _four(configured_for(stack, "gpu-c")), within=90, what="4 GPUs after return"
+    )
+    await asyncio.sleep(3)
+    moves = [
+        i
+        for i in await stack.store.instructions()
+        if i.status == "applied"
+        and i.receiver_shard == await stack.store.assign_cluster("gpu-c")
+        and "moved 0" not in (i.outcome or "")
+    ]
+    assert len(moves) == 1, [(i.kind, i.outcome) for i in moves]
+    assert len(await configured_for(stack, "gpu-c")) == 4
+
+
+async def _two(machines: object) -> object:
+    found = await machines  # type: ignore[misc]
+    return found if len(found) >= 2 else None
