@@ -12,12 +12,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 from bigfleet.devstack import DevStack
 from bigfleet.v1alpha1 import provider_pb2
 from clusters.operator import SimulatedCluster
-from providers.model import FencingToken
 from providers.errors import Fenced
+from providers.model import FencingToken
 from tests.integration.multishard import configured_for, eventually, gpu_demand, options, shard
 from workflows import coordinator as co
 
@@ -165,11 +166,10 @@ async def test_a_shard_that_lost_its_lease_stops_acting_and_is_fenced(stack: Dev
     assert stack.store is not None and stack.db is not None
     # Another process takes shard-1's lease (the zombie's lease "expired" during a pause).
     async with stack.db.engine.begin() as conn:
-        from sqlalchemy import text
-
         await conn.execute(
             text(
-                "UPDATE shards SET lease_expires_at = now() - interval '1 second' WHERE id = 'shard-1'"
+                "UPDATE shards SET lease_expires_at = now() - interval '1 second' "
+                "WHERE id = 'shard-1'"
             )
         )
     successor_epoch = await stack.store.acquire_lease("shard-1", "successor", ttl_seconds=60)
