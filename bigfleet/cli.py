@@ -144,6 +144,7 @@ def shard(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> 
                 lease_ttl_s=settings.lease_ttl_s,
                 cycle_interval_s=settings.cycle_interval_s,
                 observe_interval_s=settings.observe_interval_s,
+                report_interval_s=settings.report_interval_s,
             ),
             store=Store(db.engine),
             temporal=client,

@@ -77,6 +77,7 @@ class Settings:
     cycle_interval_s: float = 5.0
     observe_interval_s: float = 2.0
     lease_ttl_s: float = 30.0
+    report_interval_s: float = 30.0
     data_dir: Path = field(default_factory=lambda: Path(".bigfleet"))
     holder: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
 
@@ -93,6 +94,7 @@ class Settings:
             cycle_interval_s=_float(env, "BIGFLEET_CYCLE_SECONDS", 5.0, minimum=0.05),
             observe_interval_s=_float(env, "BIGFLEET_OBSERVE_SECONDS", 2.0, minimum=0.05),
             lease_ttl_s=_float(env, "BIGFLEET_LEASE_TTL_SECONDS", 30.0, minimum=1.0),
+            report_interval_s=_float(env, "BIGFLEET_REPORT_SECONDS", 30.0, minimum=0.1),
             data_dir=Path(env.get("BIGFLEET_DATA_DIR", ".bigfleet")),
         )
 
@@ -109,5 +111,6 @@ class Settings:
             "BIGFLEET_CYCLE_SECONDS": "decision cycle interval (default 5)",
             "BIGFLEET_OBSERVE_SECONDS": "provider List interval (default 2)",
             "BIGFLEET_LEASE_TTL_SECONDS": "shard lease lifetime; renewed at a third of it",
+            "BIGFLEET_REPORT_SECONDS": "how often a shard reports to the coordinator (default 30)",
             "BIGFLEET_DATA_DIR": "local state (embedded Postgres, Temporal dev DB)",
         }
