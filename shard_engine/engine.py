@@ -161,6 +161,23 @@ class ShardEngine:
             self._table.retain_masks()
         return outcome
 
+    def forget_cluster(self, cluster_id: str) -> bool:
+        """Stop planning for a cluster that is leaving this shard. True if it had needs.
+
+        Its needs, shortfall ages and explanations go; its machines stay
+        until the caller removes them. Afterwards its configured machines are
+        neither reclaimed nor preemption victims (both require an applied
+        roll-up), and a machine promised to it is released at the next cycle.
+        A later roll-up of the same cluster starts afresh.
+        """
+        index = self._clusters.find(cluster_id)
+        if index is None:
+            return False
+        forgot = self._table.forget(index)
+        self._memory.ages = {k: v for k, v in self._memory.ages.items() if k[0] != index}
+        self._memory.why_not.pop(index, None)
+        return forgot
+
     # -- the cycle -------------------------------------------------------------------
     def cycle(self, *, now: float, dry_run: bool = False) -> Plan:
         """Decide everything for this instant and return it as a plan.

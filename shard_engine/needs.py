@@ -317,6 +317,19 @@ class NeedsTable:
         entry.compiled = None
         self.version += 1
 
+    def forget(self, cluster: int) -> bool:
+        """Drop a cluster's needs entirely (it moved to another shard). True if it had any.
+
+        Unlike an empty roll-up this is not a demand drop: nothing is reclaimed,
+        because a cluster without an entry has never "applied" a roll-up here.
+        """
+        entry = self._entries.pop(cluster, None)
+        if entry is None:
+            return False
+        self.version += 1
+        self.retain_masks()
+        return True
+
     # -- reading --------------------------------------------------------------------
     def entry(self, cluster: int) -> ClusterNeeds | None:
         """The table's entry for cluster index ``cluster``."""
