@@ -19,10 +19,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 __all__ = [
     "ClusterAssignment",
+    "ClusterMove",
     "InstructionRow",
     "LeaseHeld",
     "LeaseLost",
     "MachineAssignment",
+    "MembershipError",
+    "ShardNotEmpty",
+    "ShardRemoved",
     "ShardRow",
     "Store",
 ]
@@ -42,6 +46,39 @@ class LeaseLost(RuntimeError):
     def __init__(self, shard_id: str, epoch: int) -> None:
         self.shard_id, self.epoch = shard_id, epoch
         super().__init__(f"lease on shard {shard_id!r} at epoch {epoch} was lost")
+
+
+class ShardRemoved(LeaseHeld):
+    """The shard was removed from the fleet; no process may take its lease again."""
+
+    def __init__(self, shard_id: str) -> None:
+        RuntimeError.__init__(self, f"shard {shard_id!r} was removed from the fleet")
+        self.shard_id, self.holder, self.expires_at = shard_id, "", None
+
+
+class MembershipError(RuntimeError):
+    """A membership change (drain, remove) is not allowed in the shard's current state."""
+
+
+class ShardNotEmpty(MembershipError):
+    """A shard cannot be removed while it still owns clusters or machines."""
+
+    def __init__(self, shard_id: str, clusters: int, machines: int) -> None:
+        self.shard_id, self.clusters, self.machines = shard_id, clusters, machines
+        super().__init__(
+            f"shard {shard_id!r} still owns {clusters} cluster(s) and {machines} machine(s); "
+            "it can be removed once draining has moved them all"
+        )
+
+
+@dataclass(frozen=True)
+class ClusterMove:
+    """What :meth:`Store.move_cluster` did: the cluster's owner afterwards and what moved."""
+
+    cluster_id: str
+    owner: str | None
+    moved: bool
+    machines: tuple[tuple[str, str], ...] = ()  # (machine id, provider)
 
 
 @dataclass(frozen=True)
@@ -135,10 +172,12 @@ class Store:
                 return int(row[0])
             current = (
                 await conn.execute(
-                    text("SELECT lease_holder, lease_expires_at FROM shards WHERE id = :id"),
+                    text("SELECT lease_holder, lease_expires_at, state FROM shards WHERE id = :id"),
                     {"id": shard_id},
                 )
             ).one()
+            if current[2] == "removed":
+                raise ShardRemoved(shard_id)
             raise LeaseHeld(shard_id, str(current[0]), current[1])
 
     async def renew_lease(
@@ -175,6 +214,17 @@ class Store:
                     """
                 ),
                 {"id": shard_id, "holder": holder, "epoch": epoch},
+            )
+
+    async def publish_address(self, shard_id: str, holder: str, epoch: int, address: str) -> None:
+        """Record where the lease holder serves sessions (clusters are redirected there)."""
+        async with self._engine.begin() as conn:
+            await conn.execute(
+                text(
+                    "UPDATE shards SET address = :address "
+                    "WHERE id = :id AND lease_holder = :holder AND epoch = :epoch"
+                ),
+                {"id": shard_id, "holder": holder, "epoch": epoch, "address": address},
             )
 
     async def shards(self) -> list[ShardRow]:
@@ -394,7 +444,10 @@ class Store:
     async def assign_unowned(
         self, shard_id: str, provider: str, machine_ids: Sequence[str], *, term: int
     ) -> list[str]:
-        """Give machines nobody owns yet to ``shard_id``; returns those actually assigned."""
+        """Give machines nobody owns yet to ``shard_id``; returns those actually assigned.
+
+        Only an active shard receives machines (a draining or removed one gets none).
+        """
         if not machine_ids:
             return []
         async with self._engine.begin() as conn:
@@ -403,7 +456,9 @@ class Store:
                     """
                     INSERT INTO machines (id, shard_id, provider, operation_seq, version,
                                           assigned_term)
-                    SELECT unnest(CAST(:ids AS text[])), :sid, :provider, 0, 1, :term
+                    SELECT unnest(CAST(:ids AS text[])), CAST(:sid AS text), :provider, 0, 1, :term
+                     WHERE EXISTS (SELECT 1 FROM shards
+                                    WHERE id = CAST(:sid AS text) AND state = 'active' FOR SHARE)
                     ON CONFLICT (id) DO NOTHING
                     RETURNING id
                     """
@@ -424,7 +479,8 @@ class Store:
         """Move unbound machines from ``donor`` to ``receiver`` by compare-and-set.
 
         Only rows still owned by the donor, bound to no cluster, and not
-        already moved by a newer term change hands; the rest are left alone.
+        already moved by a newer term change hands, and only to an active
+        receiver (a draining shard takes nothing new); the rest are left alone.
         Returns the ids that moved. Re-running the same (term, seq) moves
         nothing more, so a retried activity is harmless.
         """
@@ -439,6 +495,9 @@ class Store:
                            assigned_term = :term, updated_at = now()
                      WHERE id = ANY(:ids) AND shard_id = :donor AND cluster_id IS NULL
                        AND assigned_term <= :term
+                       AND EXISTS (SELECT 1 FROM shards
+                                    WHERE id = CAST(:receiver AS text) AND state = 'active'
+                                      FOR SHARE)
                  RETURNING id, operation_seq
                     """
                 ),
@@ -524,3 +583,202 @@ class Store:
                 {"limit": limit},
             )
             return [InstructionRow(*r) for r in rows]
+
+    # ------------------------------------------------------------- membership
+
+    async def shard(self, shard_id: str) -> ShardRow | None:
+        return next((r for r in await self.shards() if r.id == shard_id), None)
+
+    async def drain_shard(self, shard_id: str) -> None:
+        """Mark a shard 'draining': it takes no new clusters or quota, and everything it owns
+        is moved to active shards by the coordinator.
+
+        Idempotent for a shard already draining. Raises :class:`KeyError` for
+        an unknown shard and :class:`MembershipError` for a removed one, or
+        when no other active shard would remain to take its clusters.
+        """
+        async with self._engine.begin() as conn:
+            # Lock every active shard: two concurrent drains cannot both pass the check below.
+            active = [
+                str(r[0])
+                for r in await conn.execute(
+                    text("SELECT id FROM shards WHERE state = 'active' ORDER BY id FOR UPDATE")
+                )
+            ]
+            row = (
+                await conn.execute(
+                    text("SELECT state FROM shards WHERE id = :id FOR UPDATE"), {"id": shard_id}
+                )
+            ).first()
+            if row is None:
+                raise KeyError(f"shard {shard_id!r} does not exist")
+            if row[0] == "draining":
+                return
+            if row[0] == "removed":
+                raise MembershipError(f"shard {shard_id!r} was removed; there is nothing to drain")
+            if not [s for s in active if s != shard_id]:
+                raise MembershipError(
+                    f"shard {shard_id!r} is the only active shard: nothing could take its clusters"
+                )
+            await conn.execute(
+                text("UPDATE shards SET state = 'draining' WHERE id = :id"), {"id": shard_id}
+            )
+
+    async def remove_shard(self, shard_id: str) -> None:
+        """Mark a drained, empty shard 'removed' and fence whichever process still runs it.
+
+        Refuses (:class:`ShardNotEmpty`) while it owns any cluster or machine,
+        and (:class:`MembershipError`) unless it is draining: removal is the
+        last step of a drain. The epoch is bumped and the lease cleared, so a
+        process still running for it can neither renew nor write. Idempotent
+        for a shard already removed.
+        """
+        async with self._engine.begin() as conn:
+            # FOR UPDATE conflicts with the key-share lock every insert or update
+            # referencing the shard takes, so the counts below include them all.
+            row = (
+                await conn.execute(
+                    text("SELECT state FROM shards WHERE id = :id FOR UPDATE"), {"id": shard_id}
+                )
+            ).first()
+            if row is None:
+                raise KeyError(f"shard {shard_id!r} does not exist")
+            if row[0] == "removed":
+                return
+            if row[0] != "draining":
+                raise MembershipError(
+                    f"shard {shard_id!r} is {row[0]}: drain it first (bigfleet shards drain)"
+                )
+            counts = (
+                await conn.execute(
+                    text(
+                        "SELECT (SELECT count(*) FROM clusters WHERE shard_id = :id), "
+                        "(SELECT count(*) FROM machines WHERE shard_id = :id)"
+                    ),
+                    {"id": shard_id},
+                )
+            ).one()
+            if counts[0] or counts[1]:
+                raise ShardNotEmpty(shard_id, int(counts[0]), int(counts[1]))
+            await conn.execute(
+                text(
+                    """
+                    UPDATE shards SET state = 'removed', epoch = epoch + 1,
+                                      lease_holder = NULL, lease_expires_at = NULL
+                     WHERE id = :id
+                    """
+                ),
+                {"id": shard_id},
+            )
+
+    async def machines_by_id(self, machine_ids: Sequence[str]) -> list[MachineAssignment]:
+        if not machine_ids:
+            return []
+        async with self._engine.connect() as conn:
+            rows = await conn.execute(
+                text(
+                    "SELECT id, shard_id, provider, cluster_id, operation_seq, version, "
+                    "shard_metadata FROM machines WHERE id = ANY(:ids) ORDER BY id"
+                ),
+                {"ids": list(machine_ids)},
+            )
+            return [MachineAssignment(*r) for r in rows]
+
+    async def move_cluster(
+        self,
+        *,
+        cluster_id: str,
+        donor: str,
+        receiver: str,
+        machine_ids: Sequence[str],
+        term: int,
+        seq: int,
+    ) -> ClusterMove:
+        """Move a cluster and its bound machines from a draining donor to an active receiver.
+
+        One transaction, compare-and-set throughout: the cluster row changes
+        only while the donor still has it, the donor is draining and the
+        receiver is active; machines change only while the donor still owns
+        them and no newer term assigned them. ``machine_ids`` are the machines
+        the donor holds for the cluster; they are recorded as bound to it.
+        When the cluster is not the donor's any more, nothing changes and the
+        result names its current owner (``moved`` False) with the machines
+        that owner holds for it, so a retried move can finish its adoption.
+        """
+        async with self._engine.begin() as conn:
+            states = {
+                str(r[0]): str(r[1])
+                for r in await conn.execute(
+                    text(
+                        "SELECT id, state FROM shards WHERE id IN (:donor, :receiver) "
+                        "ORDER BY id FOR SHARE"
+                    ),
+                    {"donor": donor, "receiver": receiver},
+                )
+            }
+            current = (
+                await conn.execute(
+                    text("SELECT shard_id FROM clusters WHERE id = :cid FOR UPDATE"),
+                    {"cid": cluster_id},
+                )
+            ).first()
+            owner = str(current[0]) if current is not None else None
+            if (
+                owner != donor
+                or states.get(donor) != "draining"
+                or states.get(receiver) != "active"
+            ):
+                held: tuple[tuple[str, str], ...] = ()
+                if owner is not None:
+                    held = tuple(
+                        (str(r[0]), str(r[1]))
+                        for r in await conn.execute(
+                            text(
+                                "SELECT id, provider FROM machines "
+                                "WHERE shard_id = :owner AND cluster_id = :cid ORDER BY id"
+                            ),
+                            {"owner": owner, "cid": cluster_id},
+                        )
+                    )
+                return ClusterMove(cluster_id, owner, False, held)
+            await conn.execute(
+                text("UPDATE clusters SET shard_id = :receiver WHERE id = :cid"),
+                {"receiver": receiver, "cid": cluster_id},
+            )
+            rows = await conn.execute(
+                text(
+                    """
+                    UPDATE machines
+                       SET shard_id = :receiver, cluster_id = :cid, version = version + 1,
+                           assigned_term = :term, updated_at = now()
+                     WHERE id = ANY(:ids) AND shard_id = :donor AND assigned_term <= :term
+                 RETURNING id, provider, operation_seq
+                    """
+                ),
+                {
+                    "ids": list(machine_ids),
+                    "donor": donor,
+                    "receiver": receiver,
+                    "cid": cluster_id,
+                    "term": term,
+                },
+            )
+            moved = sorted((str(r[0]), str(r[1]), int(r[2])) for r in rows)
+            for machine_id, _, op_seq in moved:
+                await conn.execute(
+                    text(
+                        """
+                        INSERT INTO assignment_log (machine_id, shard_id, shard_epoch, cluster_id,
+                                                    operation, operation_seq, detail)
+                        VALUES (:mid, :receiver, 0, :cid, 'cluster-move', :op_seq, :detail)
+                        """
+                    ),
+                    {
+                        "mid": machine_id,
+                        "receiver": receiver,
+                        "cid": cluster_id,
+                        "op_seq": op_seq,
+                        "detail": f"from draining {donor} by coordinator term {term} seq {seq}",
+                    },
+                )
+            return ClusterMove(cluster_id, receiver, True, tuple((m, p) for m, p, _ in moved))
