@@ -148,21 +148,21 @@ def plan_drain(
             by_domain[m.domain].append(m)
         else:
             cloud[m.shard_id][m.group].append(m.machine_id)
-    for domain, members in sorted(by_domain.items()):
-        receiver = receiver_of_domain.get(domain) or _rack_affine({domain}, domain_holdings, load)
-        if receiver is None:
-            receiver = min(load, key=lambda s: (racks_held[s], s))
-            racks_held[receiver] += 1
-        receiver_of_domain[domain] = receiver
-        for m in members:
-            handed[(m.shard_id, receiver)].append(m.machine_id)
+    for domain, rack in sorted(by_domain.items()):
+        target = receiver_of_domain.get(domain) or _rack_affine({domain}, domain_holdings, load)
+        if target is None:
+            target = min(load, key=lambda s: (racks_held[s], s))
+            racks_held[target] += 1
+        receiver_of_domain[domain] = target
+        for m in rack:
+            handed[(m.shard_id, target)].append(m.machine_id)
     current = {s: dict(group_load.get(s, {})) for s in active}
     for donor, groups in sorted(cloud.items()):
-        for receiver, ids in distribute_evenly(groups, list(active), current).items():
-            handed[(donor, receiver)] += ids
-            for group, members in groups.items():
-                took = len(set(members) & set(ids))
-                current[receiver][group] = current[receiver].get(group, 0) + took
+        for target, ids in distribute_evenly(groups, list(active), current).items():
+            handed[(donor, target)] += ids
+            for quota_group, group_ids in groups.items():
+                took = len(set(group_ids) & set(ids))
+                current[target][quota_group] = current[target].get(quota_group, 0) + took
     return DrainPlan(
         moves=tuple(moves),
         handovers=tuple(
