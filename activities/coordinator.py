@@ -63,6 +63,9 @@ class CoordinatorActivities:
         if not shards:
             return co.DistributeResult(adoptions=[])
         owners = await self._store.owners()
+        owned_total: dict[str, int] = defaultdict(int)
+        for owner in owners.values():
+            owned_total[owner] += 1
         adoptions: dict[str, list[MachineTarget]] = defaultdict(list)
         rebalance: list[co.TransferSpec] = []
         for provider, client in sorted(self._providers.items()):
@@ -105,7 +108,7 @@ class CoordinatorActivities:
                     )
                     adoptions[shard] += [MachineTarget(i, provider) for i in taken]
             rebalance += self._rebalance(
-                provider, shards, everyone, cloud_current, cloud_spare, samples
+                provider, shards, everyone, cloud_current, cloud_spare, samples, owned_total
             )
         return co.DistributeResult(
             adoptions=[co.Adoption(s, ms) for s, ms in sorted(adoptions.items()) if ms],
@@ -120,6 +123,7 @@ class CoordinatorActivities:
         current: Mapping[str, Mapping[str, int]],
         spare: Mapping[str, Mapping[str, int]],
         samples: Mapping[str, provider_pb2.Machine],
+        owned_total: dict[str, int],
     ) -> list[co.TransferSpec]:
         """Speculative moves for membership changes only.
 
@@ -127,7 +131,9 @@ class CoordinatorActivities:
         active shard that owns nothing of a quota group (it just joined)
         receives its even share from the shards with the most. Otherwise
         quota stays where shortfall transfers put it — evening it out again
-        would undo them.
+        would undo them. No instruction moves more than ``rebalance_share`` of
+        the donor's machines: the donor refuses larger ones (its sanity
+        limit), so a draining shard's quota leaves over several rounds.
         """
         out: list[co.TransferSpec] = []
         for group, sample in sorted(samples.items()):
@@ -149,7 +155,8 @@ class CoordinatorActivities:
                     if receiver == donor or surplus <= 0:
                         continue
                     want = wants.get(receiver, surplus if everyone[donor] != "active" else 0)
-                    step = min(surplus, want)
+                    limit = max(1, int(owned_total.get(donor, 0) * self._rebalance_share))
+                    step = min(surplus, want, limit)
                     if step <= 0:
                         continue
                     out.append(
@@ -169,6 +176,8 @@ class CoordinatorActivities:
                     )
                     surplus -= step
                     free[donor] -= step
+                    # The donor checks each instruction against what it owns then.
+                    owned_total[donor] = owned_total.get(donor, 0) - step
                     free[receiver] += step
                     wants[receiver] = wants.get(receiver, 0) - step
         return out
@@ -176,7 +185,12 @@ class CoordinatorActivities:
     @activity.defn(name=co.PLAN)
     async def plan(self, inp: co.PlanInput) -> co.PlanResult:
         """Turn the shards' latest reports into transfer instructions (pure planning)."""
-        views = {r.shard_id: _view(r) for r in inp.reports}
+        # A shard that is not active (draining) takes nothing new: its shortfalls wait.
+        active = set(await self._store.active_shards())
+        views = {
+            r.shard_id: _view(r if r.shard_id in active else _without_shortfalls(r))
+            for r in inp.reports
+        }
         planned = plan_transfers(views, max_share=inp.max_share)
         return co.PlanResult(
             transfers=[
@@ -214,6 +228,18 @@ class CoordinatorActivities:
         await self._store.finish_instruction(
             term=inp.term, seq=inp.seq, status=inp.status, outcome=inp.outcome
         )
+
+
+def _without_shortfalls(report: co.ShardReport) -> co.ShardReport:
+    return co.ShardReport(
+        report.shard_id,
+        report.epoch,
+        report.sent_at,
+        report.total_machines,
+        report.profiles,
+        [],
+        report.highest_term_seen,
+    )
 
 
 def _view(report: co.ShardReport) -> ShardView:

@@ -21,8 +21,10 @@ from temporalio.worker import Worker
 
 from activities.context import ProviderCalls
 from activities.coordinator import CoordinatorActivities
+from activities.membership import MembershipPlanner
 from bigfleet.store import Store
 from workflows import coordinator as co
+from workflows import membership as ms
 
 log = logging.getLogger(__name__)
 
@@ -52,16 +54,24 @@ class CoordinatorProcess:
 
     async def start(self) -> None:
         self.term = await self.store.take_term()
-        acts = CoordinatorActivities(self.store, self.providers)
+        acts = CoordinatorActivities(self.store, self.providers, rebalance_share=self.max_share)
+        membership = MembershipPlanner(self.store, self.providers)
         self._worker = Worker(
             self.temporal,
             task_queue=co.COORDINATOR_QUEUE,
-            workflows=[co.CoordinatorWorkflow, co.TransferWorkflow],
+            workflows=[
+                co.CoordinatorWorkflow,
+                co.TransferWorkflow,
+                ms.ClusterMoveWorkflow,
+                ms.HandoverWorkflow,
+            ],
             activities=[
                 acts.distribute,
                 acts.plan,
                 acts.record_instruction,
                 acts.finish_instruction,
+                membership.plan_membership,
+                membership.record_membership,
             ],
             graceful_shutdown_timeout=timedelta(seconds=5),
         )

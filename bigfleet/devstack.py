@@ -86,6 +86,8 @@ class DevStackOptions:
     poll: PollPolicy = field(default_factory=lambda: PollPolicy(initial_s=0.25, max_s=2.0))
     # Called with each provider core before it serves (tests attach recorders here).
     provider_hook: Callable[[ProviderCore], None] | None = None
+    # More providers beside the simulated cloud (a bare-metal site, a second cloud).
+    extra_providers: tuple[ProviderConfig, ...] = ()
 
 
 class DevStack:
@@ -151,6 +153,13 @@ class DevStack:
         running = await start_provider_server(config, o.provider_listen, provider=core)
         self.providers.append(running)
         self.provider_clients[config.name] = ProviderClient(running.address)
+        for extra in o.extra_providers:
+            core = build_provider(extra)
+            if o.provider_hook is not None:
+                o.provider_hook(core)
+            running = await start_provider_server(extra, o.provider_listen, provider=core)
+            self.providers.append(running)
+            self.provider_clients[extra.name] = ProviderClient(running.address)
 
         host, _, port = o.shard_listen.rpartition(":")
         for i in range(o.shards):

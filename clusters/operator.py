@@ -15,8 +15,9 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import cast
 
 import grpc
 
@@ -95,6 +96,8 @@ class SimulatedCluster:
         self.bootstrap_requests = 0
         self.reclaims: list[shard_pb2.ReclaimInstruction] = []
         self.connected = asyncio.Event()
+        # Shard addresses this operator was redirected to (its cluster moved shard).
+        self.redirects: list[str] = []
         self._started = clock()
         self._outbox: asyncio.Queue[shard_pb2.OperatorMessage | None] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
@@ -159,6 +162,14 @@ class SimulatedCluster:
                 backoff = 0.2
             except grpc.aio.AioRpcError as err:
                 log.info("cluster %s: session ended: %s", self.cluster_id, err.code().name)
+                moved_to = _redirect(err)
+                if moved_to and moved_to != self.shard_address:
+                    log.info(
+                        "cluster %s: now served at %s; reconnecting", self.cluster_id, moved_to
+                    )
+                    self.shard_address = moved_to
+                    self.redirects.append(moved_to)
+                    backoff = 0.2
             self.connected.clear()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
@@ -241,3 +252,12 @@ class SimulatedCluster:
         self.nodes[upd.machine_id] = ClusterNode(
             upd.machine_id, int(upd.state), upd.node_name, upd.last_error, dict(upd.labels)
         )
+
+
+def _redirect(err: grpc.aio.AioRpcError) -> str:
+    """The address a shard told us to reconnect to (trailing metadata), or ''."""
+    if err.code() != grpc.StatusCode.ABORTED:
+        return ""
+    pairs = cast("Iterable[tuple[str, str | bytes]]", err.trailing_metadata() or ())
+    value = dict(pairs).get("bigfleet-shard-address", "")
+    return value if isinstance(value, str) else ""

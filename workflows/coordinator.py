@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ChildWorkflowError
 from temporalio.workflow import ParentClosePolicy
 
+from workflows import membership as ms
 from workflows.contracts import MachineTarget, RequirementSpec
 
 COORDINATOR_ID = "bigfleet-coordinator"
@@ -269,6 +272,19 @@ class TransferWorkflow:
         return TransferResult(status, moved, outcome)
 
 
+def _describe(spec: TransferSpec | ms.ClusterMoveSpec | ms.HandoverSpec) -> dict[str, object]:
+    if isinstance(spec, ms.ClusterMoveSpec):
+        return {"kind": "cluster-move", **vars(spec)}
+    if isinstance(spec, ms.HandoverSpec):
+        return {
+            "kind": "handover",
+            "donor": spec.donor,
+            "receiver": spec.receiver,
+            "count": len(spec.machines),
+        }
+    return vars(spec)
+
+
 def _cooldown_key(spec: TransferSpec) -> str:
     return f"{spec.receiver}|{spec.cluster_id}|{spec.need_key}"
 
@@ -280,7 +296,8 @@ class CoordinatorWorkflow:
     def __init__(self) -> None:
         self._state: CoordinatorInput | None = None
         self._new_reports = False
-        self._pending: dict[str, TransferSpec] = {}
+        # Instructions in progress: transfers, cluster moves and handovers.
+        self._pending: dict[str, TransferSpec | ms.ClusterMoveSpec | ms.HandoverSpec] = {}
         self._recent: list[dict[str, object]] = []
         self._tasks: set[asyncio.Future[None]] = set()
 
@@ -302,7 +319,7 @@ class CoordinatorWorkflow:
             "seq": state.seq if state else 0,
             "shards": sorted(state.reports) if state else [],
             "shortfalls": sum(len(r.shortfalls) for r in state.reports.values()) if state else 0,
-            "pending": [vars(s) for s in self._pending.values()],
+            "pending": [_describe(s) for s in self._pending.values()],
             "recent": self._recent[-20:],
         }
 
@@ -348,6 +365,7 @@ class CoordinatorWorkflow:
             except ActivityError:
                 # Ownership is in PostgreSQL already; the shard loads it when it runs.
                 workflow.logger.info("shard %s did not take its machines now", adoption.shard_id)
+        await self._membership(inp)
         now = workflow.now().timestamp()
         inp.cooldown = {k: v for k, v in inp.cooldown.items() if v > now}
         reports = [
@@ -367,7 +385,15 @@ class CoordinatorWorkflow:
             )
             for r in inp.reports.values()
         ]
-        planned = PlanResult(transfers=list(distributed.rebalance))
+        # A rebalance move still in flight (or just finished) is not planned again:
+        # the listing it was computed from does not show its effect yet.
+        planned = PlanResult(
+            transfers=[
+                s
+                for s in distributed.rebalance
+                if _cooldown_key(s) not in self._pending and _cooldown_key(s) not in inp.cooldown
+            ]
+        )
         if any(r.shortfalls for r in reports):
             planned.transfers += (
                 await workflow.execute_activity(
@@ -385,6 +411,67 @@ class CoordinatorWorkflow:
             task = asyncio.ensure_future(self._transfer(inp, inp.seq, spec, key))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    async def _membership(self, inp: CoordinatorInput) -> None:
+        """Start a move for every cluster, and a handover for the unbound machines, of
+        draining shards (``workflows.membership``); one at a time per cluster or pair."""
+        try:
+            plan = await workflow.execute_activity(
+                ms.PLAN_MEMBERSHIP,
+                ms.MembershipPlanInput(inp.term),
+                result_type=ms.MembershipPlan,
+                start_to_close_timeout=timedelta(minutes=2),
+                retry_policy=_RETRY,
+            )
+        except ActivityError as err:
+            workflow.logger.warning("membership planning failed this round: %s", err)
+            return
+        for move in plan.moves:
+            key = f"move|{move.cluster_id}"
+            if key not in self._pending:
+                inp.seq += 1
+                self._pending[key] = move
+                self._spawn(self._member(inp, inp.seq, key, move))
+        for handover in plan.handovers:
+            key = f"handover|{handover.donor}|{handover.receiver}"
+            if key not in self._pending:
+                inp.seq += 1
+                self._pending[key] = handover
+                self._spawn(self._member(inp, inp.seq, key, handover))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _member(
+        self,
+        inp: CoordinatorInput,
+        seq: int,
+        key: str,
+        spec: ms.ClusterMoveSpec | ms.HandoverSpec,
+    ) -> None:
+        kind = "cluster-move" if isinstance(spec, ms.ClusterMoveSpec) else "handover"
+        try:
+            if isinstance(spec, ms.ClusterMoveSpec):
+                result = await workflow.execute_child_workflow(
+                    ms.ClusterMoveWorkflow.run,
+                    ms.ClusterMoveInput(inp.term, seq, spec),
+                    id=f"{COORDINATOR_ID}/{inp.term}/{seq}/move/{spec.cluster_id}",
+                    parent_close_policy=ParentClosePolicy.ABANDON,
+                )
+            else:
+                result = await workflow.execute_child_workflow(
+                    ms.HandoverWorkflow.run,
+                    ms.HandoverInput(inp.term, seq, spec),
+                    id=f"{COORDINATOR_ID}/{inp.term}/{seq}/handover/{spec.donor}-{spec.receiver}",
+                    parent_close_policy=ParentClosePolicy.ABANDON,
+                )
+            outcome = {"seq": seq, "kind": kind, "status": result.status, "outcome": result.outcome}
+        except ChildWorkflowError as err:
+            outcome = {"seq": seq, "kind": kind, "status": "failed", "outcome": str(err)}
+        self._recent.append(outcome)
+        self._pending.pop(key, None)
 
     async def _transfer(
         self, inp: CoordinatorInput, seq: int, spec: TransferSpec, key: str

@@ -34,6 +34,7 @@ from temporalio.worker import Worker
 
 from activities.context import BootstrapBlob, ProviderCalls, ShardInactive
 from activities.machines import META_PRIORITY
+from activities.membership import MembershipActivities
 from activities.registry import activities_for
 from activities.transfers import TransferActivities
 from bigfleet.shard.convert import (
@@ -44,6 +45,7 @@ from bigfleet.shard.convert import (
 )
 from bigfleet.shard.executor import Executor
 from bigfleet.shard.lifecycle import MachineLifecycle, reclaim_key
+from bigfleet.shard.membership import ShardMembership
 from bigfleet.shard.sessions import SessionHub, ShardServicer
 from bigfleet.store import LeaseLost, Store
 from bigfleet.store.repository import LeaseHeld
@@ -53,6 +55,7 @@ from providers.errors import ProviderError
 from shard_engine.engine import EngineConfig, ShardEngine
 from shard_engine.model import MachineRecord, MachineState, Need, Rollup
 from workflows import coordinator as co
+from workflows import membership as ms
 from workflows.contracts import (
     BlockedDrain,
     Deadlines,
@@ -142,6 +145,8 @@ class ShardProcess:
         self.standing_by = False
         self._machine_priority: dict[str, int] = {}
         self._needs: dict[str, dict[str, Need]] = {}
+        # Clusters and machines leaving (drain) or arriving (cluster move).
+        self.membership = ShardMembership(self)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -173,7 +178,12 @@ class ShardProcess:
         host = self.options.listen.rsplit(":", 1)[0]
         self.address = f"{host}:{port}"
         await self._server.start()
+        # Where a moved cluster's operator is sent: the lease row carries our address.
+        await self.store.publish_address(
+            self.shard_id, self.options.holder, self.epoch, self.address
+        )
         transfers = TransferActivities(self)
+        membership = MembershipActivities(self)
         self._worker = Worker(
             self.temporal,
             task_queue=self.task_queue,
@@ -182,6 +192,8 @@ class ShardProcess:
                 *activities_for(self),
                 transfers.release_machines,
                 transfers.adopt_machines,
+                membership.release_cluster,
+                membership.hand_over,
             ],
             graceful_shutdown_timeout=timedelta(seconds=5),
         )
@@ -420,9 +432,14 @@ class ShardProcess:
     async def admit_cluster(self, cluster_id: str) -> None:
         owner = await self.store.assign_cluster(cluster_id)
         if owner != self.shard_id:
-            raise PermissionError(f"cluster {cluster_id!r} is served by shard {owner!r}")
+            raise await self.membership.elsewhere(cluster_id, owner)
+        # A cluster that just moved here may connect before its machines were adopted.
+        await self.membership.adopt_bound(cluster_id)
 
     def apply_rollup(self, rollup: Rollup) -> str:
+        deferred = self.membership.deferral(rollup.cluster_id)
+        if deferred:
+            return f"rollup-deferred: {deferred}"
         result = self.engine.apply_rollup(rollup, now=self.clock())
         if result.status == "applied":
             self._needs[rollup.cluster_id] = {n.key: n for n in rollup.needs}
@@ -561,11 +578,20 @@ class ShardProcess:
         refused = self._check_term(inp.term)
         if refused:
             return co.AdoptResult(0, refused)
-        owners = await self.store.owners([m.machine_id for m in inp.machines])
+        rows = {
+            r.machine_id: r
+            for r in await self.store.machines_by_id([m.machine_id for m in inp.machines])
+        }
         adopted = 0
         for target in inp.machines:
-            if owners.get(target.machine_id) != self.shard_id:
+            row = rows.get(target.machine_id)
+            if row is None or row.shard_id != self.shard_id:
                 continue
+            # Continue above the previous owner's operation sequence, or our outcomes
+            # would be discarded as stale by record_operation's compare-and-set.
+            self._op_seq[target.machine_id] = max(
+                self._op_seq.get(target.machine_id, 0), row.operation_seq
+            )
             self.owned[target.machine_id] = target.provider
             try:
                 machine = await self.provider(target.provider).get(target.machine_id)
@@ -575,6 +601,20 @@ class ShardProcess:
             self.observe(target.provider, machine)
             adopted += 1
         return co.AdoptResult(adopted)
+
+    async def release_cluster(self, inp: ms.ReleaseClusterInput) -> ms.ReleaseClusterResult:
+        """Give a cluster and its bound machines to another shard (only while draining)."""
+        refused = self._check_term(inp.term)
+        if refused:
+            return ms.ReleaseClusterResult(refused=refused)
+        return await self.membership.release_cluster(inp)
+
+    async def hand_over(self, inp: ms.HandOverInput) -> ms.HandOverResult:
+        """Give unbound machines to another shard (only while draining)."""
+        refused = self._check_term(inp.term)
+        if refused:
+            return ms.HandOverResult(refused=refused)
+        return await self.membership.hand_over(inp)
 
     def build_report(self) -> co.ShardReport:
         """Summary + up to 100 shortfalls for the coordinator."""

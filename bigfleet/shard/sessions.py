@@ -27,6 +27,7 @@ from workflows.contracts import RequirementSpec
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "ClusterElsewhere",
     "OperatorSession",
     "Outbox",
     "RollupSink",
@@ -38,6 +39,25 @@ __all__ = [
 
 class SessionUnavailable(RuntimeError):
     """No session is open for the cluster, or it closed while we waited. Retryable."""
+
+
+class ClusterElsewhere(PermissionError):
+    """The cluster is served by another shard: the operator should reconnect there.
+
+    The session ends with ``ABORTED`` and this message; the new shard and its
+    address also ride in the trailing metadata (``bigfleet-shard``,
+    ``bigfleet-shard-address``) so an operator can follow without parsing text.
+    """
+
+    def __init__(self, cluster_id: str, shard_id: str, address: str = "") -> None:
+        self.cluster_id, self.shard_id, self.address = cluster_id, shard_id, address
+        where = f" at {address}" if address else ""
+        super().__init__(
+            f"cluster {cluster_id!r} is served by shard {shard_id!r}{where}; reconnect there"
+        )
+
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("bigfleet-shard", self.shard_id), ("bigfleet-shard-address", self.address))
 
 
 class RollupSink(Protocol):
@@ -100,6 +120,8 @@ class OperatorSession:
         self.protocol_version = protocol_version
         self.outbox = Outbox()
         self.pending: dict[str, asyncio.Future[BootstrapBlob]] = {}
+        # Set when the cluster moved away: the stream ends with this error.
+        self.evicted: ClusterElsewhere | None = None
 
     def resolve_bootstrap(self, resp: shard_pb2.BootstrapBlobResponse) -> bool:
         fut = self.pending.pop(resp.request_id, None)
@@ -136,6 +158,15 @@ class SessionHub:
         if self._sessions.get(session.cluster_id) is session:
             del self._sessions[session.cluster_id]
         session.close()
+
+    def evict(self, cluster_id: str, reason: ClusterElsewhere) -> bool:
+        """End a cluster's session with ``reason`` (it moved to another shard)."""
+        session = self._sessions.get(cluster_id)
+        if session is None:
+            return False
+        session.evicted = reason
+        self.close(session)
+        return True
 
     def close_all(self) -> None:
         for session in list(self._sessions.values()):
@@ -215,6 +246,8 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
         try:
             await self._sink.admit_cluster(cluster_id)
         except PermissionError as err:
+            if isinstance(err, ClusterElsewhere):
+                context.set_trailing_metadata(err.trailing_metadata())
             await context.abort(grpc.StatusCode.ABORTED, str(err))
         session = self._hub.open(cluster_id, first.hello.protocol_version)
         log.info("session opened for cluster %s", cluster_id)
@@ -226,6 +259,9 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
                 if frame is None:
                     break
                 yield frame
+            if session.evicted is not None:
+                context.set_trailing_metadata(session.evicted.trailing_metadata())
+                await context.abort(grpc.StatusCode.ABORTED, str(session.evicted))
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):

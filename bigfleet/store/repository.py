@@ -287,15 +287,24 @@ class Store:
 
     # ---------------------------------------------------------------- machines
 
-    async def machines(self, shard_id: str | None = None) -> list[MachineAssignment]:
+    async def machines(
+        self, shard_id: str | None = None, *, cluster_id: str | None = None
+    ) -> list[MachineAssignment]:
+        """Machine assignments, optionally of one shard and/or bound to one cluster."""
         sql = (
             "SELECT id, shard_id, provider, cluster_id, operation_seq, version, shard_metadata "
             "FROM machines"
         )
         params: dict[str, str] = {}
+        where: list[str] = []
         if shard_id is not None:
-            sql += " WHERE shard_id = :sid"
+            where.append("shard_id = :sid")
             params["sid"] = shard_id
+        if cluster_id is not None:
+            where.append("cluster_id = :cid")
+            params["cid"] = cluster_id
+        if where:
+            sql += " WHERE " + " AND ".join(where)
         async with self._engine.connect() as conn:
             rows = await conn.execute(text(sql + " ORDER BY id"), params)
             return [MachineAssignment(*r) for r in rows]

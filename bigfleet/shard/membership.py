@@ -1,0 +1,237 @@
+"""A shard's side of membership changes: what leaves when it drains, what arrives with a cluster.
+
+    release_cluster   (donor, draining)  stop planning for the cluster and defer its roll-ups;
+                      wait until none of its machines is in motion; take its machines out of
+                      the engine and the owned set (no await in between, so no cycle can plan
+                      on them); move cluster + machines in PostgreSQL by CAS; end the operator's
+                      session with ABORTED naming the new shard and its address.
+    hand_over         (donor, draining)  the same for unbound machines, without a cluster.
+    adopt_bound       (receiver)  when a moved cluster's operator connects, make sure every
+                      machine PostgreSQL binds to it here is owned and observed before its
+                      first roll-up is planned on — the operator may arrive before the
+                      coordinator's adoption does.
+
+Anything the store refuses goes back into the engine unchanged, so a failed or
+raced move loses nothing. A move abandoned half-way (the donor stopped
+planning, but the cluster never moved) heals by itself: roll-ups are deferred
+only for ``defer_s`` after the last attempt.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from activities.membership import MachinesInMotion
+from bigfleet.shard.sessions import ClusterElsewhere
+from shard_engine.model import MachineRecord
+from workflows import coordinator as co
+from workflows import membership as ms
+from workflows.contracts import MachineTarget
+
+if TYPE_CHECKING:
+    from bigfleet.shard.process import ShardProcess
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ShardMembership"]
+
+
+class ShardMembership:
+    """Cluster moves and handovers for one shard process."""
+
+    def __init__(self, process: ShardProcess, *, defer_s: float = 60.0) -> None:
+        self._p = process
+        self.defer_s = defer_s
+        # cluster -> (receiver, clock value until which its roll-ups are deferred)
+        self._leaving: dict[str, tuple[str, float]] = {}
+
+    def deferral(self, cluster_id: str) -> str:
+        """Why this cluster's roll-ups are not applied right now, or '' when they are."""
+        leaving = self._leaving.get(cluster_id)
+        if leaving is None:
+            return ""
+        receiver, until = leaving
+        if self._p.clock() > until:
+            del self._leaving[cluster_id]
+            return ""
+        return f"cluster is moving to shard {receiver}"
+
+    async def elsewhere(self, cluster_id: str, owner: str) -> ClusterElsewhere:
+        """The refusal for an operator that dialled the wrong shard (with the right address)."""
+        row = await self._p.store.shard(owner)
+        return ClusterElsewhere(cluster_id, owner, row.address or "" if row else "")
+
+    async def _refusal(self) -> str:
+        """'' when this shard may give things away (it is draining), else why not."""
+        row = await self._p.store.shard(self._p.shard_id)
+        state = row.state if row else "unknown"
+        return "" if state == "draining" else f"shard {self._p.shard_id} is {state}, not draining"
+
+    # ------------------------------------------------------------- donor side
+
+    async def release_cluster(self, inp: ms.ReleaseClusterInput) -> ms.ReleaseClusterResult:
+        """Move a cluster and its bound machines to ``inp.receiver`` (see the module docstring).
+
+        Raises :class:`MachinesInMotion` while any of its machines is in motion.
+        """
+        p, cid = self._p, inp.cluster_id
+        refused = await self._refusal()
+        if refused:
+            return ms.ReleaseClusterResult(refused=refused)
+        if cid not in {c.cluster_id for c in await p.store.clusters(p.shard_id)}:
+            return await self._already_moved(inp)
+        self._leaving[cid] = (inp.receiver, p.clock() + self.defer_s)
+        if p.engine.forget_cluster(cid):
+            log.info("shard %s: cluster %s is leaving for %s", p.shard_id, cid, inp.receiver)
+        bound = await p.store.machines(p.shard_id, cluster_id=cid)
+        # From here to the compare-and-set nothing awaits: no cycle can plan on these machines.
+        busy = self._in_motion(cid)
+        if busy:
+            shown = ", ".join(busy[:5]) + (" …" if len(busy) > 5 else "")
+            raise MachinesInMotion(
+                f"cluster {cid}: {len(busy)} machine(s) in motion ({shown}); "
+                "it moves once they settle"
+            )
+        records = {r.id: r for r in p.engine.machines() if r.cluster == cid}
+        providers = {mid: r.provider for mid, r in records.items()}
+        providers.update({r.machine_id: r.provider for r in bound if r.machine_id in p.owned})
+        self._take_out(providers)
+        try:
+            result = await p.store.move_cluster(
+                cluster_id=cid,
+                donor=p.shard_id,
+                receiver=inp.receiver,
+                machine_ids=sorted(providers),
+                term=inp.term,
+                seq=inp.seq,
+            )
+        except BaseException:
+            self._put_back(providers, records)
+            raise
+        moved = {m for m, _ in result.machines} if result.moved else set()
+        self._put_back({m: prov for m, prov in providers.items() if m not in moved}, records)
+        if not result.moved:
+            self._leaving.pop(cid, None)
+            if result.owner and result.owner != p.shard_id:
+                return await self._already_moved(inp)
+            return ms.ReleaseClusterResult(
+                refused=f"the store refused to move {cid} to {inp.receiver} "
+                "(the receiver must be active and this shard draining)"
+            )
+        self._leaving.pop(cid, None)
+        reason = await self.elsewhere(cid, inp.receiver)
+        p.hub.evict(cid, reason)
+        log.info(
+            "shard %s: cluster %s moved to %s with %d machine(s)",
+            p.shard_id,
+            cid,
+            inp.receiver,
+            len(result.machines),
+        )
+        return ms.ReleaseClusterResult(
+            [MachineTarget(m, prov) for m, prov in result.machines], inp.receiver
+        )
+
+    async def _already_moved(self, inp: ms.ReleaseClusterInput) -> ms.ReleaseClusterResult:
+        """A retry after the move succeeded (or another move won): report where it went."""
+        p = self._p
+        result = await p.store.move_cluster(
+            cluster_id=inp.cluster_id,
+            donor=p.shard_id,
+            receiver=inp.receiver,
+            machine_ids=[],
+            term=inp.term,
+            seq=inp.seq,
+        )
+        if result.owner is None:
+            return ms.ReleaseClusterResult(refused=f"cluster {inp.cluster_id} is unknown")
+        if result.owner == p.shard_id:
+            return ms.ReleaseClusterResult(
+                refused=f"cluster {inp.cluster_id} stays: the store refused the move"
+            )
+        return ms.ReleaseClusterResult(
+            [MachineTarget(m, prov) for m, prov in result.machines], result.owner
+        )
+
+    def _in_motion(self, cluster_id: str) -> list[str]:
+        """Machines of the cluster with an operation in flight, or toward it."""
+        engine = self._p.engine
+        out = []
+        for machine_id, target in engine.in_flight().items():
+            record = engine.machine(machine_id)
+            if target == cluster_id or (record is not None and record.cluster == cluster_id):
+                out.append(machine_id)
+        out += [
+            r.id
+            for r in engine.machines()
+            if r.cluster == cluster_id and r.state.transitional and r.id not in out
+        ]
+        return sorted(out)
+
+    async def hand_over(self, inp: ms.HandOverInput) -> ms.HandOverResult:
+        """Give unbound, settled machines to ``inp.receiver``; the rest stay."""
+        p = self._p
+        refused = await self._refusal()
+        if refused:
+            return ms.HandOverResult(refused=refused)
+        busy = set(p.engine.in_flight()) | set(p.engine.promised())
+        providers: dict[str, str] = {}
+        records: dict[str, MachineRecord] = {}
+        for target in inp.machines:
+            if target.machine_id not in p.owned:
+                continue
+            record = p.engine.machine(target.machine_id)
+            if record is not None:
+                if record.id in busy or record.cluster or record.state.transitional:
+                    continue
+                records[record.id] = record
+            providers[target.machine_id] = p.owned[target.machine_id]
+        self._take_out(providers)
+        try:
+            moved = set(
+                await p.store.transfer(
+                    donor=p.shard_id,
+                    receiver=inp.receiver,
+                    machine_ids=sorted(providers),
+                    term=inp.term,
+                    seq=inp.seq,
+                )
+            )
+        except BaseException:
+            self._put_back(providers, records)
+            raise
+        self._put_back({m: prov for m, prov in providers.items() if m not in moved}, records)
+        return ms.HandOverResult([MachineTarget(m, providers[m]) for m in sorted(moved)])
+
+    def _take_out(self, providers: dict[str, str]) -> None:
+        for machine_id in providers:
+            self._p.engine.remove_machine(machine_id)
+            self._p.owned.pop(machine_id, None)
+
+    def _put_back(self, providers: dict[str, str], records: dict[str, MachineRecord]) -> None:
+        for machine_id, provider in providers.items():
+            self._p.owned[machine_id] = provider
+            record = records.get(machine_id)
+            if record is not None:
+                self._p.engine.upsert_machine(record, now=self._p.clock())
+
+    # ---------------------------------------------------------- receiver side
+
+    async def adopt_bound(self, cluster_id: str) -> int:
+        """Own and observe every machine PostgreSQL binds to ``cluster_id`` on this shard."""
+        p = self._p
+        rows = await p.store.machines(p.shard_id, cluster_id=cluster_id)
+        missing = [
+            MachineTarget(r.machine_id, r.provider) for r in rows if r.machine_id not in p.owned
+        ]
+        if not missing:
+            return 0
+        result = await p.adopt_machines(co.AdoptInput(p.highest_term, 0, missing))
+        log.info(
+            "shard %s: adopted %d machine(s) of %s on connect",
+            p.shard_id,
+            result.adopted,
+            cluster_id,
+        )
+        return result.adopted

@@ -1,0 +1,124 @@
+"""Draining a shard on the real stack: its cluster moves with its machines, then it is removed.
+
+Two shards split the tiny cloud (six machines each). Cluster ``stay`` lands
+on shard-0, cluster ``leaving`` on shard-1 and runs on two of shard-1's
+machines. Draining shard-1 must move ``leaving`` and its configured machines
+to shard-0, send the operator there, keep its machines configured, leave no
+machine owned twice, and empty shard-1 so that it can be removed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from bigfleet.devstack import DevStack
+from bigfleet.store.repository import ShardNotEmpty
+from clusters.operator import DemandPattern, SimulatedCluster
+from tests.integration.multishard import configured_for, eventually, options, shard
+
+pytestmark = pytest.mark.e2e
+
+SMALL = ("node.kubernetes.io/instance-type", 1, ("m6i.large",))
+
+
+def small_demand(cpu: float) -> DemandPattern:
+    """``cpu`` cores on m6i.large machines (two cores each)."""
+    return DemandPattern(
+        cpu=cpu, memory_gib=1, min_unit_cpu=1, min_unit_memory_gib=1, requirements=(SMALL,)
+    )
+
+
+@pytest.fixture
+async def stack(tmp_path: Path, empty_database_url: str) -> AsyncIterator[DevStack]:
+    dev = DevStack(options(tmp_path, empty_database_url))
+    try:
+        await dev.start()
+        yield dev
+    finally:
+        await dev.stop()
+
+
+async def _connect(dev: DevStack, cluster_id: str, cpu: float) -> SimulatedCluster:
+    assert dev.store is not None
+    owner = await dev.store.assign_cluster(cluster_id)
+    cluster = SimulatedCluster(
+        cluster_id, shard(dev, owner).address, small_demand(cpu), rollup_interval_s=0.5
+    )
+    cluster.start()
+    dev.clusters.append(cluster)
+    return cluster
+
+
+async def _assert_owned_once(dev: DevStack) -> dict[str, str]:
+    """Every machine has one owner, and each shard process holds exactly what PostgreSQL says."""
+    assert dev.store is not None
+    owners = await dev.store.owners()
+    in_memory: dict[str, str] = {}
+    for process in dev.shards:
+        for machine_id in process.owned:
+            assert machine_id not in in_memory, f"{machine_id} is owned twice in memory"
+            in_memory[machine_id] = process.shard_id
+    assert in_memory == owners
+    return owners
+
+
+async def test_a_drained_shard_hands_over_its_cluster_and_machines_and_is_removed(
+    stack: DevStack,
+) -> None:
+    assert stack.store is not None
+    await eventually(lambda: all(len(p.owned) == 6 for p in stack.shards), what="distribution")
+    stay = await _connect(stack, "stay", cpu=1)
+    leaving = await _connect(stack, "leaving", cpu=3)
+    assert await stack.store.assign_cluster("leaving") == "shard-1"
+    kept = await eventually(
+        lambda: _at_least(configured_for(stack, "leaving"), 2), what="leaving runs on 2 machines"
+    )
+    kept_ids = {m.id for m in kept}
+
+    await stack.store.drain_shard("shard-1")
+    with pytest.raises(ShardNotEmpty):
+        await stack.store.remove_shard("shard-1")
+
+    receiver = shard(stack, "shard-0")
+    await eventually(
+        lambda: leaving.shard_address == receiver.address and leaving.connected.is_set(),
+        what="the operator to reconnect to shard-0",
+    )
+    assert leaving.redirects == [receiver.address]
+    assert [c.shard_id for c in await stack.store.clusters() if c.cluster_id == "leaving"] == [
+        "shard-0"
+    ]
+    await eventually(lambda: _empty(stack, "shard-1"), what="shard-1 to own nothing")
+
+    # The operator kept its machines: the same ones, still configured, now shard-0's.
+    assert {m.id for m in await configured_for(stack, "leaving")} == kept_ids
+    owners = await _assert_owned_once(stack)
+    assert {owners[m] for m in kept_ids} == {"shard-0"}
+    donor = shard(stack, "shard-1")
+    assert not kept_ids & set(donor.owned)
+    assert not [m for m in donor.engine.machines() if m.cluster == "leaving"]
+    assert {m.id for m in receiver.engine.machines() if m.cluster == "leaving"} == kept_ids
+    assert stay.connected.is_set() and stay.redirects == []
+    moves = [i for i in await stack.store.instructions(limit=200) if i.kind == "cluster-move"]
+    assert [(i.donor_shard, i.receiver_shard, i.status) for i in moves] == [
+        ("shard-1", "shard-0", "applied")
+    ]
+
+    await stack.store.remove_shard("shard-1")
+    removed = await stack.store.shard("shard-1")
+    assert removed is not None and removed.state == "removed"
+    assert len(await stack.store.owners()) == 12
+
+
+async def _at_least(machines: object, n: int) -> object:
+    found = await machines  # type: ignore[misc]
+    return found if len(found) >= n else None
+
+
+async def _empty(dev: DevStack, shard_id: str) -> bool:
+    assert dev.store is not None
+    row = await dev.store.shard(shard_id)
+    return row is not None and row.clusters == 0 and row.machines == 0
