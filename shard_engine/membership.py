@@ -133,8 +133,12 @@ def plan_drain(
             load, key=lambda s: (load[s], s)
         )
         load[receiver] += len(group)
-        for domain in domains:
-            receiver_of_domain.setdefault(domain, receiver)
+        for domain in sorted(domains):
+            if domain in receiver_of_domain:
+                continue
+            receiver_of_domain[domain] = receiver
+            if not domain_holdings.get(domain, {}).get(receiver):
+                racks_held[receiver] += 1
         moves += [ClusterMovePlan(c, clusters[c], receiver) for c in group]
 
     # Unbound machines: racks whole, cloud machines evened out per quota group.

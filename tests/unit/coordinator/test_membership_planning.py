@@ -88,6 +88,20 @@ def test_free_racks_spread_over_the_shards_with_fewest_racks() -> None:
         assert all(owner_of_rack[r] == h.receiver for r in racks), "racks are never split"
 
 
+def test_a_rack_that_follows_a_cluster_counts_toward_its_receivers_racks() -> None:
+    plan = plan_drain(
+        clusters={"a": "old"},
+        machines=[_bm("r1-1", "r1", cluster="a"), _bm("r1-2", "r1"), _bm("r2-1", "r2")],
+        active=["s1", "s2"],
+        cluster_load={"s1": 0, "s2": 1},
+        domain_holdings={"x": {"s1": 1}, "y": {"s2": 1}},
+        group_load={},
+    )
+
+    handed = {mid: h.receiver for h in plan.handovers for mid in h.machine_ids}
+    assert handed == {"r1-2": "s1", "r2-1": "s2"}, "s1 took r1 with the cluster, so r2 goes to s2"
+
+
 def test_idle_cloud_machines_even_out_per_quota_group() -> None:
     machines = [DrainingMachine(f"g{i}", "old", group="gpu") for i in range(3)]
     plan = plan_drain(
