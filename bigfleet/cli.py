@@ -9,9 +9,9 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -241,9 +241,15 @@ def coordinator_status(
     _run(main())
 
 
-@app.command("shards")
-def shards_list() -> None:
+shards_app = typer.Typer(help="Shard membership: list (no subcommand), drain, remove.")
+app.add_typer(shards_app, name="shards")
+
+
+@shards_app.callback(invoke_without_command=True)
+def shards_list(ctx: typer.Context) -> None:
     """Shard membership: leases, epochs, clusters and machines per shard."""
+    if ctx.invoked_subcommand is not None:
+        return
     from bigfleet.store import Database, Store
 
     settings = _settings()
@@ -271,6 +277,105 @@ def shards_list() -> None:
             await db.close()
 
     _run(main())
+
+
+@shards_app.command("drain")
+def shards_drain(
+    shard_id: Annotated[str, typer.Argument(help="The shard to drain.")],
+    wait: Annotated[
+        bool, typer.Option(help="Wait until it owns no cluster and no machine.")
+    ] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait with --wait.")] = 600.0,
+) -> None:
+    """Drain a shard: it takes nothing new and gives all it owns to active shards.
+
+    The coordinator moves each of its clusters with the machines bound to it
+    (the operator is told to reconnect to the new shard), hands its other
+    machines over rack by rack, and rebalances its quota away.
+    """
+    from bigfleet.store import Database, Store
+    from bigfleet.store.repository import MembershipError
+
+    settings = _settings()
+    if not settings.database_url:
+        _fail("BIGFLEET_DATABASE_URL is not set")
+
+    async def main() -> str:
+        assert settings.database_url
+        db = Database.connect(settings.database_url)
+        try:
+            store = Store(db.engine)
+            try:
+                await store.drain_shard(shard_id)
+            except KeyError as err:
+                return str(err.args[0])
+            except MembershipError as err:
+                return str(err)
+            row = await store.shard(shard_id)
+            assert row is not None
+            active = ", ".join(await store.active_shards())
+            typer.echo(
+                f"shard {shard_id} is draining: {row.clusters} cluster(s) and {row.machines} "
+                f"machine(s) move to {active} as the coordinator gets to them"
+            )
+            if not wait:
+                typer.echo(
+                    f"follow with `bigfleet shards`; then `bigfleet shards remove {shard_id}`"
+                )
+                return ""
+            deadline = asyncio.get_running_loop().time() + timeout
+            last = (row.clusters, row.machines)
+            while last != (0, 0):
+                if asyncio.get_running_loop().time() > deadline:
+                    return (
+                        f"shard {shard_id} still owns {last[0]} cluster(s) and {last[1]} "
+                        f"machine(s) after {timeout:g} s (is the coordinator running?)"
+                    )
+                await asyncio.sleep(1.0)
+                row = await store.shard(shard_id)
+                assert row is not None
+                if (row.clusters, row.machines) != last:
+                    last = (row.clusters, row.machines)
+                    typer.echo(f"  {last[0]} cluster(s), {last[1]} machine(s) left")
+            typer.echo(f"shard {shard_id} owns nothing; remove it with `bigfleet shards remove`")
+            return ""
+        finally:
+            await db.close()
+
+    error = _result(main())
+    if error:
+        _fail(error)
+
+
+@shards_app.command("remove")
+def shards_remove(
+    shard_id: Annotated[str, typer.Argument(help="The drained shard to remove.")],
+) -> None:
+    """Remove a drained shard. Refused while it still owns clusters or machines."""
+    from bigfleet.store import Database, Store
+    from bigfleet.store.repository import MembershipError
+
+    settings = _settings()
+    if not settings.database_url:
+        _fail("BIGFLEET_DATABASE_URL is not set")
+
+    async def main() -> str:
+        assert settings.database_url
+        db = Database.connect(settings.database_url)
+        try:
+            await Store(db.engine).remove_shard(shard_id)
+        except KeyError as err:
+            return str(err.args[0])
+        except MembershipError as err:
+            return str(err)
+        finally:
+            await db.close()
+        return ""
+
+    error = _result(main())
+    if error:
+        _fail(error)
+    typer.echo(f"shard {shard_id} removed")
 
 
 @app.command("clusters")
@@ -338,6 +443,10 @@ def _fail(message: str) -> NoReturn:
 
 def _run(coro: Awaitable[None]) -> None:
     asyncio.run(coro)  # type: ignore[arg-type]
+
+
+def _result(coro: Coroutine[Any, Any, str]) -> str:
+    return asyncio.run(coro)
 
 
 def main() -> None:
