@@ -60,7 +60,8 @@ class ShardMembership:
     async def elsewhere(self, cluster_id: str, owner: str) -> ClusterElsewhere:
         """The refusal for an operator that dialled the wrong shard (with the right address)."""
         row = await self._p.store.shard(owner)
-        return ClusterElsewhere(cluster_id, owner, row.address or "" if row else "")
+        address = (row.address or "") if row is not None else ""
+        return ClusterElsewhere(cluster_id, owner, address)
 
     async def _refusal(self) -> str:
         """'' when this shard may give things away (it is draining), else why not."""

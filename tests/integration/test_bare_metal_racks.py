@@ -79,23 +79,27 @@ def _owned_once_in_memory(dev: DevStack) -> dict[str, str]:
     return seen
 
 
-async def test_racks_are_assigned_whole_and_spread_evenly(three: DevStack) -> None:
-    assert three.store is not None
-    await eventually(lambda: _all_servers_owned(three), what="every server to be assigned")
+@pytest.mark.parametrize("shards", [2, 3])
+async def test_racks_are_assigned_whole_and_spread_evenly(
+    tmp_path: Path, empty_database_url: str, shards: int
+) -> None:
+    dev = await _stack(tmp_path, empty_database_url, shards)
+    try:
+        assert dev.store is not None
+        await eventually(lambda: _all_servers_owned(dev), what="every server to be assigned")
 
-    racks = await _rack_owners(three)
-    assert len(racks) == RACKS
-    assert all(len(holders) == 1 for holders in racks.values()), racks
-    assert Counter(next(iter(h)) for h in racks.values()) == {
-        "shard-0": 2,
-        "shard-1": 2,
-        "shard-2": 2,
-    }
-    owners = await three.store.owners()
-    await eventually(
-        lambda: _bare_metal(_owned_once_in_memory(three)) == _bare_metal(owners),
-        what="each shard process to hold exactly its racks",
-    )
+        racks = await _rack_owners(dev)
+        assert len(racks) == RACKS
+        assert all(len(holders) == 1 for holders in racks.values()), racks
+        per_shard = Counter(next(iter(h)) for h in racks.values())
+        assert per_shard == {f"shard-{i}": RACKS // shards for i in range(shards)}
+        owners = await dev.store.owners()
+        await eventually(
+            lambda: _bare_metal(_owned_once_in_memory(dev)) == _bare_metal(owners),
+            what="each shard process to hold exactly its racks",
+        )
+    finally:
+        await dev.stop()
 
 
 def _bare_metal(owners: dict[str, str]) -> dict[str, str]:

@@ -107,6 +107,15 @@ async def test_a_drained_shard_hands_over_its_cluster_and_machines_and_is_remove
         ("shard-1", "shard-0", "applied")
     ]
 
+    # An operator that still dials the old shard is sent to the new one.
+    stray = SimulatedCluster("leaving", donor.address, small_demand(3), rollup_interval_s=0.5)
+    stray.start()
+    try:
+        await eventually(lambda: stray.redirects, what="a stray operator to be redirected")
+        assert stray.redirects == [receiver.address]
+    finally:
+        await stray.stop()
+
     await stack.store.remove_shard("shard-1")
     removed = await stack.store.shard("shard-1")
     assert removed is not None and removed.state == "removed"
