@@ -13,7 +13,14 @@ from typing import Protocol
 
 from bigfleet.v1alpha1 import provider_pb2
 from providers.client import FencingToken
-from workflows.contracts import RecordOutcomesInput, RequirementSpec
+from workflows.contracts import (
+    BlockedDrain,
+    NotifyReclaimInput,
+    RecordMachineInput,
+    RecordOutcomesInput,
+    RecoverInput,
+    RequirementSpec,
+)
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,12 @@ class ProviderCalls(Protocol):
         token: FencingToken,
         shard_metadata: dict[str, str] | None = None,
     ) -> provider_pb2.TransitionAck: ...
+
+    async def drain(
+        self, machine_id: str, grace_seconds: int, token: FencingToken
+    ) -> provider_pb2.TransitionAck: ...
+
+    async def delete(self, machine_id: str, token: FencingToken) -> provider_pb2.TransitionAck: ...
 
     async def get(self, machine_id: str) -> provider_pb2.Machine: ...
 
@@ -77,6 +90,25 @@ class ShardContext(Protocol):
 
     async def record_outcomes(self, outcome: RecordOutcomesInput) -> None:
         """Persist and settle a finished operation (idempotent: safe to call twice)."""
+
+    def send_reclaim(self, instruction: NotifyReclaimInput) -> bool:
+        """Queue a ReclaimInstruction on the cluster's session; False if it has none open.
+
+        A newer instruction for the same machines replaces one not yet sent.
+        """
+
+    def report_blocked_drain(self, report: BlockedDrain) -> None:
+        """A preemption drain outlasted its grace: keep it as a shortfall until it settles."""
+
+    async def start_recovery(self, recovery: RecoverInput) -> str:
+        """Start (or find) the RecoverWorkflow for one failed machine; returns its id."""
+
+    async def record_machine(self, record: RecordMachineInput) -> None:
+        """Persist and settle one machine's finished operation (idempotent: safe to call twice).
+
+        Also forgets any blocked-drain report for the machine, and with
+        ``quarantine`` stops using the machine.
+        """
 
 
 class ShardInactive(RuntimeError):

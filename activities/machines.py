@@ -142,6 +142,46 @@ class MachineActivities:
         accepted = [t.machine_id for t, r in zip(inp.machines, results, strict=True) if r is None]
         return c.TransitionResults(accepted=accepted, refused=refused)
 
+    @activity.defn(name=c.DRAIN_MACHINE)
+    async def drain_machine(self, inp: c.DrainMachineInput) -> c.TransitionAnswer:
+        """Ask the provider to drain one machine within ``grace_seconds`` (CONFIGURED -> DRAINING).
+
+        A repeat while the machine is DRAINING returns the operation in flight.
+        """
+        self._ensure_active()
+        target = inp.machine
+        client = self._ctx.provider(target.provider)
+        try:
+            ack = await client.drain(target.machine_id, inp.grace_seconds, self._ctx.next_token())
+        except Fenced as err:
+            raise self._fenced(target.provider, target.machine_id, err) from err
+        except (InvalidTransition, NotFound, Unimplemented) as err:
+            return _refusal(err)
+        except InvalidArgument as err:
+            raise ApplicationError(err.message, type=INVALID_ARGUMENT, non_retryable=True) from err
+        self._ctx.observe(target.provider, ack.machine)
+        return c.TransitionAnswer(True, state_name(ack.machine.state), ack.operation_id)
+
+    @activity.defn(name=c.DELETE_MACHINE)
+    async def delete_machine(self, inp: c.DeleteMachineInput) -> c.TransitionAnswer:
+        """Ask the provider to release one idle machine (IDLE -> DELETING -> SPECULATIVE).
+
+        Bare metal answers ``Unimplemented``: returned as a refusal, not raised.
+        """
+        self._ensure_active()
+        target = inp.machine
+        client = self._ctx.provider(target.provider)
+        try:
+            ack = await client.delete(target.machine_id, self._ctx.next_token())
+        except Fenced as err:
+            raise self._fenced(target.provider, target.machine_id, err) from err
+        except (InvalidTransition, NotFound, Unimplemented) as err:
+            return _refusal(err)
+        except InvalidArgument as err:
+            raise ApplicationError(err.message, type=INVALID_ARGUMENT, non_retryable=True) from err
+        self._ctx.observe(target.provider, ack.machine)
+        return c.TransitionAnswer(True, state_name(ack.machine.state), ack.operation_id)
+
     @activity.defn(name=c.OBSERVE_MACHINES)
     async def observe_machines(self, inp: c.ObserveMachinesInput) -> c.ObservedMachines:
         """Read each machine's current state from its provider (reads are not fenced)."""
@@ -167,6 +207,11 @@ class MachineActivities:
         """Persist the outcome and fold it into the live inventory, exactly once."""
         self._ensure_active()
         await self._ctx.record_outcomes(inp)
+
+
+def _refusal(err: ProviderError) -> c.TransitionAnswer:
+    """A per-machine refusal as data; the workflow decides what it means."""
+    return c.TransitionAnswer(False, refusal=type(err).__name__, detail=err.message)
 
 
 __all__ = ["BOOTSTRAP_TIMEOUT_S", "FENCED", "MachineActivities", "outcome_of", "state_name"]

@@ -16,3 +16,9 @@ INVALID_ARGUMENT = "InvalidArgument"
 LEASE_LOST = "LeaseLost"
 
 NON_RETRYABLE = (FENCED, BOOTSTRAP_UNAVAILABLE, INVALID_ARGUMENT, LEASE_LOST)
+
+# Per-machine refusals a provider can give, returned as data (TransitionAnswer.refusal)
+# rather than raised: the workflow decides what each means for its machine.
+INVALID_TRANSITION = "InvalidTransition"
+NOT_FOUND = "NotFound"
+UNIMPLEMENTED = "Unimplemented"

@@ -9,6 +9,14 @@ transitional state has a deadline: a machine still CREATING or CONFIGURING
 when it passes is declared FAILED with ``last_error`` saying which deadline.
 Waiting is a backoff loop of provider reads and durable timers, so hours of
 waiting cost a few dozen events and survive worker restarts.
+
+A machine that fails (a deadline, a provider FAILED, a refusal) is not
+settled here: it is handed to a RecoverWorkflow of its own (started by an
+activity, with an id derived from the machine and this batch's operation
+sequence, so a retried hand-off finds the same run). That workflow runs the
+corrective action, can be found, queried and signalled by machine id, and
+records the machine's outcome at this batch's operation sequence (ADR 0002,
+ADR 0030).
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from workflows.contracts import (
     OBSERVE_MACHINES,
     RECORD_OUTCOMES,
     SPECULATIVE,
+    START_RECOVERIES,
     ConfigureMachinesInput,
     CreateMachinesInput,
     MachineOutcome,
@@ -42,9 +51,16 @@ from workflows.contracts import (
     ProvisionInput,
     ProvisionResult,
     RecordOutcomesInput,
+    RecoverInput,
+    StartedWorkflows,
+    StartRecoveriesInput,
     TransitionResults,
 )
 from workflows.errors import BOOTSTRAP_UNAVAILABLE, FENCED, NON_RETRYABLE
+
+# Marks histories that hand failed machines to RecoverWorkflows; older ones
+# recorded failures in the batch and still replay that way.
+HANDOFF_PATCH = "recover-failed-machines"
 
 # Provider calls are quick (they only accept a transition); retries are cheap.
 _CALL_TIMEOUT = timedelta(seconds=30)
@@ -65,6 +81,10 @@ class ProvisionWorkflow:
         self._machines: dict[str, MachineOutcome] = {}
         self._deadline_unix: float | None = None
         self._input: ProvisionInput | None = None
+        # The transitional state each machine was last sent toward (for hand-off).
+        self._stage: dict[str, str] = {}
+        self._handed_off: list[str] = []
+        self._recoveries: list[str] = []
 
     @workflow.query(name="view")
     def view(self) -> dict[str, object]:
@@ -77,6 +97,8 @@ class ProvisionWorkflow:
             "phase": self._phase,
             "deadline_unix": self._deadline_unix,
             "machines": [vars(m) for m in self._machines.values()],
+            "handed_off": list(self._handed_off),
+            "recoveries": list(self._recoveries),
         }
 
     @workflow.run
@@ -88,6 +110,7 @@ class ProvisionWorkflow:
             )
             for m in inp.machines
         }
+        self._stage = {m.machine_id: CREATING if inp.create else CONFIGURING for m in inp.machines}
         operation = "provision" if inp.create else "configure"
         updates: list[SearchAttributeUpdate[Any]] = [
             sa.SHARD_ID.value_set(inp.shard_id),
@@ -113,6 +136,8 @@ class ProvisionWorkflow:
                 await self._wait_for(IDLE, CREATING, inp.deadlines.creating_s, inp.poll)
             ready = [m for m in inp.machines if self._machines[m.machine_id].state == IDLE]
             if ready:
+                for m in ready:
+                    self._stage[m.machine_id] = CONFIGURING
                 self._set_phase(CONFIGURING)
                 await self._configure(inp, ready)
         except ActivityError as err:
@@ -125,16 +150,57 @@ class ProvisionWorkflow:
                 ) from err
             raise
         outcomes = list(self._machines.values())
-        await workflow.execute_activity(
-            RECORD_OUTCOMES,
-            RecordOutcomesInput(
-                inp.shard_id, inp.cluster_id, inp.need_key, operation, inp.operation_seq, outcomes
+        failed = [o for o in outcomes if o.state == FAILED]
+        settle_here = outcomes
+        if failed and workflow.patched(HANDOFF_PATCH):
+            await self._hand_off(inp, failed)
+            settle_here = [o for o in outcomes if o.state != FAILED]
+        if settle_here:
+            await workflow.execute_activity(
+                RECORD_OUTCOMES,
+                RecordOutcomesInput(
+                    inp.shard_id,
+                    inp.cluster_id,
+                    inp.need_key,
+                    operation,
+                    inp.operation_seq,
+                    settle_here,
+                ),
+                start_to_close_timeout=_CALL_TIMEOUT,
+                retry_policy=_RETRY,
+            )
+        self._set_phase(FAILED if failed else CONFIGURED)
+        return ProvisionResult(outcomes, handed_off=list(self._handed_off))
+
+    async def _hand_off(self, inp: ProvisionInput, failed: list[MachineOutcome]) -> None:
+        """Start one RecoverWorkflow per failed machine; they outlive this batch."""
+        started = await workflow.execute_activity(
+            START_RECOVERIES,
+            StartRecoveriesInput(
+                inp.shard_id,
+                [
+                    RecoverInput(
+                        shard_id=inp.shard_id,
+                        machine=MachineTarget(o.machine_id, o.provider),
+                        failed_in=self._stage.get(o.machine_id, CREATING),
+                        last_error=o.last_error,
+                        cluster_id=inp.cluster_id,
+                        need_key=inp.need_key,
+                        priority=inp.priority,
+                        operation_seq=inp.operation_seq,
+                        requirements=inp.requirements,
+                        deadlines=inp.deadlines,
+                        poll=inp.poll,
+                    )
+                    for o in failed
+                ],
             ),
+            result_type=StartedWorkflows,
             start_to_close_timeout=_CALL_TIMEOUT,
             retry_policy=_RETRY,
         )
-        self._set_phase(FAILED if any(o.state == FAILED for o in outcomes) else CONFIGURED)
-        return ProvisionResult(outcomes)
+        self._handed_off = [o.machine_id for o in failed]
+        self._recoveries = list(started.workflow_ids)
 
     async def _configure(self, inp: ProvisionInput, ready: list[MachineTarget]) -> None:
         targets = ready
@@ -167,6 +233,7 @@ class ProvisionWorkflow:
         await self._wait_for(CONFIGURED, CONFIGURING, inp.deadlines.configuring_s, inp.poll)
 
     def _absorb_refusals(self, results: TransitionResults) -> None:
+        """A refused machine is FAILED with the provider's reason (and handed off later)."""
         for refused in results.refused:
             self._machines[refused.machine_id] = refused
 
@@ -201,6 +268,7 @@ class ProvisionWorkflow:
             if not pending:
                 return
             now = workflow.now()
+            waited = (now - started).total_seconds()
             if now >= deadline:
                 for m in pending:
                     last = self._machines[m.machine_id]
@@ -214,7 +282,7 @@ class ProvisionWorkflow:
                 return
             remaining = (deadline - now).total_seconds()
             await workflow.sleep(timedelta(seconds=max(0.001, min(delay, remaining))))
-            delay = min(delay * poll.multiplier, poll.max_s)
+            delay = poll.next_delay(delay, waited)
 
     def _pending(self, target: str) -> list[MachineTarget]:
         inp = self._input

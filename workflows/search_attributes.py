@@ -33,3 +33,5 @@ ALL: tuple[SearchAttributeKey[Any], ...] = (
 
 # Phase value for a workflow parked until an operator acts on it.
 AWAITING_OPERATOR = "AwaitingOperator"
+# Phase value for a workflow stopped because a provider fenced its shard.
+FENCED_PHASE = "Fenced"

@@ -1,14 +1,29 @@
 """Carries out a cycle's plan: one Temporal workflow start per action (or batch).
 
-Workflow IDs are derived from (operation, machine or batch, operation
+    Provision / AssignIdle -> ProvisionWorkflow   (batched per provider and capacity type)
+    Preempt                -> DrainWorkflow       (preemptor waiting, the victim's grace)
+    Reclaim                -> DrainWorkflow       (back to idle, no one waiting)
+    Release                -> DeleteWorkflow
+    Verify                 -> VerifyWorkflow
+    (a batch's failed machine, via an activity) -> RecoverWorkflow
+
+Workflow IDs are derived from (shard, operation, machine or batch, operation
 sequence), and starts use ``USE_EXISTING`` on conflict, so starting the same
 operation twice — after a crash, or a retried cycle — finds the running
-workflow instead of creating a second one.
+workflow instead of creating a second one. Deadlines come from the
+shard's :class:`~workflows.contracts.DeadlinePolicy` for each machine's
+provider and capacity type.
+
+An action that cannot be started (its machine vanished, Temporal refused)
+is settled at once, so the engine can plan it again rather than hold the
+machine in flight forever.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from temporalio.common import (
@@ -18,25 +33,75 @@ from temporalio.common import (
     WorkflowIDReusePolicy,
 )
 from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError
 
 from bigfleet.shard.convert import requirement_specs
-from shard_engine.model import AssignIdle, Plan, Provision
+from shard_engine.model import (
+    Action,
+    AssignIdle,
+    MachineRecord,
+    Plan,
+    Preempt,
+    Provision,
+    Reclaim,
+    Release,
+    Verify,
+)
+from workflows import ids
 from workflows import search_attributes as sa
-from workflows.contracts import CONFIGURING, CREATING, MachineTarget, ProvisionInput
+from workflows.contracts import (
+    CONFIGURING,
+    CREATING,
+    DELETING,
+    DRAINING,
+    FAILED,
+    OP_CONFIGURE,
+    OP_DELETE,
+    OP_DRAIN,
+    OP_PROVISION,
+    OP_RECOVER,
+    OP_VERIFY,
+    REASON_PREEMPT,
+    REASON_RECLAIM,
+    DeadlinePolicy,
+    Deadlines,
+    DeleteInput,
+    DrainInput,
+    MachineTarget,
+    ProvisionInput,
+    RecoverInput,
+    VerifyInput,
+    Waiter,
+)
+from workflows.delete import DeleteWorkflow
+from workflows.drain import DrainWorkflow
 from workflows.provision import ProvisionWorkflow
+from workflows.recover import RecoverWorkflow
+from workflows.verify import VERIFYING, VerifyWorkflow
 
 if TYPE_CHECKING:
     from bigfleet.shard.process import ShardProcess
 
 log = logging.getLogger(__name__)
 
+__all__ = ["Executor", "workflow_id"]
+
 
 def workflow_id(shard_id: str, operation: str, machine_ids: list[str], seq: int) -> str:
     """Deterministic workflow id: the same operation on the same machines maps to one id."""
-    subject = (
-        machine_ids[0] if len(machine_ids) == 1 else f"{machine_ids[0]}+{len(machine_ids) - 1}"
-    )
-    return f"{shard_id}/{operation}/{subject}/{seq}"
+    return ids.workflow_id(shard_id, operation, machine_ids, seq)
+
+
+@dataclass(frozen=True)
+class _Start:
+    """One workflow to start: what, where, and how it is found in the Temporal UI."""
+
+    run: Any
+    arg: Any
+    operation: str
+    machine_ids: list[str]
+    seq: int
+    attrs: list[SearchAttributePair[Any]]
 
 
 class Executor:
@@ -45,38 +110,64 @@ class Executor:
     def __init__(self, shard: ShardProcess) -> None:
         self._shard = shard
 
+    @property
+    def deadline_policy(self) -> DeadlinePolicy:
+        options = self._shard.options
+        return DeadlinePolicy(options.deadlines, dict(options.deadline_overrides))
+
+    def deadlines_for(self, record: MachineRecord) -> Deadlines:
+        return self.deadline_policy.for_machine(record.provider, record.capacity_type.name)
+
     async def execute(self, plan: Plan) -> int:
+        """Start a workflow for every action of ``plan``; returns how many were started."""
         started = 0
         for action in plan.actions:
-            if isinstance(action, (Provision, AssignIdle)):
-                started += await self._provision(action)
-            else:
-                # Drain, delete and verify workflows are added with the machine
-                # lifecycle (issue 4); until then the action is released so
-                # the engine can plan it again rather than hold it forever.
-                log.info("no workflow yet for %s; releasing it", type(action).__name__)
-                machine_id = getattr(action, "machine_id", "")
-                self._shard.engine.settle(
-                    machine_id, self._shard.engine.machine(machine_id), now=self._shard.clock()
-                )
+            started += await self._one(action)
         return started
 
-    async def _provision(self, action: Provision | AssignIdle) -> int:
+    async def _one(self, action: Action) -> int:
+        if isinstance(action, Provision):
+            return await self._provision(action.machine_ids, action)
+        if isinstance(action, AssignIdle):
+            return await self._provision((action.machine_id,), action)
+        record = self._shard.engine.machine(action.machine_id)
+        if record is None:
+            log.warning("machine %s vanished before its workflow started", action.machine_id)
+            self._shard.engine.settle(action.machine_id, None, now=self._shard.clock())
+            return 0
+        if isinstance(action, (Preempt, Reclaim)):
+            start = self._drain(action, record)
+        elif isinstance(action, Release):
+            start = self._delete(record)
+        else:
+            start = self._verify(action, record)
+        return await self._start(start, records=[record])
+
+    # ----------------------------------------------------------- provisioning
+
+    async def _provision(self, machine_ids: Sequence[str], action: Provision | AssignIdle) -> int:
         shard = self._shard
-        create = isinstance(action, Provision)
-        ids = list(action.machine_ids) if isinstance(action, Provision) else [action.machine_id]
-        machines = []
-        for mid in ids:
+        groups: dict[tuple[str, str], list[MachineRecord]] = {}
+        for mid in machine_ids:
             record = shard.engine.machine(mid)
             if record is None:
                 log.warning("planned machine %s vanished before its workflow started", mid)
+                shard.engine.settle(mid, None, now=shard.clock())
                 continue
-            machines.append(MachineTarget(mid, record.provider))
-        if not machines:
-            return 0
+            groups.setdefault((record.provider, record.capacity_type.name), []).append(record)
+        started = 0
+        for records in groups.values():
+            started += await self._start(self._provision_batch(records, action), records=records)
+        return started
+
+    def _provision_batch(
+        self, records: list[MachineRecord], action: Provision | AssignIdle
+    ) -> _Start:
+        shard = self._shard
+        create = isinstance(action, Provision)
+        machines = [MachineTarget(r.id, r.provider) for r in records]
         seq = shard.next_operation_seq([m.machine_id for m in machines])
-        operation = "provision" if create else "configure"
-        wf_id = workflow_id(shard.shard_id, operation, [m.machine_id for m in machines], seq)
+        operation = OP_PROVISION if create else OP_CONFIGURE
         inp = ProvisionInput(
             shard_id=shard.shard_id,
             cluster_id=action.cluster_id,
@@ -86,30 +177,146 @@ class Executor:
             machines=machines,
             requirements=requirement_specs(action.requirements),
             create=create,
-            deadlines=shard.options.deadlines,
+            deadlines=self.deadlines_for(records[0]),
             poll=shard.options.poll,
         )
         attrs: list[SearchAttributePair[Any]] = [
-            SearchAttributePair(sa.SHARD_ID, shard.shard_id),
             SearchAttributePair(sa.CLUSTER_ID, action.cluster_id),
-            SearchAttributePair(sa.OPERATION, operation),
             SearchAttributePair(sa.PHASE, CREATING if create else CONFIGURING),
             SearchAttributePair(sa.PRIORITY, action.priority),
-            SearchAttributePair(sa.MACHINE_IDS, [m.machine_id for m in machines]),
         ]
-        if len(machines) == 1:
-            attrs.append(SearchAttributePair(sa.MACHINE_ID, machines[0].machine_id))
-        try:
-            await shard.temporal.start_workflow(
-                ProvisionWorkflow.run,
-                inp,
-                id=wf_id,
-                task_queue=shard.task_queue,
-                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-                search_attributes=TypedSearchAttributes(attrs),
+        return _Start(
+            ProvisionWorkflow.run, inp, operation, [m.machine_id for m in machines], seq, attrs
+        )
+
+    # ------------------------------------------------------- per-machine work
+
+    def _drain(self, action: Preempt | Reclaim, record: MachineRecord) -> _Start:
+        shard = self._shard
+        seq = shard.next_operation_seq([record.id])
+        if isinstance(action, Preempt):
+            cluster_id = action.victim_cluster_id
+            waiter: Waiter | None = Waiter(
+                action.preemptor_cluster_id, action.preemptor_need_key, action.preemptor_priority
             )
+            reason, victim_priority = REASON_PREEMPT, action.victim_priority
+            priority = action.preemptor_priority
+        else:
+            cluster_id, waiter, reason, victim_priority = action.cluster_id, None, REASON_RECLAIM, 0
+            priority = 0
+        inp = DrainInput(
+            shard_id=shard.shard_id,
+            machine=MachineTarget(record.id, record.provider),
+            cluster_id=cluster_id,
+            grace_seconds=action.grace_seconds,
+            operation_seq=seq,
+            reason=reason,
+            victim_priority=victim_priority,
+            waiter=waiter,
+            deadlines=self.deadlines_for(record),
+            poll=shard.options.poll,
+        )
+        attrs: list[SearchAttributePair[Any]] = [
+            SearchAttributePair(sa.CLUSTER_ID, cluster_id),
+            SearchAttributePair(sa.PHASE, DRAINING),
+            SearchAttributePair(sa.PRIORITY, priority),
+            SearchAttributePair(sa.GRACE_SECONDS, action.grace_seconds),
+        ]
+        return _Start(DrainWorkflow.run, inp, OP_DRAIN, [record.id], seq, attrs)
+
+    def _delete(self, record: MachineRecord) -> _Start:
+        shard = self._shard
+        seq = shard.next_operation_seq([record.id])
+        inp = DeleteInput(
+            shard_id=shard.shard_id,
+            machine=MachineTarget(record.id, record.provider),
+            operation_seq=seq,
+            deadlines=self.deadlines_for(record),
+            poll=shard.options.poll,
+        )
+        attrs: list[SearchAttributePair[Any]] = [
+            SearchAttributePair(sa.PHASE, DELETING),
+            SearchAttributePair(sa.PRIORITY, 0),
+        ]
+        return _Start(DeleteWorkflow.run, inp, OP_DELETE, [record.id], seq, attrs)
+
+    def _verify(self, action: Verify, record: MachineRecord) -> _Start:
+        shard = self._shard
+        seq = shard.next_operation_seq([record.id])
+        inp = VerifyInput(
+            shard_id=shard.shard_id,
+            machine=MachineTarget(record.id, record.provider),
+            cluster_id=action.cluster_id,
+            operation_seq=seq,
+        )
+        attrs: list[SearchAttributePair[Any]] = [
+            SearchAttributePair(sa.CLUSTER_ID, action.cluster_id),
+            SearchAttributePair(sa.PHASE, VERIFYING),
+            SearchAttributePair(sa.PRIORITY, 0),
+        ]
+        return _Start(VerifyWorkflow.run, inp, OP_VERIFY, [record.id], seq, attrs)
+
+    async def start_recovery(self, recovery: RecoverInput) -> str:
+        """Start (or find) the RecoverWorkflow of one machine a batch failed; returns its id.
+
+        Raises on a Temporal error so the activity that asked retries it.
+        """
+        mid = recovery.machine.machine_id
+        attrs: list[SearchAttributePair[Any]] = [
+            SearchAttributePair(sa.CLUSTER_ID, recovery.cluster_id),
+            SearchAttributePair(sa.PHASE, FAILED),
+            SearchAttributePair(sa.PRIORITY, recovery.priority),
+        ]
+        start = _Start(
+            RecoverWorkflow.run, recovery, OP_RECOVER, [mid], recovery.operation_seq, attrs
+        )
+        wf_id = self._id(start)
+        try:
+            await self._submit(start)
+        except WorkflowAlreadyStartedError:
+            log.info("recovery %s already ran; not starting it again", wf_id)
+        return wf_id
+
+    # ----------------------------------------------------------------- start
+
+    def _id(self, start: _Start) -> str:
+        return workflow_id(self._shard.shard_id, start.operation, start.machine_ids, start.seq)
+
+    async def _submit(self, start: _Start) -> None:
+        """Start the workflow, or find the running one with the same id."""
+        shard = self._shard
+        attrs: list[SearchAttributePair[Any]] = [
+            SearchAttributePair(sa.SHARD_ID, shard.shard_id),
+            SearchAttributePair(sa.OPERATION, start.operation),
+            SearchAttributePair(sa.MACHINE_IDS, list(start.machine_ids)),
+            *start.attrs,
+        ]
+        if len(start.machine_ids) == 1:
+            attrs.append(SearchAttributePair(sa.MACHINE_ID, start.machine_ids[0]))
+        await shard.temporal.start_workflow(
+            start.run,
+            start.arg,
+            id=self._id(start),
+            task_queue=shard.task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            search_attributes=TypedSearchAttributes(attrs),
+        )
+
+    async def _start(self, start: _Start, *, records: list[MachineRecord]) -> int:
+        """Submit a cycle's action; if Temporal refuses, give the machines back to the engine."""
+        shard = self._shard
+        wf_id = self._id(start)
+        try:
+            await self._submit(start)
         except WorkflowAlreadyStartedError:
             log.info("workflow %s already ran; not starting it again", wf_id)
+            return 0
+        except RPCError as err:
+            # Temporal is unreachable or refused: give the machines back to the
+            # engine so a later cycle plans them again.
+            log.error("could not start %s: %s; releasing its machines", wf_id, err)
+            for record in records:
+                shard.engine.settle(record.id, shard.engine.machine(record.id), now=shard.clock())
             return 0
         return 1

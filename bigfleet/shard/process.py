@@ -64,6 +64,7 @@ from workflows.contracts import (
     PollPolicy,
     RecordMachineInput,
     RecordOutcomesInput,
+    RecoverInput,
     RequirementSpec,
     default_deadline_overrides,
 )
@@ -390,6 +391,9 @@ class ShardProcess:
 
     def report_blocked_drain(self, report: BlockedDrain) -> None:
         self.lifecycle.report_blocked(report)
+
+    async def start_recovery(self, recovery: RecoverInput) -> str:
+        return await self._executor.start_recovery(recovery)
 
     async def record_machine(self, record: RecordMachineInput) -> None:
         result = record.outcome

@@ -8,15 +8,29 @@ real provider's machines boot while a shard waits.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from temporalio.client import Client
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from activities.context import BootstrapBlob, ShardInactive
 from bigfleet.v1alpha1 import provider_pb2
 from providers.fake import FakeProvider
 from providers.model import FencingToken
-from workflows.contracts import RecordOutcomesInput, RequirementSpec
+from workflows.contracts import (
+    OP_RECOVER,
+    BlockedDrain,
+    NotifyReclaimInput,
+    RecordMachineInput,
+    RecordOutcomesInput,
+    RecoverInput,
+    RequirementSpec,
+)
+from workflows.ids import workflow_id
 
 PROVIDER = "fake"
 
@@ -40,15 +54,28 @@ class HarnessContext:
     shard_id: str = "shard-t"
     epoch: int = 3
     bootstrap: BootstrapBlob = field(default_factory=lambda: BootstrapBlob(b"join-token", 600))
+    # Answers used (first to last) before falling back to ``bootstrap``.
+    bootstrap_queue: list[BootstrapBlob] = field(default_factory=list)
     fenced: bool = False
     bootstrap_requests: list[tuple[str, list[RequirementSpec]]] = field(default_factory=list)
     observed: list[tuple[str, int]] = field(default_factory=list)
     recorded: list[RecordOutcomesInput] = field(default_factory=list)
+    records: list[RecordMachineInput] = field(default_factory=list)
+    reclaims: list[NotifyReclaimInput] = field(default_factory=list)
+    blocked: list[BlockedDrain] = field(default_factory=list)
+    # Clusters with an open operator session (reclaim instructions are delivered to these).
+    sessions: set[str] = field(default_factory=lambda: {"c1"})
+    lease_ok: bool = True
+    # Where hand-offs start their RecoverWorkflows (set by the rig that runs the worker).
+    client: Client | None = None
+    task_queue: str = ""
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def check_active(self) -> None:
         if self.fenced:
             raise ShardInactive("fenced")
+        if not self.lease_ok:
+            raise ShardInactive("lease lost")
 
     def provider(self, name: str) -> FakeProvider:
         if name != PROVIDER:
@@ -65,6 +92,8 @@ class HarnessContext:
         self, cluster_id: str, requirements: Sequence[RequirementSpec], *, wait_seconds: float
     ) -> BootstrapBlob:
         self.bootstrap_requests.append((cluster_id, list(requirements)))
+        if self.bootstrap_queue:
+            return self.bootstrap_queue.pop(0)
         return self.bootstrap
 
     def observe(self, provider: str, machine: provider_pb2.Machine) -> None:
@@ -72,3 +101,33 @@ class HarnessContext:
 
     async def record_outcomes(self, outcome: RecordOutcomesInput) -> None:
         self.recorded.append(outcome)
+
+    def send_reclaim(self, instruction: NotifyReclaimInput) -> bool:
+        if instruction.cluster_id not in self.sessions:
+            return False
+        self.reclaims.append(instruction)
+        return True
+
+    def report_blocked_drain(self, report: BlockedDrain) -> None:
+        self.blocked.append(report)
+
+    async def record_machine(self, record: RecordMachineInput) -> None:
+        self.records.append(record)
+
+    async def start_recovery(self, recovery: RecoverInput) -> str:
+        from workflows.recover import RecoverWorkflow
+
+        assert self.client is not None, "the rig sets the client"
+        wf_id = workflow_id(
+            recovery.shard_id, OP_RECOVER, [recovery.machine.machine_id], recovery.operation_seq
+        )
+        with contextlib.suppress(WorkflowAlreadyStartedError):
+            await self.client.start_workflow(
+                RecoverWorkflow.run,
+                recovery,
+                id=wf_id,
+                task_queue=self.task_queue,
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            )
+        return wf_id

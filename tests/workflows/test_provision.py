@@ -14,7 +14,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.context import BootstrapBlob
-from activities.machines import MachineActivities
+from activities.registry import activities_for
 from bigfleet.v1alpha1 import provider_pb2
 from providers.errors import Fenced
 from providers.model import FencingToken
@@ -30,11 +30,14 @@ from workflows.contracts import (
     RequirementSpec,
 )
 from workflows.provision import ProvisionWorkflow
+from workflows.recover import RecoverWorkflow
+from workflows.registry import ALL_WORKFLOWS
 
 
 @dataclass
 class Rig:
     client: Client
+    env: WorkflowEnvironment
     ctx: HarnessContext
     fake: AdvancingProvider
     task_queue: str
@@ -51,21 +54,15 @@ class Rig:
 @pytest.fixture
 async def rig(time_skipping_env: WorkflowEnvironment) -> AsyncIterator[Rig]:
     fake = AdvancingProvider()
-    ctx = HarnessContext(fake)
-    acts = MachineActivities(ctx)  # type: ignore[arg-type]
     queue = f"tq-{uuid.uuid4()}"
+    ctx = HarnessContext(fake, client=time_skipping_env.client, task_queue=queue)
     async with Worker(
         time_skipping_env.client,
         task_queue=queue,
-        workflows=[ProvisionWorkflow],
-        activities=[
-            acts.create_machines,
-            acts.configure_machines,
-            acts.observe_machines,
-            acts.record_outcomes,
-        ],
+        workflows=list(ALL_WORKFLOWS),
+        activities=activities_for(ctx),
     ):
-        yield Rig(time_skipping_env.client, ctx, fake, queue)
+        yield Rig(time_skipping_env.client, time_skipping_env, ctx, fake, queue)
 
 
 def _inp(machine_ids: list[str], **kw: object) -> ProvisionInput:
@@ -120,17 +117,30 @@ async def test_every_provider_mutation_carries_a_fresh_fencing_token(rig: Rig) -
     assert len({t.sequence for t in tokens}) == len(tokens), "a sequence number was reused"
 
 
-async def test_a_configuring_machine_past_its_deadline_ends_failed(rig: Rig) -> None:
+async def test_a_configuring_machine_past_its_deadline_is_handed_to_its_own_workflow(
+    rig: Rig,
+) -> None:
     machine_id = _idle_machine(rig.fake)
     rig.fake.step_s = 0.0  # the provider never finishes configuring
-    result = await rig.run(
-        _inp([machine_id], create=False, deadlines=Deadlines(configuring_s=6 * 3600))
-    )
+    deadlines = Deadlines(configuring_s=6 * 3600)
+    result = await rig.run(_inp([machine_id], create=False, deadlines=deadlines))
     (outcome,) = result.outcomes
     assert outcome.state == FAILED
     assert "configuring exceeded its deadline of 21600 s" in outcome.last_error
     assert "CONFIGURING" in outcome.last_error
-    assert rig.ctx.recorded[0].outcomes[0].state == FAILED
+    assert result.handed_off == [machine_id]
+    assert rig.ctx.recorded == [], "the batch leaves the failed machine to its own workflow"
+
+    # The machine's own workflow waits one more deadline, then parks for an operator.
+    child = rig.client.get_workflow_handle(f"shard-t/recover/{machine_id}/1")
+    await rig.env.sleep(6 * 3600 + 600)
+    view = await child.query(RecoverWorkflow.view)
+    assert view.awaiting_operator and view.machine_id == machine_id
+    assert "still CONFIGURING" in view.last_error
+    await child.signal(RecoverWorkflow.abandon)
+    await child.result()
+    (record,) = rig.ctx.records
+    assert record.outcome.state == FAILED and record.quarantine and record.operation_seq == 1
 
 
 async def test_a_fenced_create_stops_the_workflow_and_tells_the_shard(rig: Rig) -> None:

@@ -1,0 +1,77 @@
+"""What the shard remembers about machines in motion beyond the engine's in-flight marks.
+
+    quarantined     machines the shard stopped using: a slot the provider said is
+                    bad, or a machine an operator abandoned for investigation
+    blocked drains  preemption drains that outlasted their grace while a higher
+                    priority waits: reported to the coordinator as shortfalls
+                    ("drain requested N min ago, still in progress, priority-X
+                    preemptor waiting", paper §5) until the drain settles
+
+Plain in-process state: a restarted shard starts with none of it. Blocked
+drains are re-reported by their workflows every few minutes; quarantine is
+lost on restart (documented in ADR 0030).
+"""
+
+from __future__ import annotations
+
+from shard_engine.model import Shortfall
+from workflows.contracts import BlockedDrain, NotifyReclaimInput
+
+__all__ = ["MachineLifecycle", "reclaim_key"]
+
+
+def reclaim_key(instruction: NotifyReclaimInput) -> str:
+    """Outbox coalescing key: a newer instruction for the same nodes replaces an unsent one."""
+    return "reclaim:" + ",".join(sorted(instruction.machine_ids))
+
+
+class MachineLifecycle:
+    """Quarantine and blocked-drain bookkeeping of one shard process."""
+
+    def __init__(self) -> None:
+        self.quarantined: dict[str, str] = {}
+        self._blocked: dict[str, BlockedDrain] = {}
+
+    def quarantine(self, machine_id: str, reason: str) -> None:
+        """Stop using a machine (the shard ignores its observations from now on)."""
+        self.quarantined[machine_id] = reason
+
+    def release_quarantine(self, machine_id: str) -> bool:
+        """Use the machine again; True if it was quarantined."""
+        return self.quarantined.pop(machine_id, None) is not None
+
+    def is_quarantined(self, machine_id: str) -> bool:
+        return machine_id in self.quarantined
+
+    def report_blocked(self, report: BlockedDrain) -> None:
+        """Keep (or refresh) a blocked preemption drain."""
+        self._blocked[report.machine_id] = report
+
+    def settled(self, machine_id: str) -> None:
+        """The machine's operation finished: it blocks nobody any more."""
+        self._blocked.pop(machine_id, None)
+
+    def blocked(self) -> list[BlockedDrain]:
+        return list(self._blocked.values())
+
+    def shortfalls(self, *, now: float) -> list[Shortfall]:
+        """One shortfall per blocked drain, highest waiting priority first."""
+        out: list[Shortfall] = []
+        for b in sorted(self._blocked.values(), key=lambda b: (-b.waiter.priority, b.machine_id)):
+            minutes = max(0.0, (now - b.requested_unix) / 60.0)
+            out.append(
+                Shortfall(
+                    cluster_id=b.waiter.cluster_id,
+                    need_key=b.waiter.need_key,
+                    priority=b.waiter.priority,
+                    deficit={},
+                    age_cycles=0,
+                    escalated=False,
+                    reason=(
+                        f"drain of {b.machine_id} (cluster {b.victim_cluster_id}) requested "
+                        f"{minutes:.0f} min ago, still in progress, priority-{b.waiter.priority} "
+                        "preemptor waiting"
+                    ),
+                )
+            )
+        return out
