@@ -2,9 +2,10 @@
 
 Two shards split the tiny cloud (six machines each). Cluster ``stay`` lands
 on shard-0, cluster ``leaving`` on shard-1 and runs on two of shard-1's
-machines. Draining shard-1 must move ``leaving`` and its configured machines
-to shard-0, send the operator there, keep its machines configured, leave no
-machine owned twice, and empty shard-1 so that it can be removed.
+machines; one of shard-1's GPU slots is an idle host. Draining shard-1 must
+move ``leaving`` and its configured machines to shard-0, send the operator
+there, keep its machines configured, hand the idle host over, move its quota
+away, leave no machine owned twice, and empty shard-1 so that it can be removed.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pytest
 from bigfleet.devstack import DevStack
 from bigfleet.store.repository import ShardNotEmpty
 from clusters.operator import DemandPattern, SimulatedCluster
+from providers.model import FencingToken
 from tests.integration.multishard import configured_for, eventually, options, shard
 
 pytestmark = pytest.mark.e2e
@@ -77,6 +79,15 @@ async def test_a_drained_shard_hands_over_its_cluster_and_machines_and_is_remove
         lambda: _at_least(configured_for(stack, "leaving"), 2), what="leaving runs on 2 machines"
     )
     kept_ids = {m.id for m in kept}
+    # One of shard-1's GPU slots becomes a real, idle host (left over by some cluster).
+    donor = shard(stack, "shard-1")
+    idle_id = sorted(m for m in donor.owned if "p5-48xlarge" in m)[0]
+    client = next(iter(stack.provider_clients.values()))
+    await client.create(idle_id, FencingToken("setup", 1, 1))
+    await eventually(
+        lambda: (m := donor.engine.machine(idle_id)) is not None and m.state.name == "IDLE",
+        what="shard-1 to see its idle machine",
+    )
 
     await stack.store.drain_shard("shard-1")
     with pytest.raises(ShardNotEmpty):
@@ -97,15 +108,23 @@ async def test_a_drained_shard_hands_over_its_cluster_and_machines_and_is_remove
     assert {m.id for m in await configured_for(stack, "leaving")} == kept_ids
     owners = await _assert_owned_once(stack)
     assert {owners[m] for m in kept_ids} == {"shard-0"}
-    donor = shard(stack, "shard-1")
     assert not kept_ids & set(donor.owned)
     assert not [m for m in donor.engine.machines() if m.cluster == "leaving"]
     assert {m.id for m in receiver.engine.machines() if m.cluster == "leaving"} == kept_ids
     assert stay.connected.is_set() and stay.redirects == []
-    moves = [i for i in await stack.store.instructions(limit=200) if i.kind == "cluster-move"]
+    instructions = await stack.store.instructions(limit=200)
+    moves = [i for i in instructions if i.kind == "cluster-move"]
     assert [(i.donor_shard, i.receiver_shard, i.status) for i in moves] == [
         ("shard-1", "shard-0", "applied")
     ]
+    # The idle machine was handed over, not left behind or deleted.
+    assert owners[idle_id] == "shard-0"
+    idle = receiver.engine.machine(idle_id)
+    assert idle is not None and idle.state.name == "IDLE"
+    assert any(
+        i.kind == "handover" and i.status == "applied" and idle_id in str(i.payload)
+        for i in instructions
+    )
 
     # An operator that still dials the old shard is sent to the new one.
     stray = SimulatedCluster("leaving", donor.address, small_demand(3), rollup_interval_s=0.5)
