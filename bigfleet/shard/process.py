@@ -48,7 +48,7 @@ from bigfleet.shard.lifecycle import MachineLifecycle, reclaim_key
 from bigfleet.shard.membership import ShardMembership
 from bigfleet.shard.sessions import SessionHub, ShardServicer
 from bigfleet.store import LeaseLost, Store
-from bigfleet.store.repository import LeaseHeld
+from bigfleet.store.repository import LeaseHeld, ShardRemoved
 from bigfleet.v1alpha1 import provider_pb2, shard_pb2, shard_pb2_grpc
 from providers.client import FencingToken
 from providers.errors import ProviderError
@@ -246,6 +246,8 @@ class ShardProcess:
                 await self._take_lease()
                 self.standing_by = False
                 return
+            except ShardRemoved:
+                raise  # nothing will ever free this lease: do not wait for it
             except LeaseHeld as err:
                 if not self.standing_by:
                     log.info("standing by: %s", err)

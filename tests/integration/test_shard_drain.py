@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from bigfleet.devstack import DevStack
-from bigfleet.store.repository import ShardNotEmpty
+from bigfleet.shard.process import ShardOptions, ShardProcess
+from bigfleet.store.repository import ShardNotEmpty, ShardRemoved
 from clusters.operator import DemandPattern, SimulatedCluster
 from providers.model import FencingToken
 from tests.integration.multishard import configured_for, eventually, options, shard
@@ -139,6 +140,16 @@ async def test_a_drained_shard_hands_over_its_cluster_and_machines_and_is_remove
     removed = await stack.store.shard("shard-1")
     assert removed is not None and removed.state == "removed"
     assert len(await stack.store.owners()) == 12
+    # A process started for the removed shard refuses to start instead of standing by.
+    assert stack.client is not None
+    late = ShardProcess(
+        ShardOptions(shard_id="shard-1", holder="late", listen="127.0.0.1:0"),
+        store=stack.store,
+        temporal=stack.client,
+        providers=stack.provider_clients,
+    )
+    with pytest.raises(ShardRemoved):
+        await late.start()
 
 
 async def _at_least(machines: object, n: int) -> object:
