@@ -6,10 +6,13 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import shutil
 import signal
 import sys
+import time
 from collections.abc import Awaitable, Callable, Coroutine
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -427,6 +430,339 @@ def show_config() -> None:
     """List the environment variables BigFleet reads."""
     for name, meaning in Settings.describe().items():
         typer.echo(f"{name:<28} {meaning}")
+
+
+# ------------------------------------------------------------ machine lifecycle
+#
+# Drains, deletes and failed machines each have their own workflow (found by
+# BigFleetMachineId); these commands find it, read its ``view`` query and send
+# the operator signals (escalate, force, retry, abandon, resolve).
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
+_UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_PER_MACHINE = ("DrainWorkflow", "DeleteWorkflow", "RecoverWorkflow", "VerifyWorkflow")
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``10s``, ``30m``, ``2h``, ``1h30m`` -> seconds."""
+    cleaned = text.strip().lower().replace(" ", "")
+    parts = _DURATION.findall(cleaned)
+    if not cleaned or "".join(n + u for n, u in parts) != cleaned:
+        raise typer.BadParameter(f"{text!r} is not a duration like 90, 10s, 30m or 1h30m")
+    return sum(float(n) * _UNIT_S[u] for n, u in parts)
+
+
+def _temporal_address(address: str | None) -> str:
+    return address or os.environ.get("BIGFLEET_TEMPORAL_ADDRESS") or "127.0.0.1:7233"
+
+
+def stuck_drains_query(older_than_s: float | None, *, now: float | None = None) -> str:
+    """The visibility query for running drains (started more than ``older_than_s`` ago)."""
+    query = "WorkflowType = 'DrainWorkflow' AND ExecutionStatus = 'Running'"
+    if older_than_s is not None:
+        moment = datetime.fromtimestamp(
+            (time.time() if now is None else now) - older_than_s, tz=UTC
+        )
+        query += f" AND StartTime < '{moment.strftime('%Y-%m-%dT%H:%M:%SZ')}'"
+    return query
+
+
+_AddressOption = Annotated[
+    str | None,
+    typer.Option(
+        "--address", help="Temporal frontend host:port (default: $BIGFLEET_TEMPORAL_ADDRESS)."
+    ),
+]
+_NamespaceOption = Annotated[str, typer.Option("--namespace", help="Temporal namespace.")]
+
+
+@app.command("drains")
+def drains_list(
+    stuck: Annotated[
+        bool, typer.Option("--stuck", help="Only drains running longer than --older-than.")
+    ] = False,
+    older_than: Annotated[
+        str, typer.Option("--older-than", help="With --stuck: 30m, 2h, 90s ...")
+    ] = "30m",
+    show_query: Annotated[
+        bool, typer.Option("--query", help="Print the Temporal UI query instead of running it.")
+    ] = False,
+    address: _AddressOption = None,
+    namespace: _NamespaceOption = "default",
+) -> None:
+    """Running drains (each is its own workflow), oldest first."""
+    query = stuck_drains_query(parse_duration(older_than) if stuck else None)
+    if show_query:
+        typer.echo(query)
+        return
+
+    async def main() -> None:
+        from bigfleet import temporal
+        from workflows import search_attributes as sa
+
+        client = await temporal.connect(_temporal_address(address), namespace)
+        rows = [wf async for wf in client.list_workflows(query)]
+        rows.sort(key=lambda wf: wf.start_time)
+        if not rows:
+            typer.echo("no stuck drains" if stuck else "no drains running")
+            return
+        typer.echo(
+            f"{'MACHINE':<44} {'CLUSTER':<16} {'PHASE':<17} {'GRACE':>6} {'PRIORITY':>9} "
+            f"{'RUNNING':>9}  WORKFLOW"
+        )
+        now = time.time()
+        for wf in rows:
+            attrs = wf.typed_search_attributes
+            grace = attrs.get(sa.GRACE_SECONDS)
+            typer.echo(
+                f"{attrs.get(sa.MACHINE_ID) or '?':<44} {attrs.get(sa.CLUSTER_ID) or '':<16} "
+                f"{attrs.get(sa.PHASE) or '':<17} {'-' if grace is None else f'{grace}s':>6} "
+                f"{attrs.get(sa.PRIORITY) or 0:>9} "
+                f"{_age(now - wf.start_time.timestamp()):>9}  {wf.id}"
+            )
+
+    _run(main())
+
+
+machine_app = typer.Typer(
+    help="One machine's workflow: show it, or push it with a signal.", no_args_is_help=True
+)
+app.add_typer(machine_app, name="machine")
+
+
+@machine_app.command("show")
+def machine_show(
+    machine_id: Annotated[str, typer.Argument(help="The machine id.")],
+    address: _AddressOption = None,
+    namespace: _NamespaceOption = "default",
+) -> None:
+    """The machine's running workflows and their current view (or its last finished one)."""
+
+    async def main() -> None:
+        from bigfleet import temporal
+
+        client = await temporal.connect(_temporal_address(address), namespace)
+        running, recent = await _machine_workflows(client, machine_id)
+        if not running and not recent:
+            _fail(f"no workflow has touched machine {machine_id}")
+        for wf in running or recent[:1]:
+            typer.echo(await _describe_workflow(client, wf, machine_id))
+
+    _run(main())
+
+
+@machine_app.command("escalate")
+def machine_escalate(
+    machine_id: Annotated[str, typer.Argument(help="The machine id.")],
+    grace: Annotated[str, typer.Option("--grace", help="The new, shorter grace: 10s, 2m ...")],
+    address: _AddressOption = None,
+    namespace: _NamespaceOption = "default",
+) -> None:
+    """Shorten a running drain's grace period (the operator and provider are told again)."""
+    from workflows.contracts import EscalateSignal
+
+    seconds = int(parse_duration(grace))
+    _signal_machine(machine_id, "escalate", EscalateSignal(seconds), address, namespace)
+
+
+@machine_app.command("force")
+def machine_force(
+    machine_id: Annotated[str, typer.Argument(help="The machine id.")],
+    address: _AddressOption = None,
+    namespace: _NamespaceOption = "default",
+) -> None:
+    """Forced termination now (a drain with zero grace)."""
+    _signal_machine(machine_id, "force", None, address, namespace)
+
+
+@machine_app.command("retry")
+def machine_retry(
+    machine_id: Annotated[str, typer.Argument(help="The machine id.")],
+    address: _AddressOption = None,
+    namespace: _NamespaceOption = "default",
+) -> None:
+    """Try the corrective action again (a parked drain, delete or recovery)."""
+    _signal_machine(machine_id, "retry", None, address, namespace)
+
+
+@machine_app.command("abandon")
+def machine_abandon(
+    machine_id: Annotated[str, typer.Argument(help="The machine id.")],
+    address: _AddressOption = None,
+    namespace: _NamespaceOption = "default",
+) -> None:
+    """Give up: the machine is marked FAILED and kept out of use for investigation."""
+    _signal_machine(machine_id, "abandon", None, address, namespace)
+
+
+@machine_app.command("resolve")
+def machine_resolve(
+    machine_id: Annotated[str, typer.Argument(help="The machine id.")],
+    note: Annotated[str, typer.Option("--note", help="What was done out of band.")] = "",
+    address: _AddressOption = None,
+    namespace: _NamespaceOption = "default",
+) -> None:
+    """It was fixed out of band: the workflow re-reads the provider and continues."""
+    from workflows.contracts import ResolveSignal
+
+    _signal_machine(machine_id, "resolve", ResolveSignal(note), address, namespace)
+
+
+def _signal_machine(
+    machine_id: str, name: str, arg: Any, address: str | None, namespace: str
+) -> None:
+    """Send ``name`` to the machine's running per-machine workflow and print what changed."""
+
+    async def main() -> None:
+        from bigfleet import temporal
+
+        client = await temporal.connect(_temporal_address(address), namespace)
+        running, _ = await _machine_workflows(client, machine_id)
+        mine = [wf for wf in running if wf.workflow_type in _PER_MACHINE]
+        if not mine:
+            where = ", ".join(f"{wf.id} ({wf.workflow_type})" for wf in running)
+            _fail(
+                f"machine {machine_id} has no running drain, delete or recovery workflow"
+                + (f"; it is in {where}" if where else "")
+            )
+        wf = mine[0]
+        handle = client.get_workflow_handle(wf.id)
+        before = await _view(handle)
+        if arg is None:
+            await handle.signal(name)
+        else:
+            await handle.signal(name, arg)
+        typer.echo(f"sent {name} to {wf.id} ({wf.workflow_type})")
+        after = before
+        for _ in range(50):  # the workflow reacts within a task or two
+            await asyncio.sleep(0.1)
+            after = await _view(handle)
+            if after is None or before is None or _changed(before, after):
+                break
+        if before is None or after is None:
+            typer.echo("  (the workflow did not answer its view query; is its shard running?)")
+            return
+        changes = _changed(before, after)
+        if not changes:
+            typer.echo("  no change yet (the signal is queued; `bigfleet machine show` later)")
+        for line in changes:
+            typer.echo(f"  {line}")
+
+    _run(main())
+
+
+async def _machine_workflows(client: Any, machine_id: str) -> tuple[list[Any], list[Any]]:
+    """(running, recently closed) workflows that list ``machine_id``, newest first."""
+    found = [
+        wf
+        async for wf in client.list_workflows(
+            f"BigFleetMachineIds = '{machine_id}' OR BigFleetMachineId = '{machine_id}'",
+            limit=50,
+        )
+    ]
+    found.sort(key=lambda wf: wf.start_time, reverse=True)
+    running = [wf for wf in found if wf.status is not None and wf.status.name == "RUNNING"]
+    return running, [wf for wf in found if wf not in running]
+
+
+async def _view(handle: Any) -> dict[str, Any] | None:
+    from temporalio.service import RPCError
+
+    try:
+        view: dict[str, Any] = await handle.query("view")
+    except RPCError:
+        return None
+    return view
+
+
+_SHOWN_FIELDS = (
+    "phase",
+    "machine_state",
+    "grace_seconds",
+    "deadline_unix",
+    "attempts",
+    "awaiting_operator",
+    "last_error",
+)
+
+
+def _changed(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    lines = [
+        f"{key}: {_fmt(key, before.get(key))} -> {_fmt(key, after.get(key))}"
+        for key in _SHOWN_FIELDS
+        if before.get(key) != after.get(key)
+    ]
+    seen = set(before.get("notes", []))
+    lines += [f"note: {n}" for n in after.get("notes", []) if n not in seen]
+    return lines
+
+
+def _fmt(key: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if key.endswith("_unix"):
+        return datetime.fromtimestamp(float(value), tz=UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+    return str(value)
+
+
+def _age(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
+
+
+async def _describe_workflow(client: Any, wf: Any, machine_id: str) -> str:
+    status = wf.status.name.lower() if wf.status is not None else "?"
+    lines = [f"workflow   {wf.id}  ({wf.workflow_type}, {status})"]
+    view = await _view(client.get_workflow_handle(wf.id))
+    if view is None:
+        lines.append("  (no answer to the view query; is the shard's worker running?)")
+        return "\n".join(lines)
+    if "machines" in view:  # a provisioning batch
+        mine = [m for m in view["machines"] if m.get("machine_id") == machine_id]
+        lines.append(
+            f"batch      {view.get('operation')} for {view.get('cluster_id')} "
+            f"(priority {view.get('priority')}), phase {view.get('phase')}, "
+            f"deadline {_fmt('deadline_unix', view.get('deadline_unix'))}"
+        )
+        for m in mine:
+            lines.append(f"machine    {machine_id}: {m.get('state')} {m.get('last_error') or ''}")
+        return "\n".join(lines)
+    now = time.time()
+    waiting = view.get("waiting")
+    lines += [
+        f"machine    {view['machine_id']} ({view['provider']}), shard {view['shard_id']}, "
+        f"cluster {view['cluster_id'] or '-'}",
+        f"operation  {view['operation']} #{view['operation_seq']}, phase {view['phase']}"
+        + (" (awaiting an operator)" if view["awaiting_operator"] else "")
+        + f", provider reports {view['machine_state'] or '?'}",
+        f"started    {_fmt('started_unix', view['started_unix'])} "
+        f"({_age(now - view['started_unix'])} ago), attempts {view['attempts']}",
+        f"deadline   {_fmt('deadline_unix', view['deadline_unix'])}"
+        + ("" if view["grace_seconds"] is None else f", grace {view['grace_seconds']} s"),
+    ]
+    if waiting:
+        lines.append(
+            f"waiting    priority {waiting['priority']} of {waiting['cluster_id']} "
+            f"(need {waiting['need_key']})"
+            + (
+                f", blocked since {_fmt('blocked_since_unix', view['blocked_since_unix'])}"
+                if view.get("blocked_since_unix")
+                else ""
+            )
+        )
+    if view["last_error"]:
+        lines.append(f"last error {view['last_error']}")
+    if view["provider_operation_ids"]:
+        lines.append(f"provider   operations {', '.join(view['provider_operation_ids'])}")
+    for signal_line in view["signals"][-5:]:
+        lines.append(f"signal     {signal_line}")
+    for note in view["notes"][-8:]:
+        lines.append(f"note       {note}")
+    return "\n".join(lines)
 
 
 def _settings() -> Settings:

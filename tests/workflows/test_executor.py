@@ -1,0 +1,184 @@
+"""The executor turns each engine action into the right workflow, id, input and search attributes.
+
+No worker serves the task queue here: the workflows are only started, then
+inspected through the server (description and first history event).
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from temporalio.client import Client, WorkflowHandle
+from temporalio.testing import WorkflowEnvironment
+
+from bigfleet.shard.executor import Executor
+from bigfleet.shard.process import ShardOptions
+from shard_engine.model import (
+    CapacityType,
+    MachineRecord,
+    MachineState,
+    Plan,
+    Preempt,
+    Provision,
+    Reclaim,
+    Release,
+    Verify,
+)
+from workflows.contracts import DeleteInput, DrainInput, ProvisionInput, VerifyInput
+
+_RUN = itertools.count(1)
+
+
+@dataclass
+class StubEngine:
+    records: dict[str, MachineRecord]
+    settled: list[tuple[str, MachineRecord | None]] = field(default_factory=list)
+
+    def machine(self, machine_id: str) -> MachineRecord | None:
+        return self.records.get(machine_id)
+
+    def settle(self, machine_id: str, record: MachineRecord | None, *, now: float) -> None:
+        self.settled.append((machine_id, record))
+
+
+@dataclass
+class StubShard:
+    """The slice of ShardProcess the executor uses."""
+
+    temporal: Client
+    engine: StubEngine
+    shard_id: str = field(default_factory=lambda: f"shard-x{next(_RUN)}")
+    options: ShardOptions = field(default_factory=ShardOptions)
+    seqs: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def task_queue(self) -> str:
+        return f"nobody-serves-{uuid.uuid4()}"
+
+    def clock(self) -> float:
+        return 1_000.0
+
+    def next_operation_seq(self, machine_ids: list[str]) -> int:
+        seq = max((self.seqs.get(m, 0) for m in machine_ids), default=0) + 1
+        for m in machine_ids:
+            self.seqs[m] = seq
+        return seq
+
+
+def _record(machine_id: str, capacity: CapacityType = CapacityType.ON_DEMAND) -> MachineRecord:
+    return MachineRecord(
+        id=machine_id,
+        state=MachineState.CONFIGURED,
+        provider="simcloud" if capacity is not CapacityType.BARE_METAL else "bm",
+        instance_type="m6i.large",
+        zone="z1",
+        capacity_type=capacity,
+        price_per_hour=0.1,
+        interruption_probability=0.0,
+        allocatable={"cpu": 2.0},
+        cluster="victim",
+    )
+
+
+@pytest.fixture
+def shard(time_skipping_env: WorkflowEnvironment) -> StubShard:
+    records = {m: _record(m) for m in ("m-1", "m-2", "m-3", "m-4")} | {
+        "bm-1": _record("bm-1", CapacityType.BARE_METAL)
+    }
+    return StubShard(time_skipping_env.client, StubEngine(records))
+
+
+def _executor(shard: StubShard) -> Executor:
+    return Executor(shard)  # type: ignore[arg-type]
+
+
+async def _started(
+    shard: StubShard, wf_id: str
+) -> tuple[WorkflowHandle[Any, Any], Any, Mapping[str, Any]]:
+    handle = shard.temporal.get_workflow_handle(wf_id)
+    described = await handle.describe()
+    history = await handle.fetch_history()
+    started = history.events[0].workflow_execution_started_event_attributes
+    (payload,) = started.input.payloads
+    attrs = described.typed_search_attributes
+    values = {pair.key.name: pair.value for pair in attrs.search_attributes}
+    return handle, (described.workflow_type, payload), values
+
+
+def _decode(shard: StubShard, payload: Any, cls: type) -> Any:
+    (value,) = shard.temporal.data_converter.payload_converter.from_payloads([payload], [cls])
+    return value
+
+
+async def test_a_preemption_becomes_a_drain_carrying_the_preemptors_priority(
+    shard: StubShard,
+) -> None:
+    plan = Plan(
+        now=1_000.0,
+        actions=(Preempt("m-1", "victim", 100_000, "urgent", "need-u", 1_000_000, 30),),
+    )
+    assert await _executor(shard).execute(plan) == 1
+    _, (wf_type, payload), attrs = await _started(shard, f"{shard.shard_id}/drain/m-1/1")
+    assert wf_type == "DrainWorkflow"
+    inp = _decode(shard, payload, DrainInput)
+    assert inp.grace_seconds == 30 and inp.cluster_id == "victim"
+    assert inp.waiter.priority == 1_000_000 and inp.waiter.cluster_id == "urgent"
+    assert inp.waiter.need_key == "need-u" and inp.victim_priority == 100_000
+    assert inp.reason == "preempt"
+    assert attrs["BigFleetPriority"] == 1_000_000 and attrs["BigFleetGraceSeconds"] == 30
+    assert attrs["BigFleetMachineId"] == "m-1" and attrs["BigFleetOperation"] == "drain"
+    assert attrs["BigFleetPhase"] == "DRAINING" and attrs["BigFleetClusterId"] == "victim"
+    assert attrs["BigFleetShardId"] == shard.shard_id
+
+
+async def test_a_reclaim_becomes_a_drain_nobody_waits_for(shard: StubShard) -> None:
+    await _executor(shard).execute(Plan(1_000.0, (Reclaim("m-2", "victim", 600),)))
+    _, (_, payload), attrs = await _started(shard, f"{shard.shard_id}/drain/m-2/1")
+    inp = _decode(shard, payload, DrainInput)
+    assert inp.waiter is None and inp.reason == "reclaim" and inp.grace_seconds == 600
+    assert attrs["BigFleetPriority"] == 0
+
+
+async def test_release_and_verify_get_their_own_workflows(shard: StubShard) -> None:
+    plan = Plan(1_000.0, (Release("m-3"), Verify("m-4", "victim")))
+    assert await _executor(shard).execute(plan) == 2
+    _, (wf_type, payload), attrs = await _started(shard, f"{shard.shard_id}/delete/m-3/1")
+    assert wf_type == "DeleteWorkflow" and attrs["BigFleetPhase"] == "DELETING"
+    assert _decode(shard, payload, DeleteInput).machine.provider == "simcloud"
+    _, (wf_type, payload), attrs = await _started(shard, f"{shard.shard_id}/verify/m-4/1")
+    assert wf_type == "VerifyWorkflow" and attrs["BigFleetClusterId"] == "victim"
+    assert _decode(shard, payload, VerifyInput).cluster_id == "victim"
+
+
+async def test_deadlines_follow_the_capacity_type(shard: StubShard) -> None:
+    plan = Plan(1_000.0, (Provision(("m-1", "bm-1"), "c", "need", 10),))
+    assert await _executor(shard).execute(plan) == 2, "one batch per provider and capacity type"
+    _, (_, cloud), _ = await _started(shard, f"{shard.shard_id}/provision/m-1/1")
+    _, (_, metal), _ = await _started(shard, f"{shard.shard_id}/provision/bm-1/1")
+    assert _decode(shard, cloud, ProvisionInput).deadlines.creating_s == 600
+    assert _decode(shard, metal, ProvisionInput).deadlines.creating_s == 6 * 3600
+
+
+async def test_the_same_action_at_the_same_sequence_finds_the_running_workflow(
+    shard: StubShard,
+) -> None:
+    executor = _executor(shard)
+    await executor.execute(Plan(1_000.0, (Reclaim("m-2", "victim", 600),)))
+    shard.seqs.clear()  # a restarted shard that had not recorded the drain yet
+    await executor.execute(Plan(1_000.0, (Reclaim("m-2", "victim", 600),)))
+    handle = shard.temporal.get_workflow_handle(f"{shard.shard_id}/drain/m-2/1")
+    history = await handle.fetch_history()
+    starts = [
+        e for e in history.events if e.HasField("workflow_execution_started_event_attributes")
+    ]
+    assert len(starts) == 1
+
+
+async def test_an_action_on_a_vanished_machine_is_settled_not_started(shard: StubShard) -> None:
+    assert await _executor(shard).execute(Plan(1_000.0, (Release("gone"),))) == 0
+    assert shard.engine.settled == [("gone", None)]
