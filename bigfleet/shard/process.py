@@ -356,6 +356,7 @@ class ShardProcess:
     async def record_outcomes(self, outcome: RecordOutcomesInput) -> None:
         for result in outcome.outcomes:
             configured = result.state == "CONFIGURED"
+            reached = result.state == _TARGET_STATE.get(outcome.operation, result.state)
             try:
                 await self.store.record_operation(
                     machine_id=result.machine_id,
@@ -363,7 +364,9 @@ class ShardProcess:
                     shard_epoch=self.epoch,
                     provider=result.provider,
                     cluster_id=outcome.cluster_id if configured else None,
-                    operation=outcome.operation if configured else f"{outcome.operation}-failed",
+                    operation=outcome.operation
+                    if reached and result.state != "FAILED"
+                    else f"{outcome.operation}-failed",
                     operation_seq=outcome.operation_seq,
                     shard_metadata={"bigfleet.io/need": outcome.need_key} if configured else {},
                     detail=result.last_error,
@@ -719,6 +722,10 @@ class ShardProcess:
         )
         if self.hub.send(cluster, frame, key=f"node:{record.id}"):
             self._last_pushed[record.id] = stamp
+
+
+# The state each operation is meant to reach; anything else is recorded as its failure.
+_TARGET_STATE = {"provision": "CONFIGURED", "configure": "CONFIGURED", "delete": "SPECULATIVE"}
 
 
 def _with_state(record: MachineRecord, state: MachineState, error: str) -> MachineRecord:
