@@ -26,6 +26,8 @@ class TransferContext(Protocol):
 
     async def adopt_machines(self, inp: co.AdoptInput) -> co.AdoptResult: ...
 
+    async def prepare_preemption(self, inp: co.ReleaseInput) -> co.PreemptionPlan: ...
+
 
 class TransferActivities:
     def __init__(self, ctx: TransferContext) -> None:
@@ -42,6 +44,12 @@ class TransferActivities:
         """Give unbound machines of one profile to another shard (CAS in PostgreSQL)."""
         self._ensure_active()
         return await self._ctx.release_machines(inp)
+
+    @activity.defn(name=co.PREPARE_PREEMPTION)
+    async def prepare_preemption(self, inp: co.ReleaseInput) -> co.PreemptionPlan:
+        """Pick lower-priority victims for another shard's need and prepare their drains."""
+        self._ensure_active()
+        return await self._ctx.prepare_preemption(inp)
 
     @activity.defn(name=co.ADOPT_MACHINES)
     async def adopt_machines(self, inp: co.AdoptInput) -> co.AdoptResult:

@@ -28,7 +28,7 @@ from temporalio.exceptions import ActivityError, ChildWorkflowError
 from temporalio.workflow import ParentClosePolicy
 
 from workflows import membership as ms
-from workflows.contracts import MachineTarget, RequirementSpec
+from workflows.contracts import DrainInput, MachineTarget, RequirementSpec
 
 COORDINATOR_ID = "bigfleet-coordinator"
 COORDINATOR_QUEUE = "bigfleet-coordinator"
@@ -41,6 +41,7 @@ FINISH_INSTRUCTION = "bigfleet.coordinator.finish_instruction"
 # Shard-side activities (task queue shard-<id>, run by the lease holder).
 ADOPT_MACHINES = "bigfleet.shard.adopt_machines"
 RELEASE_MACHINES = "bigfleet.shard.release_machines"
+PREPARE_PREEMPTION = "bigfleet.shard.prepare_preemption"
 
 
 @dataclass
@@ -158,6 +159,20 @@ class ReleaseResult:
 
 
 @dataclass
+class DrainStart:
+    """A drain the donor prepared for a cross-shard preemption (id and input)."""
+
+    workflow_id: str
+    input: DrainInput
+
+
+@dataclass
+class PreemptionPlan:
+    drains: list[DrainStart]
+    refused: str = ""
+
+
+@dataclass
 class InstructionRecord:
     term: int
     seq: int
@@ -220,6 +235,10 @@ class TransferWorkflow:
             start_to_close_timeout=_QUICK,
             retry_policy=_RETRY,
         )
+        if spec.kind == "preempt":
+            refused = await self._preempt(inp)
+            if refused:
+                return await self._finish(inp, "refused", 0, f"donor {spec.donor}: {refused}")
         try:
             released = await workflow.execute_activity(
                 RELEASE_MACHINES,
@@ -259,6 +278,45 @@ class TransferWorkflow:
         return await self._finish(
             inp, "applied", len(released.moved), f"moved {len(released.moved)} of {spec.count}"
         )
+
+    async def _preempt(self, inp: TransferInput) -> str:
+        """Drain strictly-lower-priority victims on the donor before ownership moves.
+
+        The donor picks the victims and the gap-scaled grace; each drain is a
+        child workflow on the donor's task queue, so it is findable, queryable
+        and signallable like any other drain. Returns a refusal, or "".
+        """
+        spec = inp.spec
+        try:
+            plan: PreemptionPlan = await workflow.execute_activity(
+                PREPARE_PREEMPTION,
+                ReleaseInput(inp.term, inp.seq, spec),
+                result_type=PreemptionPlan,
+                task_queue=f"shard-{spec.donor}",
+                schedule_to_close_timeout=timedelta(minutes=2),
+                retry_policy=_RETRY,
+            )
+        except ActivityError as err:
+            return f"could not prepare the preemption: {err.cause or err}"
+        if plan.refused:
+            return plan.refused
+        if not plan.drains:
+            return "no strictly lower-priority machine of that profile to preempt"
+
+        async def drain(start: DrainStart) -> None:
+            try:
+                await workflow.execute_child_workflow(
+                    "DrainWorkflow",
+                    start.input,
+                    id=start.workflow_id,
+                    task_queue=f"shard-{spec.donor}",
+                    parent_close_policy=ParentClosePolicy.ABANDON,
+                )
+            except ChildWorkflowError as err:
+                workflow.logger.warning("drain %s failed: %s", start.workflow_id, err)
+
+        await asyncio.gather(*(drain(d) for d in plan.drains))
+        return ""
 
     async def _finish(
         self, inp: TransferInput, status: str, moved: int, outcome: str

@@ -43,7 +43,7 @@ from bigfleet.shard.convert import (
     requirement_specs,
     resources_to_wire,
 )
-from bigfleet.shard.executor import Executor
+from bigfleet.shard.executor import Executor, workflow_id
 from bigfleet.shard.lifecycle import MachineLifecycle, reclaim_key
 from bigfleet.shard.membership import ShardMembership
 from bigfleet.shard.sessions import SessionHub, ShardServicer
@@ -52,13 +52,17 @@ from bigfleet.store.repository import LeaseHeld, ShardRemoved
 from bigfleet.v1alpha1 import provider_pb2, shard_pb2, shard_pb2_grpc
 from providers.client import FencingToken
 from providers.errors import ProviderError
+from shard_engine.costs import drain_grace_seconds
 from shard_engine.engine import EngineConfig, ShardEngine
 from shard_engine.model import MachineRecord, MachineState, Need, Rollup
 from workflows import coordinator as co
 from workflows import membership as ms
 from workflows.contracts import (
+    OP_DRAIN,
+    REASON_PREEMPT,
     BlockedDrain,
     Deadlines,
+    DrainInput,
     MachineTarget,
     NotifyReclaimInput,
     PollPolicy,
@@ -146,6 +150,8 @@ class ShardProcess:
         self.standing_by = False
         self._machine_priority: dict[str, int] = {}
         self._needs: dict[str, dict[str, Need]] = {}
+        # Machines being drained for another shard, by (term, seq) of the instruction.
+        self._leaving: dict[str, tuple[int, int]] = {}
         # Clusters and machines leaving (drain) or arriving (cluster move).
         self.membership = ShardMembership(self)
 
@@ -193,6 +199,7 @@ class ShardProcess:
                 *activities_for(self),
                 transfers.release_machines,
                 transfers.adopt_machines,
+                transfers.prepare_preemption,
                 membership.release_cluster,
                 membership.hand_over,
             ],
@@ -339,6 +346,10 @@ class ShardProcess:
         except InvalidMachine as err:
             log.warning("ignoring machine from %s: %s", provider, err)
             return
+        if record.id in self._leaving:
+            # Drained for another shard: its new owner plans with it, we do not.
+            self._push_node_state(record)
+            return
         declared = self._declared_failed.get(record.id)
         if declared is not None:
             if record.state.transitional:
@@ -374,6 +385,8 @@ class ShardProcess:
             except LeaseLost as err:
                 self.lease_ok = False
                 raise ShardInactive(str(err)) from err
+            if result.machine_id in self._leaving:
+                continue
             current = self.engine.machine(result.machine_id)
             if result.state == "FAILED":
                 self._declared_failed[result.machine_id] = result.last_error
@@ -532,6 +545,8 @@ class ShardProcess:
         if refused:
             return co.ReleaseResult([], refused)
         spec = inp.spec
+        if spec.kind == "preempt":
+            return await self._hand_over_drained(inp)
         limit = max(1, int(len(self.owned) * self.options.max_instruction_share))
         if spec.count > limit:
             log.warning(
@@ -581,6 +596,114 @@ class ShardProcess:
         return co.ReleaseResult(
             [MachineTarget(r.id, r.provider) for r in chosen if r.id in moved_ids]
         )
+
+    async def prepare_preemption(self, inp: co.ReleaseInput) -> co.PreemptionPlan:
+        """Choose victims for another shard's need and prepare one drain each.
+
+        Victims: configured machines of the instruction's profile serving a
+        priority strictly below ``below_priority``, lowest priority first,
+        none in flight. They leave this shard's engine at once (the victim
+        cluster sees the loss and may replace it) and are handed over once
+        drained. The grace follows the priority gap, as for a local preemption.
+        """
+        refused = self._check_term(inp.term)
+        if refused:
+            return co.PreemptionPlan([], refused)
+        spec = inp.spec
+        limit = max(1, int(len(self.owned) * self.options.max_instruction_share))
+        if spec.count > limit:
+            return co.PreemptionPlan(
+                [], f"preempting {spec.count} machines exceeds the limit of {limit}"
+            )
+        already = [m for m, key in self._leaving.items() if key == (inp.term, inp.seq)]
+        busy = set(self.engine.in_flight()) | set(self.engine.promised())
+        candidates = sorted(
+            (
+                r
+                for r in self.engine.machines()
+                if r.state == MachineState.CONFIGURED
+                and r.id not in busy
+                and r.provider == spec.provider
+                and r.instance_type == spec.instance_type
+                and r.zone == spec.zone
+                and int(r.capacity_type) == spec.capacity_type
+                and self._machine_priority.get(r.id, 0) < spec.below_priority
+            ),
+            key=lambda r: (self._machine_priority.get(r.id, 0), r.id),
+        )
+        chosen = candidates[: max(0, spec.count - len(already))]
+        config = self.options.engine
+        drains: list[co.DrainStart] = []
+        for record in chosen:
+            victim_priority = self._machine_priority.get(record.id, 0)
+            grace = drain_grace_seconds(
+                spec.below_priority - victim_priority,
+                config.grace_thresholds,
+                config.grace_default_seconds,
+            )
+            seq = self.next_operation_seq([record.id])
+            self._leaving[record.id] = (inp.term, inp.seq)
+            self.engine.remove_machine(record.id)
+            drains.append(
+                co.DrainStart(
+                    workflow_id=workflow_id(self.shard_id, OP_DRAIN, [record.id], seq),
+                    input=DrainInput(
+                        shard_id=self.shard_id,
+                        machine=MachineTarget(record.id, record.provider),
+                        cluster_id=record.cluster,
+                        grace_seconds=grace,
+                        operation_seq=seq,
+                        reason=REASON_PREEMPT,
+                        victim_priority=victim_priority,
+                        deadlines=self._executor.deadlines_for(record),
+                        poll=self.options.poll,
+                    ),
+                )
+            )
+        log.info(
+            "preempting %d machines for shard %s (priority %d, instruction %d/%d)",
+            len(drains),
+            spec.receiver,
+            spec.below_priority,
+            inp.term,
+            inp.seq,
+        )
+        return co.PreemptionPlan(drains)
+
+    async def _hand_over_drained(self, inp: co.ReleaseInput) -> co.ReleaseResult:
+        """After a cross-shard preemption: move the victims that reached IDLE."""
+        mine = [m for m, key in self._leaving.items() if key == (inp.term, inp.seq)]
+        ready: list[MachineTarget] = []
+        for machine_id in mine:
+            provider = self.owned.get(machine_id, "")
+            machine: provider_pb2.Machine | None
+            try:
+                machine = await self.provider(provider).get(machine_id)
+            except (ProviderError, KeyError) as err:
+                log.warning("handing over %s: %s", machine_id, err)
+                machine = None
+            if machine is not None and machine.state == provider_pb2.MACHINE_STATE_IDLE:
+                ready.append(MachineTarget(machine_id, provider))
+            else:
+                # The drain did not finish: the machine stays ours and rejoins the engine.
+                del self._leaving[machine_id]
+                if machine is not None:
+                    self.observe(provider, machine)
+        moved = set(
+            await self.store.transfer(
+                donor=self.shard_id,
+                receiver=inp.spec.receiver,
+                machine_ids=[t.machine_id for t in ready],
+                term=inp.term,
+                seq=inp.seq,
+            )
+        )
+        for target in ready:
+            self._leaving.pop(target.machine_id, None)
+            if target.machine_id in moved:
+                self.owned.pop(target.machine_id, None)
+                self._machine_priority.pop(target.machine_id, None)
+        return co.ReleaseResult([t for t in ready if t.machine_id in moved])
 
     async def adopt_machines(self, inp: co.AdoptInput) -> co.AdoptResult:
         """Start acting on machines that PostgreSQL now records as ours."""
