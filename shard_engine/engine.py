@@ -36,7 +36,7 @@ from shard_engine.model import AssignIdle, MachineRecord, MachineState, Plan, Ro
 from shard_engine.needs import Demand, NeedsTable, RollupOutcome, RollupRejected
 from shard_engine.pending import REASON_PAUSED
 from shard_engine.requirements import RELATIVE_TOLERANCE, RequirementMasks
-from shard_engine.worksheet import Mark, MarkKind, Worksheet
+from shard_engine.worksheet import ClusterMemo, Mark, MarkKind, Worksheet
 
 __all__ = [
     "EngineConfig",
@@ -116,6 +116,7 @@ class ShardEngine:
         self._promises: dict[int, _Promise] = {}
         self._suspects: set[int] = set()
         self._memory = _Memory()
+        self._memo = ClusterMemo()
         self._recent_draw = np.full(0, -np.inf)
 
     # -- observations ------------------------------------------------------------
@@ -151,6 +152,7 @@ class ShardEngine:
         """
         outcome, entry = self._table.apply(rollup)
         if entry is not None:
+            self._table.demand(entry)  # compile now, on ingestion, not in the cycle
             health.observe_rollup(
                 inventory=self._inventory,
                 cluster=entry.index,
@@ -199,7 +201,8 @@ class ShardEngine:
         config = self.config
         inventory = self._inventory
         self._catalog.ensure_dimensions()
-        sheet = Worksheet(inventory, now)
+        inventory.ensure_tables()
+        sheet = Worksheet(inventory, now, self._memo)
         demands = [
             self._table.demand(entry)
             for entry in self._table.entries()
@@ -366,7 +369,7 @@ class ShardEngine:
         else:
             self._inventory.set_flags(row, flags=0, target=NO_CLUSTER)
         if flight.kind is MarkKind.VERIFY:
-            self._inventory.missed[row] = 0
+            self._inventory.set_missed(row, 0)
 
     def _learn_drain(self, cluster: int, seconds: float) -> None:
         """Exponentially smoothed drain time per cluster (the victim score's speed term)."""

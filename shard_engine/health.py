@@ -18,7 +18,7 @@ from shard_engine.worksheet import Mark, MarkKind, Worksheet
 
 __all__ = ["observe_rollup", "verify"]
 
-_MISSED_CAP = 255
+_MISSED_CAP = 15
 
 
 def observe_rollup(
@@ -41,14 +41,13 @@ def observe_rollup(
     if not parts:
         return
     rows = np.concatenate(parts)
-    missed = inventory.missed
     for row, machine_id in zip(rows.tolist(), inventory.ids.ids_of(rows), strict=True):
         if machine_id in reported:
-            missed[row] = 0
+            inventory.set_missed(row, 0)
             suspects.discard(row)
             continue
-        count = min(_MISSED_CAP, int(missed[row]) + 1)
-        missed[row] = count
+        count = min(_MISSED_CAP, inventory.missed(row) + 1)
+        inventory.set_missed(row, count)
         if count >= threshold:
             suspects.add(row)
 

@@ -1,7 +1,9 @@
 """The inventory: every machine the shard owns, as numpy columns.
 
-One row per machine, a handful of small columns (state, flags, profile,
-bound cluster, in-flight target, state-since, missed roll-ups). Everything a
+One row per machine, a handful of small columns (state, flags with the
+missed-report count in their high bits, profile, bound cluster,
+state-since) plus compact ID and host-reference columns; the in-flight
+target lives in a small dict because few machines are in motion at once. Everything a
 machine shares with machines of the same shape lives once in the
 :class:`~shard_engine.catalog.ProfileCatalog`. Three derived structures are
 kept exact on every change so a cycle never scans the rows:
@@ -23,13 +25,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from shard_engine.catalog import ProfileCatalog
 from shard_engine.clusters import NO_CLUSTER, ClusterIndex
-from shard_engine.identifiers import IdTable
+from shard_engine.identifiers import CompactStrings, IdTable
 from shard_engine.model import MachineRecord, MachineState
 from shard_engine.pools import TIER_BOUND, TIER_IDLE, TIER_SPECULATIVE, PoolKey, Pools
 
@@ -43,6 +46,20 @@ __all__ = [
 ]
 
 IntArray = npt.NDArray[np.int32]
+SmallArray = npt.NDArray[np.integer[Any]]
+
+
+def _widened(column: SmallArray, value: int) -> SmallArray:
+    """The column, widened to ``int32`` if ``value`` does not fit its current type.
+
+    Profile and cluster ids start as ``int16``: a shard rarely sees more
+    than a few thousand shapes or a few hundred clusters, and two bytes a
+    machine per column is a fifth of the inventory.
+    """
+    if value > np.iinfo(column.dtype).max:
+        return column.astype(np.int32)
+    return column
+
 
 FLAG_IN_FLIGHT = 1
 """An action naming this machine was issued and has not settled."""
@@ -50,6 +67,8 @@ FLAG_PROMISED = 2
 """A preemption freed this machine for the cluster in ``target``."""
 FLAG_CREATING_FOR = 4
 """A creating machine the provider reports as meant for the cluster in ``target``."""
+_FLAG_BITS = 0x0F
+"""Low bits hold flags; the high four bits count missed node reports."""
 
 _CONFIGURED = int(MachineState.CONFIGURED)
 _CONFIGURING = int(MachineState.CONFIGURING)
@@ -125,20 +144,19 @@ class Inventory:
         self.clusters = clusters
         self.ids = IdTable()
         self.pools = Pools()
-        self._rows = 0
         self.state: npt.NDArray[np.int8] = np.zeros(0, dtype=np.int8)
         self.flags: npt.NDArray[np.uint8] = np.zeros(0, dtype=np.uint8)
-        self.missed: npt.NDArray[np.uint8] = np.zeros(0, dtype=np.uint8)
-        self.profile: IntArray = np.zeros(0, dtype=np.int32)
-        self.cluster: IntArray = np.zeros(0, dtype=np.int32)
-        self.target: IntArray = np.zeros(0, dtype=np.int32)
+        self.profile: SmallArray = np.zeros(0, dtype=np.int16)
+        self.cluster: SmallArray = np.zeros(0, dtype=np.int16)
         self.since: IntArray = np.zeros(0, dtype=np.int32)
-        self._host_ref: dict[int, str] = {}
+        self._host_ref = CompactStrings()
+        self._targets: dict[int, int] = {}
         self._last_error: dict[int, str] = {}
         self._supply: IntArray = np.zeros((0, 0), dtype=np.int32)
         self._free: npt.NDArray[np.int64] = np.zeros((2, 0), dtype=np.int64)
-        self.state_counts: npt.NDArray[np.int64] = np.zeros(len(MachineState), dtype=np.int64)
         self._members: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
+        self._versions: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
+        self.state_counts: npt.NDArray[np.int64] = np.zeros(len(MachineState), dtype=np.int64)
         self._epoch: float | None = None
 
     # -- time -----------------------------------------------------------------
@@ -147,10 +165,6 @@ class Inventory:
         if self._epoch is None:
             self._epoch = math.floor(now)
         return max(-_INT32_MAX, min(_INT32_MAX, int(now - self._epoch)))
-
-    def elapsed(self, row: int, now: float) -> float:
-        """Seconds the machine on ``row`` has been in its current state."""
-        return float(self.seconds(now) - int(self.since[row]))
 
     # -- sizing -----------------------------------------------------------------
     def __len__(self) -> int:
@@ -162,20 +176,24 @@ class Inventory:
         capacity = max(rows, 2 * len(self.state), 1024)
         self.state = np.resize(self.state, capacity)
         self.flags = np.resize(self.flags, capacity)
-        self.missed = np.resize(self.missed, capacity)
         self.profile = np.resize(self.profile, capacity)
         self.cluster = np.resize(self.cluster, capacity)
-        self.target = np.resize(self.target, capacity)
         self.since = np.resize(self.since, capacity)
         self.pools.ensure_rows(capacity)
+        self._host_ref.ensure_rows(capacity)
 
-    def _ensure_tables(self) -> None:
+    def ensure_tables(self) -> None:
+        """Size the per-(cluster, profile) tables for every known cluster and profile."""
         profiles = len(self.catalog)
         clusters = len(self.clusters)
         rows, cols = self._supply.shape
         if profiles > cols or clusters > rows:
             new_cols = max(profiles, 2 * cols, 64) if profiles > cols else cols
             new_rows = max(clusters, 2 * rows, 16) if clusters > rows else rows
+            if new_rows > rows:
+                versions = np.zeros(new_rows, dtype=np.int64)
+                versions[:rows] = self._versions
+                self._versions = versions
             supply = np.zeros((new_rows, new_cols), dtype=np.int32)
             supply[:rows, :cols] = self._supply
             self._supply = supply
@@ -188,27 +206,47 @@ class Inventory:
 
     # -- derived views ------------------------------------------------------------
     def supply_row(self, cluster: int) -> IntArray:
-        """Machines counting toward ``cluster`` per profile (a view over current profiles)."""
-        self._ensure_tables()
+        """Machines counting toward ``cluster`` per profile (a view over current profiles).
+
+        Like every reader below it assumes :meth:`ensure_tables` ran since the
+        last new cluster or profile (upserts and the cycle see to that).
+        """
         return self._supply[cluster, : len(self.catalog)]
 
     @property
     def free_idle(self) -> npt.NDArray[np.int64]:
         """Free idle machines per profile."""
-        self._ensure_tables()
         return self._free[TIER_IDLE, : len(self.catalog)]
 
     @property
     def free_speculative(self) -> npt.NDArray[np.int64]:
         """Free speculative slots per profile."""
-        self._ensure_tables()
         return self._free[TIER_SPECULATIVE, : len(self.catalog)]
+
+    def version(self, cluster: int) -> int:
+        """Changes whenever a machine starts or stops counting for ``cluster`` or being bound to it.
+
+        Anything computed from a cluster's supply and settled machines may be
+        reused while this (and the cluster's needs) stay the same.
+        """
+        return int(self._versions[cluster])
 
     @property
     def members(self) -> npt.NDArray[np.int64]:
         """Machines per profile, any state: which shapes the shard has at all."""
-        self._ensure_tables()
         return self._members[: len(self.catalog)]
+
+    def target(self, row: int) -> int:
+        """The cluster an in-flight, promised or creating machine is headed for."""
+        return self._targets.get(row, NO_CLUSTER)
+
+    def missed(self, row: int) -> int:
+        """Consecutive node reports of its cluster this configured machine was missing from."""
+        return int(self.flags[row]) >> 4
+
+    def set_missed(self, row: int, count: int) -> None:
+        """Record the missed-report count (saturates at 15)."""
+        self.flags[row] = (int(self.flags[row]) & _FLAG_BITS) | (min(count, 15) << 4)
 
     def owner(self, row: int) -> int:
         """The cluster whose "have" this machine counts toward, or ``NO_CLUSTER``.
@@ -218,15 +256,7 @@ class Inventory:
         count for their cluster, and a creating machine for the cluster the
         provider says it is meant for. Nothing else is supply.
         """
-        flags = int(self.flags[row])
-        if flags & (FLAG_IN_FLIGHT | FLAG_PROMISED):
-            return int(self.target[row])
-        state = int(self.state[row])
-        if state in (_CONFIGURED, _CONFIGURING):
-            return int(self.cluster[row])
-        if state == _CREATING and flags & FLAG_CREATING_FOR:
-            return int(self.target[row])
-        return NO_CLUSTER
+        return self._place(row)[1]
 
     def pool_key(self, row: int) -> PoolKey | None:
         """The pool a machine belongs in, or None when no phase may take it.
@@ -235,43 +265,63 @@ class Inventory:
         again until they settle. Transitional and failed machines are in no
         pool either.
         """
-        if int(self.flags[row]) & (FLAG_IN_FLIGHT | FLAG_PROMISED):
-            return None
+        return self._place(row)[0]
+
+    def _place(self, row: int) -> tuple[PoolKey | None, int]:
+        """(pool key, supply owner) of a row: the one definition of where a machine counts."""
+        flags = int(self.flags[row])
         state = int(self.state[row])
+        if flags & (FLAG_IN_FLIGHT | FLAG_PROMISED):
+            return None, self._targets.get(row, NO_CLUSTER)
         profile = int(self.profile[row])
+        if state == _CONFIGURED:
+            cluster = int(self.cluster[row])
+            if cluster >= 0:
+                return PoolKey(TIER_BOUND, cluster, profile), cluster
+            return None, NO_CLUSTER
         if state == _IDLE:
-            return PoolKey(TIER_IDLE, NO_CLUSTER, profile)
+            return PoolKey(TIER_IDLE, NO_CLUSTER, profile), NO_CLUSTER
         if state == _SPECULATIVE:
-            return PoolKey(TIER_SPECULATIVE, NO_CLUSTER, profile)
-        if state == _CONFIGURED and int(self.cluster[row]) >= 0:
-            return PoolKey(TIER_BOUND, int(self.cluster[row]), profile)
-        return None
+            return PoolKey(TIER_SPECULATIVE, NO_CLUSTER, profile), NO_CLUSTER
+        if state == _CONFIGURING:
+            return None, int(self.cluster[row])
+        if state == _CREATING and flags & FLAG_CREATING_FOR:
+            return None, self._targets.get(row, NO_CLUSTER)
+        return None, NO_CLUSTER
 
     def _detach(self, row: int) -> None:
-        pool = int(self.pools.pool_of[row])
-        if pool >= 0:
-            key = self.pools.key(pool)
+        key, owner = self._place(row)
+        profile = int(self.profile[row])
+        if key is not None:
+            pool = self.pools.find(key)
+            assert pool is not None
+            self.pools.remove(row, pool)
             if key.tier != TIER_BOUND:
-                self._free[key.tier, key.profile] -= 1
-            self.pools.remove(row)
-        owner = self.owner(row)
+                self._free[key.tier, profile] -= 1
         if owner >= 0:
-            self._supply[owner, int(self.profile[row])] -= 1
+            self._supply[owner, profile] -= 1
+            self._versions[owner] += 1
+        bound = int(self.cluster[row])
+        if bound >= 0:
+            self._versions[bound] += 1
         self.state_counts[int(self.state[row])] -= 1
-        self._members[int(self.profile[row])] -= 1
+        self._members[profile] -= 1
 
     def _attach(self, row: int) -> None:
-        self._ensure_tables()
-        key = self.pool_key(row)
+        key, owner = self._place(row)
+        profile = int(self.profile[row])
         if key is not None:
             self.pools.add(row, self.pools.pool(key))
             if key.tier != TIER_BOUND:
-                self._free[key.tier, key.profile] += 1
-        owner = self.owner(row)
+                self._free[key.tier, profile] += 1
         if owner >= 0:
-            self._supply[owner, int(self.profile[row])] += 1
+            self._supply[owner, profile] += 1
+            self._versions[owner] += 1
+        bound = int(self.cluster[row])
+        if bound >= 0:
+            self._versions[bound] += 1
         self.state_counts[int(self.state[row])] += 1
-        self._members[int(self.profile[row])] += 1
+        self._members[profile] += 1
 
     # -- mutation -------------------------------------------------------------------
     def upsert(self, record: MachineRecord, *, now: float) -> int:
@@ -284,41 +334,38 @@ class Inventory:
         """
         record = validate_record(record)
         profile = self.catalog.intern(self.catalog.key_of(record))
-        row = self.ids.get(record.id)
-        fresh = row is None
-        if row is None:
-            row = self.ids.add(record.id)
+        cluster = self.clusters.index_of(record.cluster) if record.cluster else NO_CLUSTER
+        self.ensure_tables()
+        row, fresh = self.ids.ensure(record.id)
+        if fresh:
             self._ensure_rows(row + 1)
             self.flags[row] = 0
-            self.missed[row] = 0
-            self.target[row] = NO_CLUSTER
-            self.pools.pool_of[row] = -1
+            self._targets.pop(row, None)
         else:
             self._detach(row)
         state = MachineState(record.state)
         if fresh or int(self.state[row]) != int(state):
             self.since[row] = self.seconds(now)
         self.state[row] = int(state)
+        self.profile = _widened(self.profile, profile)
+        self.cluster = _widened(self.cluster, cluster)
         self.profile[row] = profile
         flags = int(self.flags[row]) & ~FLAG_CREATING_FOR
         if state.has_host:
-            self.cluster[row] = self.clusters.index_of(record.cluster)
-            if record.host_ref:
-                self._host_ref[row] = record.host_ref
-            else:
-                self._host_ref.pop(row, None)
+            self.cluster[row] = cluster
+            self._host_ref.set(row, record.host_ref)
+            if flags & (FLAG_IN_FLIGHT | FLAG_PROMISED) == 0:
+                self._targets.pop(row, None)
         else:
             self.cluster[row] = NO_CLUSTER
-            self._host_ref.pop(row, None)
-            if (
-                state is MachineState.CREATING
-                and record.cluster
-                and not flags & (FLAG_IN_FLIGHT | FLAG_PROMISED)
-            ):
-                flags |= FLAG_CREATING_FOR
-                self.target[row] = self.clusters.index_of(record.cluster)
+            self._host_ref.store(row, 0, 0)
+            if flags & (FLAG_IN_FLIGHT | FLAG_PROMISED) == 0:
+                self._targets.pop(row, None)
+                if state is MachineState.CREATING and cluster >= 0:
+                    flags |= FLAG_CREATING_FOR
+                    self._targets[row] = cluster
         if state is not MachineState.CONFIGURED:
-            self.missed[row] = 0
+            flags &= _FLAG_BITS
         self.flags[row] = flags
         if record.last_error:
             self._last_error[row] = record.last_error
@@ -331,18 +378,47 @@ class Inventory:
         """Forget the machine on ``row`` entirely."""
         self._detach(row)
         self.flags[row] = 0
-        self.target[row] = NO_CLUSTER
-        self._host_ref.pop(row, None)
+        self.cluster[row] = NO_CLUSTER
+        self._targets.pop(row, None)
+        self._host_ref.store(row, 0, 0)
         self._last_error.pop(row, None)
         self.ids.discard(row)
 
     def set_flags(self, row: int, *, flags: int, target: int) -> None:
         """Change a machine's in-flight/promised flags and target, keeping all counts exact."""
-        self._detach(row)
+        if target >= self._supply.shape[0]:
+            self.ensure_tables()
+        old_key, old_owner = self._place(row)
         keep = int(self.flags[row]) & ~(FLAG_IN_FLIGHT | FLAG_PROMISED | FLAG_CREATING_FOR)
         self.flags[row] = keep | flags
-        self.target[row] = target
-        self._attach(row)
+        if flags:
+            self._targets[row] = target
+        else:
+            self._targets.pop(row, None)
+        new_key, new_owner = self._place(row)
+        # State and profile are unchanged: only pool membership and supply can move.
+        profile = int(self.profile[row])
+        if old_key != new_key:
+            if old_key is not None:
+                pool = self.pools.find(old_key)
+                assert pool is not None
+                self.pools.remove(row, pool)
+                if old_key.tier != TIER_BOUND:
+                    self._free[old_key.tier, profile] -= 1
+            if new_key is not None:
+                self.pools.add(row, self.pools.pool(new_key))
+                if new_key.tier != TIER_BOUND:
+                    self._free[new_key.tier, profile] += 1
+        if old_owner != new_owner:
+            if old_owner >= 0:
+                self._supply[old_owner, profile] -= 1
+                self._versions[old_owner] += 1
+            if new_owner >= 0:
+                self._supply[new_owner, profile] += 1
+                self._versions[new_owner] += 1
+        bound = int(self.cluster[row])
+        if bound >= 0 and old_key != new_key:
+            self._versions[bound] += 1
 
     # -- reading ----------------------------------------------------------------------
     def row(self, machine_id: str) -> int | None:
@@ -364,7 +440,7 @@ class Inventory:
             allocatable=dict(profile.allocatable),
             labels=dict(profile.labels),
             cluster=self.clusters.name(int(self.cluster[row])),
-            host_ref=self._host_ref.get(row, ""),
+            host_ref=self._host_ref.get(row),
             last_error=self._last_error.get(row, ""),
         )
 

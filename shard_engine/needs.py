@@ -127,8 +127,8 @@ def _validate_need(need: Need, *, field: str) -> Need:
     )
 
 
-def validate_rollup(rollup: Rollup) -> tuple[Need, ...]:
-    """Check a roll-up and return its needs, normalised, one per need key.
+def validate_rollup(rollup: Rollup) -> dict[str, Need]:
+    """Check a roll-up and return its needs by key, normalised, one per need key.
 
     Two rows with the same key (same requirements, priority, spread and
     penalties) are one need on the wire's own terms: their aggregates are
@@ -159,7 +159,7 @@ def validate_rollup(rollup: Rollup) -> tuple[Need, ...]:
             unit[name] = max(unit.get(name, 0.0), value)
         app = max((earlier.app_class, need.app_class), key=lambda a: APP_CLASS_VICTIM_RANK[a])
         merged[key] = replace(earlier, aggregate=aggregate, min_unit=unit, app_class=app)
-    return tuple(merged.values())
+    return merged
 
 
 @dataclass(slots=True)
@@ -208,10 +208,11 @@ class ClusterNeeds:
     index: int
     cluster_id: str
     needs: tuple[Need, ...] = ()
+    keys: tuple[str, ...] = ()
     applied_ns: int | None = None
     seen_ns: int | None = None
     arrival: dict[str, int] = field(default_factory=dict)
-    held: tuple[Need, ...] | None = None
+    held: dict[str, Need] | None = None
     held_confirmations: int = 0
     reported_nodes: frozenset[str] | None = None
     gang_domain: dict[str, int] = field(default_factory=dict)
@@ -265,8 +266,8 @@ class NeedsTable:
             )
         newer = entry.seen_ns is None or rollup.timestamp_ns > entry.seen_ns
         entry.seen_ns = rollup.timestamp_ns
-        previous = {n.key for n in entry.needs}
-        incoming = {n.key for n in needs}
+        previous = set(entry.keys)
+        incoming = set(needs)
         if entry.applied_ns is not None and self._rule.suspicious(previous, incoming):
             if entry.held is None:
                 entry.held = needs
@@ -292,20 +293,30 @@ class NeedsTable:
                 )
         entry.held = None
         entry.held_confirmations = 0
+        if (
+            entry.applied_ns is not None
+            and incoming == previous
+            and all(needs[k] == n for k, n in zip(entry.keys, entry.needs, strict=True))
+        ):
+            # Same demand re-sent (the usual case every ten seconds): nothing to recompile.
+            entry.applied_ns = rollup.timestamp_ns
+            entry.reported_nodes = rollup.reported_nodes
+            return RollupOutcome("applied", f"{len(needs)} needs, unchanged"), entry
         self._replace(entry, needs, rollup)
         return RollupOutcome("applied", f"{len(needs)} needs"), entry
 
-    def _replace(self, entry: ClusterNeeds, needs: tuple[Need, ...], rollup: Rollup) -> None:
+    def _replace(self, entry: ClusterNeeds, needs: dict[str, Need], rollup: Rollup) -> None:
         arrival: dict[str, int] = {}
-        for need in needs:
-            key = need.key
+        for key in needs:
             seq = entry.arrival.get(key)
             if seq is None:
                 seq = self._arrivals
                 self._arrivals += 1
             arrival[key] = seq
         entry.arrival = arrival
-        entry.needs = tuple(sorted(needs, key=lambda n: (-n.priority, arrival[n.key])))
+        ordered = sorted(needs.items(), key=lambda kv: (-kv[1].priority, arrival[kv[0]]))
+        entry.keys = tuple(k for k, _ in ordered)
+        entry.needs = tuple(n for _, n in ordered)
         entry.applied_ns = rollup.timestamp_ns
         entry.reported_nodes = rollup.reported_nodes
         entry.gang_domain = {k: v for k, v in entry.gang_domain.items() if k in arrival}
@@ -394,7 +405,7 @@ class NeedsTable:
             row = self._masks.mask(key)
             gang = same_keys(need)
             gangs.append(gang)
-            chosen = entry.gang_domain.get(need.key)
+            chosen = entry.gang_domain.get(entry.keys[i])
             if gang and chosen is not None:
                 row = row & (domain_codes(catalog, gang) == chosen)
             matrix[i] = row
@@ -405,9 +416,9 @@ class NeedsTable:
         return Demand(
             cluster=entry.index,
             needs=needs,
-            keys=tuple(n.key for n in needs),
+            keys=entry.keys,
             priority=np.array([n.priority for n in needs], dtype=np.int64),
-            arrival=np.array([entry.arrival[n.key] for n in needs], dtype=np.int64),
+            arrival=np.array([entry.arrival[k] for k in entry.keys], dtype=np.int64),
             aggregate=aggregate,
             min_unit=unit,
             interruption_penalty=np.array([n.interruption_penalty for n in needs]),

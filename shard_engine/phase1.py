@@ -37,7 +37,7 @@ from shard_engine.selection import cover_by_cost, cover_with_spread, settle_defi
 from shard_engine.topology import SpreadState, choose_gang_domain, domain_codes
 from shard_engine.worksheet import Mark, MarkKind, Worksheet
 
-__all__ = ["assign", "demand_supply", "shortages"]
+__all__ = ["assign", "cluster_have", "demand_supply", "memo_key", "shortages"]
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
@@ -53,6 +53,37 @@ def demand_supply(demand: Demand, supply: npt.NDArray[np.int64], alloc: FloatArr
     return result
 
 
+def memo_key(sheet: Worksheet, demand: Demand) -> tuple[int, int, int, int]:
+    """What a cluster's supply-derived results depend on (see ``ClusterMemo``)."""
+    return (sheet.inventory.version(demand.cluster), demand.version, demand.profiles, demand.dims)
+
+
+def cluster_have(
+    sheet: Worksheet, demand: Demand, alloc: FloatArray, tolerance: float
+) -> tuple[FloatArray, list[int]]:
+    """Have per need of one cluster and which needs are short, reused while nothing changed.
+
+    A cluster this cycle already moved supply for is always recomputed from
+    the worksheet; any other cluster's result is remembered under its
+    inventory and needs versions, so a steady cluster costs a dictionary
+    lookup per cycle.
+    """
+    cluster = demand.cluster
+    touched = sheet.touched(cluster)
+    key = memo_key(sheet, demand)
+    if not touched:
+        cached = sheet.memo.have.get(cluster)
+        if cached is not None and cached[0] == key:
+            return cached[1], cached[2]
+    have = demand_supply(demand, sheet.supply_row(cluster), alloc)
+    deficit = demand.aggregate - have
+    slack = tolerance * np.maximum(demand.aggregate, 1.0)
+    short: list[int] = np.flatnonzero((deficit > slack).any(axis=1)).tolist()
+    if not touched:
+        sheet.memo.have[cluster] = (key, have, short)
+    return have, short
+
+
 def shortages(
     demands: list[Demand], sheet: Worksheet, alloc: FloatArray, tolerance: float
 ) -> list[tuple[Demand, int]]:
@@ -61,11 +92,8 @@ def shortages(
     for demand in demands:
         if not demand.needs:
             continue
-        have = demand_supply(demand, sheet.supply_row(demand.cluster), alloc)
-        deficit = demand.aggregate - have
-        slack = tolerance * np.maximum(demand.aggregate, 1.0)
-        short = np.flatnonzero((deficit > slack).any(axis=1))
-        for i in short.tolist():
+        _, short = cluster_have(sheet, demand, alloc, tolerance)
+        for i in short:
             found.append((-int(demand.priority[i]), int(demand.arrival[i]), demand, i))
     found.sort(key=lambda t: (t[0], t[1]))
     return [(demand, i) for _, _, demand, i in found]

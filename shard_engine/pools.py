@@ -3,8 +3,10 @@
 A phase never scans half a million rows. It asks for "idle machines of
 profile 17" or "configured machines of cluster 4, profile 17" and takes some
 from the end of that pool. Each pool is a growable ``int32`` array of rows;
-each row remembers its pool and its position, so removing a machine is a
-swap with the pool's last element. Every machine is in at most one pool.
+each row remembers its position, and the inventory can always say which
+pool a row is in (it is a function of the row's columns), so removing a
+machine is a swap with the pool's last element. Every machine is in at most
+one pool.
 
 Within a cycle, phases take machines *tentatively* by counting how many they
 have consumed from the end of each pool (see ``worksheet``); nothing moves
@@ -49,18 +51,14 @@ class Pools:
         self.tier: npt.NDArray[np.int8] = np.zeros(0, dtype=np.int8)
         self.cluster: IntArray = np.zeros(0, dtype=np.int32)
         self.profile: IntArray = np.zeros(0, dtype=np.int32)
-        self.pool_of: IntArray = np.zeros(0, dtype=np.int32)
         self._pos: IntArray = np.zeros(0, dtype=np.int32)
         self.by_cluster: dict[int, list[int]] = {}
 
     # -- sizing ---------------------------------------------------------------
     def ensure_rows(self, rows: int) -> None:
         """Make the per-machine columns at least ``rows`` long."""
-        if rows > len(self.pool_of):
-            capacity = max(rows, 2 * len(self.pool_of), 1024)
-            grown = np.full(capacity, -1, dtype=np.int32)
-            grown[: len(self.pool_of)] = self.pool_of
-            self.pool_of = grown
+        if rows > len(self._pos):
+            capacity = max(rows, 2 * len(self._pos), 1024)
             self._pos = np.resize(self._pos, capacity)
 
     def __len__(self) -> int:
@@ -117,18 +115,14 @@ class Pools:
         size = int(self.counts[pool])
         stack = self._stacks[pool]
         if size == len(stack):
-            stack = np.resize(stack, 2 * len(stack))
+            stack = np.resize(stack, max(8, size + size // 4))
             self._stacks[pool] = stack
         stack[size] = row
         self._pos[row] = size
-        self.pool_of[row] = pool
         self.counts[pool] = size + 1
 
-    def remove(self, row: int) -> None:
-        """Take ``row`` out of whatever pool holds it (no-op when none)."""
-        pool = int(self.pool_of[row])
-        if pool < 0:
-            return
+    def remove(self, row: int, pool: int) -> None:
+        """Take ``row`` out of ``pool`` (the pool the inventory says it is in)."""
         stack = self._stacks[pool]
         last = int(self.counts[pool]) - 1
         at = int(self._pos[row])
@@ -136,4 +130,3 @@ class Pools:
         stack[at] = moved
         self._pos[moved] = at
         self.counts[pool] = last
-        self.pool_of[row] = -1

@@ -27,9 +27,9 @@ import numpy.typing as npt
 
 from shard_engine.catalog import ProfileCatalog
 from shard_engine.config import EngineConfig
-from shard_engine.model import MachineState, Reclaim, Release
+from shard_engine.model import CapacityType, Reclaim, Release
 from shard_engine.needs import Demand
-from shard_engine.phase1 import demand_supply
+from shard_engine.phase1 import cluster_have, memo_key
 from shard_engine.pools import TIER_BOUND, TIER_IDLE, PoolKey
 from shard_engine.worksheet import Mark, MarkKind, Worksheet
 
@@ -68,6 +68,20 @@ def excess_groups(
     return result
 
 
+def _excess_of(demand: Demand, surplus: FloatArray, profile: int, alloc: FloatArray) -> int:
+    """:func:`excess_groups` for one profile, in plain Python (it runs inside a loop)."""
+    if not demand.needs:
+        return 2**62
+    shape = alloc[profile].tolist()
+    offered = [d for d, amount in enumerate(shape) if amount > 0]
+    best = 2**62
+    for n in np.flatnonzero(demand.matrix[:, profile]).tolist():
+        row = surplus[n].tolist()
+        for d in offered:
+            best = min(best, math.floor(row[d] / shape[d] + 1e-9))
+    return max(best, 0)
+
+
 def reclaim_excess(
     *,
     sheet: Worksheet,
@@ -76,31 +90,54 @@ def reclaim_excess(
     config: EngineConfig,
     tolerance: float,
 ) -> None:
-    """Plan :class:`Reclaim` actions for excess configured machines (see module docstring)."""
+    """Plan :class:`Reclaim` actions for excess configured machines (see module docstring).
+
+    Clusters whose supply and needs did not change since they were last
+    found to have no excess are skipped. Of the others at most
+    ``reclaim_clusters_per_cycle`` are examined, round-robin, so a cycle in
+    which many clusters changed stays short; the rest wait a cycle or two,
+    which a reclaim with minutes of grace does not notice.
+    """
     inventory = sheet.inventory
     pools = inventory.pools
     alloc = catalog.alloc
     price = catalog.price
-    for demand in demands:
+    memo = sheet.memo
+    examined = 0
+    start = memo.reclaim_cursor % len(demands) if demands else 0
+    for offset in range(len(demands)):
+        demand = demands[(start + offset) % len(demands)]
         cluster = demand.cluster
         ids = pools.by_cluster.get(cluster)
         if not ids:
             continue
+        quiet_key = memo_key(sheet, demand)
+        touched = sheet.touched(cluster)
+        if not touched and memo.quiet.get(cluster) == quiet_key:
+            continue
+        if examined >= config.reclaim_clusters_per_cycle:
+            memo.reclaim_cursor = start + offset
+            break
+        examined += 1
         pool_ids = np.array(ids, dtype=np.int64)
         available = pools.counts[pool_ids].copy()
         for i, pool in enumerate(pool_ids.tolist()):
             available[i] -= sheet.consumed.get(pool, 0)
         live = available > 0
         if not live.any():
+            if not touched:
+                sheet.memo.quiet[cluster] = quiet_key
             continue
         pool_ids = pool_ids[live]
         available = available[live]
         profiles = pools.profile[pool_ids].astype(np.int64)
-        supply = sheet.supply_row(cluster)
-        surplus = demand_supply(demand, supply, alloc) - demand.aggregate
+        have, _ = cluster_have(sheet, demand, alloc, tolerance)
+        surplus = have - demand.aggregate
         surplus += tolerance * np.maximum(demand.aggregate, 1.0)
         bound = excess_groups(demand, surplus, profiles, alloc)
         if not (bound > 0).any():
+            if not touched:
+                sheet.memo.quiet[cluster] = quiet_key
             continue
         configured = int(pools.counts[np.array(ids, dtype=np.int64)].sum())
         budget = max(
@@ -115,18 +152,23 @@ def reclaim_excess(
         )
         order = np.lexsort((profiles, penalty, -price[profiles]))
         cluster_id = inventory.clusters.name(cluster)
+        changed = False
         for position in order.tolist():
             if budget <= 0:
                 break
+            if bound[position] <= 0:
+                continue  # bounds only shrink as machines are taken
             profile = int(profiles[position])
-            bound = excess_groups(demand, surplus, profiles[position : position + 1], alloc)
-            machines = int(min(bound[0], available[position], budget))
+            if changed:
+                bound[position] = _excess_of(demand, surplus, profile, alloc)
+            machines = int(min(bound[position], available[position], budget))
             if machines <= 0:
                 continue
             rows = sheet.take(PoolKey(TIER_BOUND, cluster, profile), machines)
             if not rows:
                 continue
             budget -= len(rows)
+            changed = True
             sheet.move_supply(cluster, profile, -len(rows))
             if demand.needs:
                 matches = demand.matrix[:, profile]
@@ -149,31 +191,52 @@ def release_idle(
     config: EngineConfig,
     recent_draw: npt.NDArray[np.float64],
 ) -> None:
-    """Plan :class:`Release` (Delete) for idle cloud machines whose hold has expired."""
+    """Plan :class:`Release` (Delete) for idle cloud machines whose hold has expired.
+
+    Pools are filtered as a whole first (capacity type never released,
+    shape drawn recently); a pool whose earliest possible expiry lies in
+    the future is skipped without looking at its machines.
+    """
     inventory = sheet.inventory
     pools = inventory.pools
     size = len(pools)
     idle_pools = np.flatnonzero((pools.tier[:size] == TIER_IDLE) & (pools.counts[:size] > 0))
     if len(idle_pools) == 0:
         return
+    hold_by_type = np.array(
+        [
+            np.nan if (h := config.hold_seconds(t)) is None else float(h)
+            for t in range(int(max(CapacityType)) + 1)
+        ]
+    )
+    profiles = pools.profile[idle_pools]
+    holds = hold_by_type[catalog.capacity_type[profiles]]
+    eligible = ~np.isnan(holds) & (
+        sheet.now - recent_draw[profiles] >= config.demand_window_seconds
+    )
     now_s = inventory.seconds(sheet.now)
     budget = config.max_releases_per_cycle
-    for pool in idle_pools.tolist():
+    remembered = sheet.memo.release_after
+    for pool, profile, hold in zip(
+        idle_pools[eligible].tolist(),
+        profiles[eligible].tolist(),
+        holds[eligible].tolist(),
+        strict=True,
+    ):
         if budget <= 0:
             return
-        profile = int(pools.profile[pool])
-        hold = config.hold_seconds(int(catalog.capacity_type[profile]))
-        if hold is None:
-            continue
-        if profile in sheet.drawn:
-            continue
-        if sheet.now - float(recent_draw[profile]) < config.demand_window_seconds:
+        if profile in sheet.drawn or remembered.get(pool, -np.inf) > sheet.now:
             continue
         skip = sheet.consumed.get(pool, 0)
         rows = pools.members(pool)[: max(0, pools.count(pool) - skip)]
-        expired = rows[(now_s - inventory.since[rows]) >= hold]
-        state_ok = inventory.state[expired] == int(MachineState.IDLE)
-        expired = expired[state_ok][:budget]
+        since = inventory.since[rows]
+        expired_mask = (now_s - since) >= hold
+        expired = rows[expired_mask][:budget]
+        waiting = since[~expired_mask]
+        if len(waiting):
+            remembered[pool] = sheet.now + float(waiting.min()) + hold - now_s
+        else:
+            remembered.pop(pool, None)
         for row in expired.tolist():
             if row in sheet.taken:
                 continue

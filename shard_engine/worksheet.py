@@ -22,7 +22,7 @@ from shard_engine.inventory import Inventory
 from shard_engine.model import Action
 from shard_engine.pools import TIER_BOUND, TIER_IDLE, TIER_SPECULATIVE, PoolKey
 
-__all__ = ["Mark", "MarkKind", "Worksheet"]
+__all__ = ["ClusterMemo", "Mark", "MarkKind", "Worksheet"]
 
 IntArray = npt.NDArray[np.int32]
 
@@ -50,12 +50,37 @@ class Mark:
     priority: int = 0
 
 
+MemoKey = tuple[int, int, int, int]
+
+
+@dataclass(slots=True)
+class ClusterMemo:
+    """Per-cluster results that only change when the cluster's supply or needs change.
+
+    ``have`` holds each cluster's per-need supply and which needs were
+    short; ``quiet`` the clusters Phase 3 found nothing to reclaim from;
+    ``release_after`` per idle pool, the earliest instant any of its
+    machines can reach the end of its hold.
+    Both are keyed by (inventory version of the cluster, needs version,
+    profiles, dimensions), so a stale entry is never used; a cycle only
+    recomputes clusters that something touched since.
+    """
+
+    have: dict[int, tuple[MemoKey, npt.NDArray[np.float64], list[int]]] = field(
+        default_factory=dict
+    )
+    quiet: dict[int, MemoKey] = field(default_factory=dict)
+    release_after: dict[int, float] = field(default_factory=dict)
+    reclaim_cursor: int = 0
+
+
 @dataclass(slots=True)
 class Worksheet:
     """Tentative state of one cycle (see module docstring)."""
 
     inventory: Inventory
     now: float
+    memo: ClusterMemo = field(default_factory=ClusterMemo)
     consumed: dict[int, int] = field(default_factory=dict)
     supply: dict[int, npt.NDArray[np.int64]] = field(default_factory=dict)
     free: dict[int, npt.NDArray[np.int64]] = field(default_factory=dict)

@@ -157,10 +157,10 @@ def check_inventory(engine: ShardEngine) -> None:
         if owner != NO_CLUSTER:
             supply[owner, int(inv.profile[row])] += 1
         key = inv.pool_key(row)
-        if key is None:
-            assert inv.pools.pool_of[row] == -1
-        else:
-            assert inv.pools.key(int(inv.pools.pool_of[row])) == key
+        if key is not None:
+            pool = inv.pools.find(key)
+            assert pool is not None
+            assert row in inv.pools.members(pool).tolist()
             if key.tier != 2:
                 free[key.tier, key.profile] += 1
     assert (supply == inv._supply).all()
@@ -380,3 +380,42 @@ def test_adding_free_supply_never_hurts_the_highest_priority_need(
         return sum(sum(s.deficit.values()) for s in plan.shortfalls if s.cluster_id == "top")
 
     assert deficit(True) <= deficit(False) + 1e-6
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    data=st.data(),
+    groups=st.integers(1, 60),
+    dims=st.integers(1, 3),
+)
+def test_the_small_and_vectorised_cost_covers_decide_alike(
+    data: st.DataObject, groups: int, dims: int
+) -> None:
+    from shard_engine import selection
+
+    values = st.sampled_from((0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 96.0))
+    alloc = np.array(
+        [[data.draw(values) for _ in range(dims)] for _ in range(groups)], dtype=np.float64
+    )
+    available = np.array([data.draw(st.integers(0, 5)) for _ in range(groups)], dtype=np.int64)
+    cost = np.array([data.draw(st.sampled_from((0.0, 0.1, 1.0, 2.3, 6.0))) for _ in range(groups)])
+    deficit = np.array([data.draw(st.sampled_from((0.0, 0.3, 3.0, 17.0))) for _ in range(dims)])
+    names = ("cpu", "memory", "nvidia.com/gpu")[:dims]
+    arguments = dict(
+        deficit=deficit,
+        aggregate=deficit,
+        available=available,
+        alloc=alloc,
+        cost=cost,
+        names=names,
+        tolerance=1e-9,
+    )
+    small = selection._cover_by_cost_small(**arguments)  # type: ignore[arg-type]
+    saved = selection.SMALL
+    try:
+        selection.SMALL = -1
+        vectorised = selection.cover_by_cost(**arguments)  # type: ignore[arg-type]
+    finally:
+        selection.SMALL = saved
+    assert small[0] == vectorised[0]
+    assert np.allclose(small[1], vectorised[1])
