@@ -36,6 +36,10 @@ META_PRIORITY = "bigfleet.io/priority"
 META_OPERATION_SEQ = "bigfleet.io/operation-seq"
 
 BOOTSTRAP_TIMEOUT_S = 20.0
+# Provider calls in flight at once from one shard process. Batches fan out one
+# call per machine; thousands of concurrent unary calls on one channel start
+# coming back CANCELLED, so they queue here instead.
+MAX_CALLS_IN_FLIGHT = 256
 
 
 def state_name(state: int) -> str:
@@ -50,8 +54,9 @@ def outcome_of(provider: str, machine: provider_pb2.Machine) -> c.MachineOutcome
 class MachineActivities:
     """Provider-facing activities, bound to one shard process's context."""
 
-    def __init__(self, ctx: ShardContext) -> None:
+    def __init__(self, ctx: ShardContext, *, max_in_flight: int = MAX_CALLS_IN_FLIGHT) -> None:
         self._ctx = ctx
+        self._in_flight = asyncio.Semaphore(max_in_flight)
 
     def _ensure_active(self) -> None:
         try:
@@ -75,7 +80,8 @@ class MachineActivities:
         async def one(target: c.MachineTarget) -> c.MachineOutcome | None:
             client = self._ctx.provider(target.provider)
             try:
-                ack = await client.create(target.machine_id, self._ctx.next_token())
+                async with self._in_flight:
+                    ack = await client.create(target.machine_id, self._ctx.next_token())
             except Fenced as err:
                 raise self._fenced(target.provider, target.machine_id, err) from err
             except (InvalidTransition, NotFound, Unimplemented) as err:
@@ -119,13 +125,14 @@ class MachineActivities:
         async def one(target: c.MachineTarget) -> c.MachineOutcome | None:
             client = self._ctx.provider(target.provider)
             try:
-                ack = await client.configure(
-                    target.machine_id,
-                    inp.cluster_id,
-                    blob.user_data,
-                    self._ctx.next_token(),
-                    metadata,
-                )
+                async with self._in_flight:
+                    ack = await client.configure(
+                        target.machine_id,
+                        inp.cluster_id,
+                        blob.user_data,
+                        self._ctx.next_token(),
+                        metadata,
+                    )
             except Fenced as err:
                 raise self._fenced(target.provider, target.machine_id, err) from err
             except (InvalidTransition, NotFound, Unimplemented) as err:
@@ -188,7 +195,8 @@ class MachineActivities:
 
         async def one(target: c.MachineTarget) -> c.MachineOutcome:
             try:
-                machine = await self._ctx.provider(target.provider).get(target.machine_id)
+                async with self._in_flight:
+                    machine = await self._ctx.provider(target.provider).get(target.machine_id)
             except NotFound as err:
                 return c.MachineOutcome(target.machine_id, target.provider, c.FAILED, err.message)
             self._ctx.observe(target.provider, machine)

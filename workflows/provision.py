@@ -117,7 +117,9 @@ class ProvisionWorkflow:
             sa.CLUSTER_ID.value_set(inp.cluster_id),
             sa.OPERATION.value_set(operation),
             sa.PRIORITY.value_set(inp.priority),
-            sa.MACHINE_IDS.value_set([m.machine_id for m in inp.machines]),
+            # Never more than fits one search attribute (an oversized value
+            # terminates the workflow); the executor sizes batches to fit.
+            sa.MACHINE_IDS.value_set(sa.fitting_prefix([m.machine_id for m in inp.machines])),
         ]
         if len(inp.machines) == 1:
             updates.append(sa.MACHINE_ID.value_set(inp.machines[0].machine_id))

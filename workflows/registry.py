@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from temporalio.worker import WorkflowRunner
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+
 from workflows.delete import DeleteWorkflow
 from workflows.drain import DrainWorkflow
 from workflows.provision import ProvisionWorkflow
@@ -16,6 +19,22 @@ ALL_WORKFLOWS: tuple[type, ...] = (
     VerifyWorkflow,
 )
 
+
+def workflow_runner() -> WorkflowRunner:
+    """The sandbox the shard's worker runs workflows in.
+
+    The default sandbox re-imports every workflow module for every workflow
+    run; on two cores that first task costs a per-machine drain about half
+    its throughput (bench lifecycle). Our workflow modules hold no mutable
+    module state, so they are imported once and passed through; everything
+    else stays sandboxed. Tests and the replay check keep the full sandbox,
+    so a non-deterministic call in a workflow still fails there (ADR 0031).
+    """
+    return SandboxedWorkflowRunner(
+        restrictions=SandboxRestrictions.default.with_passthrough_modules("workflows")
+    )
+
+
 __all__ = [
     "ALL_WORKFLOWS",
     "DeleteWorkflow",
@@ -23,4 +42,5 @@ __all__ = [
     "ProvisionWorkflow",
     "RecoverWorkflow",
     "VerifyWorkflow",
+    "workflow_runner",
 ]

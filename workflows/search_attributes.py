@@ -7,6 +7,8 @@ BigFleetPhase='DRAINING' AND StartTime < '<30 minutes ago>'``.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from typing import Any
 
 from temporalio.common import SearchAttributeKey
@@ -35,3 +37,43 @@ ALL: tuple[SearchAttributeKey[Any], ...] = (
 AWAITING_OPERATOR = "AwaitingOperator"
 # Phase value for a workflow stopped because a provider fenced its shard.
 FENCED_PHASE = "Fenced"
+
+# Temporal refuses (and the dev server terminates a workflow for) a search
+# attribute value larger than 2 KiB by default. A KeywordList is measured as
+# its JSON encoding, so a batch lists at most ~40 machines of 45-character ids.
+MAX_VALUE_BYTES = 2048
+_BUDGET = MAX_VALUE_BYTES - 48
+
+
+def keyword_list_bytes(values: Sequence[str]) -> int:
+    """The size Temporal counts for a KeywordList value (its JSON encoding)."""
+    return len(json.dumps(list(values), separators=(",", ":")).encode())
+
+
+def fits(values: Sequence[str]) -> bool:
+    """Whether ``values`` fit in one KeywordList search attribute, with a margin."""
+    return keyword_list_bytes(values) <= _BUDGET
+
+
+def fitting_prefix(values: Sequence[str]) -> list[str]:
+    """The longest prefix of ``values`` that fits in one KeywordList search attribute."""
+    out: list[str] = []
+    for value in values:
+        if not fits([*out, value]):
+            break
+        out.append(value)
+    return out
+
+
+def chunks_that_fit(values: Sequence[str], *, at_most: int) -> list[list[str]]:
+    """Split ``values`` into runs of at most ``at_most`` that each fit one KeywordList."""
+    out: list[list[str]] = []
+    current: list[str] = []
+    for value in values:
+        if current and (len(current) >= at_most or not fits([*current, value])):
+            out.append(current)
+            current = []
+        current.append(value)
+    if current:
+        out.append(current)
+    return out

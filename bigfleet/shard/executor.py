@@ -1,6 +1,7 @@
 """Carries out a cycle's plan: one Temporal workflow start per action (or batch).
 
-    Provision / AssignIdle -> ProvisionWorkflow   (batched per provider and capacity type)
+    Provision / AssignIdle -> ProvisionWorkflow   (batches per provider and capacity
+                                                   type, sized to fit one search attribute)
     Preempt                -> DrainWorkflow       (preemptor waiting, the victim's grace)
     Reclaim                -> DrainWorkflow       (back to idle, no one waiting)
     Release                -> DeleteWorkflow
@@ -87,6 +88,11 @@ log = logging.getLogger(__name__)
 __all__ = ["Executor", "workflow_id"]
 
 
+# Machines per ProvisionWorkflow: the paper's batched Create (64), and never more
+# than the BigFleetMachineIds search attribute can list (~40 ids of 45 characters).
+MAX_BATCH = 64
+
+
 def workflow_id(shard_id: str, operation: str, machine_ids: list[str], seq: int) -> str:
     """Deterministic workflow id: the same operation on the same machines maps to one id."""
     return ids.workflow_id(shard_id, operation, machine_ids, seq)
@@ -157,7 +163,10 @@ class Executor:
             groups.setdefault((record.provider, record.capacity_type.name), []).append(record)
         started = 0
         for records in groups.values():
-            started += await self._start(self._provision_batch(records, action), records=records)
+            by_id = {r.id: r for r in records}
+            for chunk in sa.chunks_that_fit([r.id for r in records], at_most=MAX_BATCH):
+                batch = [by_id[m] for m in chunk]
+                started += await self._start(self._provision_batch(batch, action), records=batch)
         return started
 
     def _provision_batch(

@@ -72,7 +72,7 @@ from workflows.contracts import (
     RequirementSpec,
     default_deadline_overrides,
 )
-from workflows.registry import ALL_WORKFLOWS
+from workflows.registry import ALL_WORKFLOWS, workflow_runner
 
 log = logging.getLogger(__name__)
 
@@ -203,6 +203,7 @@ class ShardProcess:
                 membership.release_cluster,
                 membership.hand_over,
             ],
+            workflow_runner=workflow_runner(),
             graceful_shutdown_timeout=timedelta(seconds=5),
         )
         self._tasks = [

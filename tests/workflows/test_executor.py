@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +18,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from bigfleet.shard.executor import Executor
 from bigfleet.shard.process import ShardOptions
+from bigfleet.temporal import start_time_skipping
 from shard_engine.model import (
     CapacityType,
     MachineRecord,
@@ -29,6 +30,7 @@ from shard_engine.model import (
     Release,
     Verify,
 )
+from workflows import search_attributes as sa
 from workflows.contracts import DeleteInput, DrainInput, ProvisionInput, VerifyInput
 
 _RUN = itertools.count(1)
@@ -85,12 +87,23 @@ def _record(machine_id: str, capacity: CapacityType = CapacityType.ON_DEMAND) ->
     )
 
 
+@pytest.fixture(scope="module")
+async def own_env() -> AsyncIterator[WorkflowEnvironment]:
+    """A server of its own: the workflows started here are never run, and a workflow
+    task nobody polls would stop the shared server from skipping time for later tests."""
+    env = await start_time_skipping()
+    try:
+        yield env
+    finally:
+        await env.shutdown()
+
+
 @pytest.fixture
-def shard(time_skipping_env: WorkflowEnvironment) -> StubShard:
+def shard(own_env: WorkflowEnvironment) -> StubShard:
     records = {m: _record(m) for m in ("m-1", "m-2", "m-3", "m-4")} | {
         "bm-1": _record("bm-1", CapacityType.BARE_METAL)
     }
-    return StubShard(time_skipping_env.client, StubEngine(records))
+    return StubShard(own_env.client, StubEngine(records))
 
 
 def _executor(shard: StubShard) -> Executor:
@@ -182,3 +195,26 @@ async def test_the_same_action_at_the_same_sequence_finds_the_running_workflow(
 async def test_an_action_on_a_vanished_machine_is_settled_not_started(shard: StubShard) -> None:
     assert await _executor(shard).execute(Plan(1_000.0, (Release("gone"),))) == 0
     assert shard.engine.settled == [("gone", None)]
+
+
+async def test_a_large_provision_is_split_into_batches_whose_ids_fit_one_search_attribute(
+    own_env: WorkflowEnvironment,
+) -> None:
+    ids = [f"simcloud-fleet-a-us-east-1a-m6i-large-od-{i:03d}" for i in range(100)]
+    shard = StubShard(own_env.client, StubEngine({m: _record(m) for m in ids}))
+    started = await _executor(shard).execute(
+        Plan(1_000.0, (Provision(tuple(ids), "c", "need", 10),))
+    )
+    assert started >= 3, "100 ids of 45 characters cannot share one 2 KiB attribute"
+    listed: list[str] = []
+    first = 0
+    for _ in range(started):
+        left = min(64, len(ids) - first)
+        size = next(n for n in range(left, 0, -1) if sa.fits(ids[first : first + n]))
+        wf_id = f"{shard.shard_id}/provision/{ids[first]}+{size - 1}/1"
+        _, (_, payload), attrs = await _started(shard, wf_id)
+        batch = [m.machine_id for m in _decode(shard, payload, ProvisionInput).machines]
+        assert attrs["BigFleetMachineIds"] == batch
+        listed += batch
+        first += size
+    assert listed == ids

@@ -107,3 +107,15 @@ def test_a_newer_reclaim_instruction_for_the_same_nodes_supersedes_the_older() -
     a = NotifyReclaimInput("s", "c", "i#1", ["m2", "m1"], 600)
     b = NotifyReclaimInput("s", "c", "i#2", ["m1", "m2"], 10)
     assert reclaim_key(a) == reclaim_key(b)
+
+
+def test_batches_are_cut_where_the_machine_ids_stop_fitting_one_search_attribute() -> None:
+    from workflows import search_attributes as sa
+
+    ids = [f"simcloud-fleet-a-us-east-1a-m6i-large-od-{i:03d}" for i in range(100)]
+    chunks = sa.chunks_that_fit(ids, at_most=64)
+    assert [m for c in chunks for m in c] == ids
+    assert all(sa.keyword_list_bytes(c) <= sa.MAX_VALUE_BYTES for c in chunks)
+    assert not sa.fits(chunks[0] + [chunks[1][0]]), "each chunk is as large as fits"
+    assert sa.chunks_that_fit(["a", "b", "c"], at_most=2) == [["a", "b"], ["c"]]
+    assert sa.fitting_prefix(ids) == chunks[0]
