@@ -14,6 +14,8 @@ lost on restart (documented in ADR 0030).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 from shard_engine.model import Shortfall
 from workflows.contracts import BlockedDrain, NotifyReclaimInput
 
@@ -54,8 +56,16 @@ class MachineLifecycle:
     def blocked(self) -> list[BlockedDrain]:
         return list(self._blocked.values())
 
-    def shortfalls(self, *, now: float) -> list[Shortfall]:
-        """One shortfall per blocked drain, highest waiting priority first."""
+    def shortfalls(
+        self, *, now: float, deficit_of: Callable[[str], Mapping[str, float]] | None = None
+    ) -> list[Shortfall]:
+        """One shortfall per blocked drain, highest waiting priority first.
+
+        The engine counts a machine being drained for a preemptor toward that
+        need's "have", so its own shortfalls never show this wait; these do,
+        escalated, with the drained machine's resources (``deficit_of``) as
+        the deficit the coordinator could cover elsewhere.
+        """
         out: list[Shortfall] = []
         for b in sorted(self._blocked.values(), key=lambda b: (-b.waiter.priority, b.machine_id)):
             minutes = max(0.0, (now - b.requested_unix) / 60.0)
@@ -64,9 +74,9 @@ class MachineLifecycle:
                     cluster_id=b.waiter.cluster_id,
                     need_key=b.waiter.need_key,
                     priority=b.waiter.priority,
-                    deficit={},
+                    deficit=dict(deficit_of(b.machine_id)) if deficit_of else {},
                     age_cycles=0,
-                    escalated=False,
+                    escalated=True,
                     reason=(
                         f"drain of {b.machine_id} (cluster {b.victim_cluster_id}) requested "
                         f"{minutes:.0f} min ago, still in progress, priority-{b.waiter.priority} "

@@ -54,7 +54,7 @@ from providers.client import FencingToken
 from providers.errors import ProviderError
 from shard_engine.costs import drain_grace_seconds
 from shard_engine.engine import EngineConfig, ShardEngine
-from shard_engine.model import MachineRecord, MachineState, Need, Rollup
+from shard_engine.model import MachineRecord, MachineState, Need, Rollup, Shortfall
 from workflows import coordinator as co
 from workflows import membership as ms
 from workflows.contracts import (
@@ -410,6 +410,16 @@ class ShardProcess:
 
     def report_blocked_drain(self, report: BlockedDrain) -> None:
         self.lifecycle.report_blocked(report)
+
+    def shortfalls_to_report(self) -> list[Shortfall]:
+        """Preemption drains blocked past their grace first, then the engine's shortfalls."""
+
+        def allocatable(machine_id: str) -> Mapping[str, float]:
+            record = self.engine.machine(machine_id)
+            return record.allocatable if record is not None else {}
+
+        blocked = self.lifecycle.shortfalls(now=self.clock(), deficit_of=allocatable)
+        return [*blocked, *self.engine.shortfalls()]
 
     async def start_recovery(self, recovery: RecoverInput) -> str:
         return await self._executor.start_recovery(recovery)
@@ -777,7 +787,7 @@ class ShardProcess:
                 prio = str(self._machine_priority.get(record.id, 0))
                 prof.configured_by_priority[prio] = prof.configured_by_priority.get(prio, 0) + 1
         shortfalls = []
-        for sf in self.engine.shortfalls()[:100]:
+        for sf in self.shortfalls_to_report()[:100]:
             need = self._needs.get(sf.cluster_id, {}).get(sf.need_key)
             shortfalls.append(
                 co.ShortfallReport(

@@ -92,8 +92,9 @@ def test_a_blocked_drain_is_a_shortfall_until_it_settles() -> None:
     lifecycle.report_blocked(_blocked("m1", 500_000, requested=1_000.0))
     lifecycle.report_blocked(_blocked("m2", 900_000, requested=1_000.0))
     lifecycle.report_blocked(_blocked("m1", 500_000, requested=1_000.0))  # re-reported
-    found = lifecycle.shortfalls(now=1_000.0 + 12 * 60)
+    found = lifecycle.shortfalls(now=1_000.0 + 12 * 60, deficit_of=lambda m: {"cpu": 2.0})
     assert [s.priority for s in found] == [900_000, 500_000]
+    assert found[0].escalated and found[0].deficit == {"cpu": 2.0}
     assert found[0].reason == (
         "drain of m2 (cluster batch) requested 12 min ago, still in progress, "
         "priority-900000 preemptor waiting"
@@ -119,3 +120,24 @@ def test_batches_are_cut_where_the_machine_ids_stop_fitting_one_search_attribute
     assert not sa.fits(chunks[0] + [chunks[1][0]]), "each chunk is as large as fits"
     assert sa.chunks_that_fit(["a", "b", "c"], at_most=2) == [["a", "b"], ["c"]]
     assert sa.fitting_prefix(ids) == chunks[0]
+
+
+def test_the_coordinator_report_carries_blocked_preemption_drains() -> None:
+    from bigfleet.shard.process import ShardOptions, ShardProcess
+
+    process = ShardProcess(
+        ShardOptions(shard_id="s"),
+        store=None,  # type: ignore[arg-type]
+        temporal=None,  # type: ignore[arg-type]
+        providers={},
+        clock=lambda: 1_000.0 + 5 * 60,
+    )
+    process.report_blocked_drain(_blocked("m7", 900_000, requested=1_000.0))
+    report = process.build_report()
+    (shortfall,) = report.shortfalls
+    assert (shortfall.cluster_id, shortfall.need_key, shortfall.priority) == (
+        "urgent",
+        "need",
+        900_000,
+    )
+    assert shortfall.escalated
