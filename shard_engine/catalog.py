@@ -148,6 +148,7 @@ class ProfileCatalog:
         self._prob: FloatArray = np.zeros(0, dtype=np.float64)
         self._ctype: npt.NDArray[np.int8] = np.zeros(0, dtype=np.int8)
         self._label_columns: dict[str, LabelColumn] = {}
+        self._domains: dict[tuple[str, ...], npt.NDArray[np.int64]] = {}
 
     # -- size and columns ---------------------------------------------------
     def __len__(self) -> int:
@@ -261,3 +262,25 @@ class ProfileCatalog:
                 fresh[offset] = -1 if value is None else column.code(value)
             column.codes = np.concatenate([column.codes, fresh])
         return column
+
+    def domain_codes(self, keys: tuple[str, ...]) -> npt.NDArray[np.int64]:
+        """One domain code per profile for the combination of label ``keys``; -1 where absent.
+
+        Several keys (rack and zone, say) combine into one code in mixed
+        radix, so "the same rack and the same zone" is one domain. Cached
+        until the catalog grows.
+        """
+        total = len(self._profiles)
+        cached = self._domains.get(keys)
+        if cached is not None and len(cached) == total:
+            return cached
+        out = np.zeros(total, dtype=np.int64)
+        absent = np.zeros(total, dtype=np.bool_)
+        for key in keys:
+            column = self.label_column(key)
+            codes = column.codes[:total].astype(np.int64)
+            absent |= codes < 0
+            out = out * (len(column.values) + 1) + codes + 1
+        out[absent] = -1
+        self._domains[keys] = out
+        return out

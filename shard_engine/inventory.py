@@ -155,6 +155,7 @@ class Inventory:
         self._supply: IntArray = np.zeros((0, 0), dtype=np.int32)
         self._free: npt.NDArray[np.int64] = np.zeros((2, 0), dtype=np.int64)
         self._members: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
+        self._arrivals: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
         self._versions: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
         self.state_counts: npt.NDArray[np.int64] = np.zeros(len(MachineState), dtype=np.int64)
         self._epoch: float | None = None
@@ -203,6 +204,9 @@ class Inventory:
             members = np.zeros(new_cols, dtype=np.int64)
             members[:cols] = self._members
             self._members = members
+            arrivals = np.zeros(new_cols, dtype=np.int64)
+            arrivals[:cols] = self._arrivals
+            self._arrivals = arrivals
 
     # -- derived views ------------------------------------------------------------
     def supply_row(self, cluster: int) -> IntArray:
@@ -235,6 +239,16 @@ class Inventory:
     def members(self) -> npt.NDArray[np.int64]:
         """Machines per profile, any state: which shapes the shard has at all."""
         return self._members[: len(self.catalog)]
+
+    @property
+    def free_arrivals(self) -> npt.NDArray[np.int64]:
+        """Per profile, how many times a machine has entered a free pool (only ever grows).
+
+        If this sum over a need's profiles is unchanged, no machine the need
+        could use has become free since: a need that got nothing then gets
+        nothing now.
+        """
+        return self._arrivals[: len(self.catalog)]
 
     def target(self, row: int) -> int:
         """The cluster an in-flight, promised or creating machine is headed for."""
@@ -314,6 +328,7 @@ class Inventory:
             self.pools.add(row, self.pools.pool(key))
             if key.tier != TIER_BOUND:
                 self._free[key.tier, profile] += 1
+                self._arrivals[profile] += 1
         if owner >= 0:
             self._supply[owner, profile] += 1
             self._versions[owner] += 1
@@ -409,6 +424,7 @@ class Inventory:
                 self.pools.add(row, self.pools.pool(new_key))
                 if new_key.tier != TIER_BOUND:
                     self._free[new_key.tier, profile] += 1
+                    self._arrivals[profile] += 1
         if old_owner != new_owner:
             if old_owner >= 0:
                 self._supply[old_owner, profile] -= 1

@@ -360,10 +360,19 @@ class NeedsTable:
         return sum(len(e.needs) for e in self._entries.values())
 
     def retain_masks(self) -> None:
-        """Drop cached masks no need uses any more."""
-        keys = {
-            mask_key(n.requirements, n.min_unit) for e in self._entries.values() for n in e.needs
-        }
+        """Drop cached masks no need uses any more, once they clearly outnumber the used ones.
+
+        Pruning walks every need, so it runs only when the cache has grown
+        past twice the number of need rows (plus slack), not per roll-up.
+        """
+        if len(self._masks) <= 2 * self.count() + 64:
+            return
+        keys: set[MaskKey] = set()
+        for entry in self._entries.values():
+            if entry.compiled is not None:
+                keys.update(entry.compiled.mask_keys)
+            else:
+                keys.update(mask_key(n.requirements, n.min_unit) for n in entry.needs)
         self._masks.retain(keys)
 
     # -- compilation ----------------------------------------------------------------

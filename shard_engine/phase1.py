@@ -35,7 +35,7 @@ from shard_engine.pools import TIER_IDLE, TIER_SPECULATIVE, PoolKey
 from shard_engine.requirements import RequirementMasks
 from shard_engine.selection import cover_by_cost, cover_with_spread, settle_deficit
 from shard_engine.topology import SpreadState, choose_gang_domain, domain_codes
-from shard_engine.worksheet import Mark, MarkKind, Worksheet
+from shard_engine.worksheet import Mark, MarkKind, Starved, Worksheet
 
 __all__ = ["assign", "cluster_have", "demand_supply", "memo_key", "shortages"]
 
@@ -122,12 +122,30 @@ def assign(
     alloc = catalog.alloc
     names = catalog.dims.names
     pending: list[PendingNeed] = []
+    price = catalog.price
+    probability = catalog.interruption_probability
     for demand, index in shortages(demands, sheet, alloc, tolerance):
         need = demand.needs[index]
         aggregate = demand.aggregate[index]
         mask = demand.matrix[index]
         block = ""
         gang = demand.gang_keys[index]
+        scope = masks.mask(demand.mask_keys[index]) if gang else mask
+        untouched = not sheet.touched(demand.cluster)
+        starved_key = (demand.cluster, demand.keys[index])
+        before = memo_key(sheet, demand)
+        arrivals = int(sheet.inventory.free_arrivals[scope].sum()) if untouched else -1
+        if untouched:
+            starved = sheet.memo.starved.get(starved_key)
+            if starved is not None and starved.key == before and starved.arrivals == arrivals:
+                pending.append(
+                    PendingNeed(demand, index, starved.deficit.copy(), starved.mask, starved.block)
+                )
+                continue
+        took = False
+        have: FloatArray | None = None
+        if not gang and untouched:
+            have = cluster_have(sheet, demand, alloc, tolerance)[0][index]
         if gang:
             base = masks.mask(demand.mask_keys[index])
             codes = domain_codes(catalog, gang)
@@ -151,12 +169,19 @@ def assign(
                 mask = base & (codes == choice.domain)
                 if choice.domain != previous:
                     sheet.gang_choices[(demand.cluster, demand.keys[index])] = choice.domain
-        have = _need_have(demand, index, mask, sheet, alloc)
+        if have is None:
+            have = _need_have(demand, index, mask, sheet, alloc)
         deficit = settle_deficit(aggregate - have, aggregate, tolerance)
         if block and deficit.any():
-            pending.append(PendingNeed(demand, index, np.maximum(deficit, 0.0), mask, block))
+            deficit = np.maximum(deficit, 0.0)
+            pending.append(PendingNeed(demand, index, deficit, mask, block))
+            if untouched:
+                sheet.memo.starved[starved_key] = Starved(
+                    before, arrivals, deficit.copy(), mask, block, scope
+                )
             continue
         if block or not deficit.any():
+            sheet.memo.starved.pop(starved_key, None)
             continue
         spread = None
         if need.spread:
@@ -167,49 +192,104 @@ def assign(
                 present=sheet.inventory.members > 0,
                 held=(sheet.supply_row(demand.cluster) * mask).astype(np.float64),
             )
-        cost = effective_cost(
-            catalog.price, catalog.interruption_probability, need.interruption_penalty
-        )
-        for tier in (TIER_IDLE, TIER_SPECULATIVE):
-            if not deficit.any():
-                break
-            candidates = np.flatnonzero(mask & (sheet.free[tier] > 0))
-            if len(candidates) == 0:
-                continue
-            available = sheet.free[tier][candidates]
-            shapes = alloc[candidates]
-            if spread is None:
+        if spread is None:
+            for tier in (TIER_IDLE, TIER_SPECULATIVE):
+                if not deficit.any():
+                    break
+                candidates = np.flatnonzero(mask & (sheet.free[tier] > 0))
+                if len(candidates) == 0:
+                    continue
                 picks, deficit = cover_by_cost(
                     deficit=deficit,
                     aggregate=aggregate,
-                    available=available,
-                    alloc=shapes,
-                    cost=cost[candidates],
+                    available=sheet.free[tier][candidates],
+                    alloc=alloc[candidates],
+                    cost=effective_cost(
+                        price[candidates], probability[candidates], need.interruption_penalty
+                    ),
                     names=names,
                     tolerance=tolerance,
                 )
-            else:
-                dstar = dominant_dimension(deficit, shapes.max(axis=0), names)
-                unit = shapes[:, dstar] if dstar is not None else np.ones(len(candidates))
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    preference = np.where(unit > 0, cost[candidates] / unit, np.inf)
-                picks, deficit, blocked = cover_with_spread(
-                    deficit=deficit,
-                    aggregate=aggregate,
-                    available=available,
-                    alloc=shapes,
-                    profiles=candidates.astype(np.int64),
-                    preference=preference,
-                    spread=spread,
-                    max_steps=max_spread_steps,
-                    tolerance=tolerance,
-                )
-                if blocked and deficit.any():
-                    block = "hard topology spread leaves no allowed domain with free capacity"
-            _emit(sheet, demand, index, tier, candidates, picks)
+                _emit(sheet, demand, index, tier, candidates, picks)
+                took = took or bool(picks)
+        else:
+            deficit, blocked, took = _fill_spread(
+                sheet, demand, index, mask, deficit, spread, catalog, tolerance, max_spread_steps
+            )
+            if blocked and deficit.any():
+                block = "hard topology spread leaves no allowed domain with free capacity"
         if deficit.any():
             pending.append(PendingNeed(demand, index, deficit, mask, block))
+        if untouched and not took and deficit.any():
+            sheet.memo.starved[starved_key] = Starved(
+                before, arrivals, deficit.copy(), mask, block, scope
+            )
+        else:
+            sheet.memo.starved.pop(starved_key, None)
     return pending
+
+
+def _fill_spread(
+    sheet: Worksheet,
+    demand: Demand,
+    index: int,
+    mask: BoolArray,
+    deficit: FloatArray,
+    spread: SpreadState,
+    catalog: ProfileCatalog,
+    tolerance: float,
+    max_steps: int,
+) -> tuple[FloatArray, bool, bool]:
+    """Water-fill a spread need from idle and speculative capacity together.
+
+    Both tiers are candidates at once, because filling idle first and
+    speculative second would stop at the skew limit in the zones that have
+    idle machines and leave idle machines a later cycle would still take.
+    The emptiest allowed domain wins; within it idle beats speculative, and
+    cheaper effective cost per dominant unit beats dearer. Returns the
+    residual deficit, whether a hard spread blocked progress, and whether
+    anything was taken.
+    """
+    alloc = catalog.alloc
+    need = demand.needs[index]
+    idle = np.flatnonzero(mask & (sheet.free[TIER_IDLE] > 0))
+    spec = np.flatnonzero(mask & (sheet.free[TIER_SPECULATIVE] > 0))
+    profiles = np.concatenate([idle, spec]).astype(np.int64)
+    if len(profiles) == 0:
+        return deficit, False, False
+    tiers = np.concatenate(
+        [np.full(len(idle), TIER_IDLE), np.full(len(spec), TIER_SPECULATIVE)]
+    ).astype(np.int64)
+    available = np.concatenate(
+        [sheet.free[TIER_IDLE][idle], sheet.free[TIER_SPECULATIVE][spec]]
+    ).astype(np.int64)
+    shapes = alloc[profiles]
+    cost = effective_cost(
+        catalog.price[profiles],
+        catalog.interruption_probability[profiles],
+        need.interruption_penalty,
+    )
+    dstar = dominant_dimension(deficit, shapes.max(axis=0), catalog.dims.names)
+    unit = shapes[:, dstar] if dstar is not None else np.ones(len(profiles))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_unit = np.where(unit > 0, cost / unit, np.inf)
+    rank = np.empty(len(profiles))
+    rank[np.lexsort((per_unit, tiers))] = np.arange(len(profiles), dtype=np.float64)
+    picks, deficit, blocked = cover_with_spread(
+        deficit=deficit,
+        aggregate=demand.aggregate[index],
+        available=available,
+        alloc=shapes,
+        profiles=profiles,
+        preference=rank,
+        spread=spread,
+        max_steps=max_steps,
+        tolerance=tolerance,
+    )
+    for tier in (TIER_IDLE, TIER_SPECULATIVE):
+        chosen = [(g, n) for g, n in picks if int(tiers[g]) == tier]
+        _emit(sheet, demand, index, tier, profiles, chosen)
+    return deficit, blocked, bool(picks)
 
 
 def _emit(

@@ -54,8 +54,48 @@ EXCESS_PRIORITY = -(2**31) - 1
 """Priority of a configured machine that serves no need of its cluster: below every need."""
 
 
+VictimAttrs = tuple[IntArray, IntArray, IntArray, FloatArray, FloatArray, IntArray]
+"""Per pool of one cluster: pool id, profile, priority, penalties, app-class rank."""
+
+
+def _cluster_victims(sheet: Worksheet, demand: Demand) -> VictimAttrs | None:
+    """What each configured pool of one cluster is worth, cached until its needs change."""
+    pools = sheet.inventory.pools
+    ids = pools.by_cluster.get(demand.cluster)
+    if not ids:
+        return None
+    key = (demand.version, demand.profiles, len(ids))
+    cached = sheet.memo.victims.get(demand.cluster)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    pool = np.array(ids, dtype=np.int64)
+    profile = pools.profile[pool].astype(np.int64)
+    count = len(pool)
+    priority = np.full(count, EXCESS_PRIORITY, dtype=np.int64)
+    interruption = np.zeros(count)
+    reclamation = np.zeros(count)
+    app_rank = np.zeros(count, dtype=np.int64)
+    if demand.needs:
+        serving = demand.serving[profile]
+        serves = serving >= 0
+        need = serving[serves]
+        priority[serves] = demand.priority[need]
+        interruption[serves] = demand.interruption_penalty[need]
+        reclamation[serves] = demand.reclamation_penalty[need]
+        app_rank[serves] = demand.app_rank[need]
+    attrs = (pool, profile, priority, interruption, reclamation, app_rank)
+    sheet.memo.victims[demand.cluster] = (key, attrs)
+    return attrs
+
+
 class VictimGroups:
-    """Settled configured machines per (cluster, profile), with what each group is worth."""
+    """Settled configured machines per (cluster, profile), with what each group is worth.
+
+    A group's worth to its cluster is read off the cluster's highest-priority
+    need the profile can serve; it is cached per cluster and only rebuilt
+    when that cluster's needs change, so assembling all groups is a
+    concatenation plus this cycle's availability.
+    """
 
     def __init__(
         self,
@@ -65,37 +105,43 @@ class VictimGroups:
         drain_seconds: Mapping[int, float],
         default_drain: float,
     ) -> None:
+        parts: list[VictimAttrs] = []
+        clusters: list[int] = []
+        lengths: list[int] = []
+        for cluster, demand in demands.items():
+            attrs = _cluster_victims(sheet, demand)
+            if attrs is None:
+                continue
+            parts.append(attrs)
+            clusters.append(cluster)
+            lengths.append(len(attrs[0]))
         pools = sheet.inventory.pools
-        size = len(pools)
-        ids = np.flatnonzero((pools.tier[:size] == TIER_BOUND) & (pools.counts[:size] > 0))
-        clusters = pools.cluster[ids]
-        known = np.array([int(c) in demands for c in clusters.tolist()], dtype=np.bool_)
-        ids = ids[known] if len(ids) else ids
-        self.pool = ids
-        self.cluster = pools.cluster[ids].astype(np.int64)
-        self.profile = pools.profile[ids].astype(np.int64)
-        available = pools.counts[ids].astype(np.int64)
-        for i, pool in enumerate(ids.tolist()):
-            available[i] -= sheet.consumed.get(pool, 0)
-        self.available = available
-        count = len(ids)
-        self.priority = np.full(count, EXCESS_PRIORITY, dtype=np.int64)
-        self.interruption = np.zeros(count)
-        self.reclamation = np.zeros(count)
-        self.app_rank = np.zeros(count, dtype=np.int64)
-        self.drain = np.full(count, default_drain)
-        for cluster in np.unique(self.cluster).tolist():
-            demand = demands[int(cluster)]
-            at = np.flatnonzero(self.cluster == cluster)
-            serving = demand.serving[self.profile[at]] if len(demand.serving) else None
-            if serving is not None and demand.needs:
-                serves = serving >= 0
-                need = serving[serves]
-                self.priority[at[serves]] = demand.priority[need]
-                self.interruption[at[serves]] = demand.interruption_penalty[need]
-                self.reclamation[at[serves]] = demand.reclamation_penalty[need]
-                self.app_rank[at[serves]] = demand.app_rank[need]
-            self.drain[at] = drain_seconds.get(int(cluster), default_drain)
+        if parts:
+            columns = [np.concatenate([p[i] for p in parts]) for i in range(6)]
+        else:
+            columns = [np.zeros(0, dtype=np.int64)] * 6
+        pool = columns[0].astype(np.int64)
+        available = pools.counts[pool].astype(np.int64)
+        if sheet.consumed:
+            taken = np.zeros(len(pools), dtype=np.int64)
+            for pool_id, count in sheet.consumed.items():
+                taken[pool_id] = count
+            available -= taken[pool]
+        owner = np.repeat(np.array(clusters, dtype=np.int64), lengths)
+        drain = np.repeat(
+            np.array([drain_seconds.get(c, default_drain) for c in clusters], dtype=np.float64),
+            lengths,
+        )
+        live = available > 0
+        self.pool = pool[live]
+        self.cluster = owner[live]
+        self.profile = columns[1].astype(np.int64)[live]
+        self.priority = columns[2].astype(np.int64)[live]
+        self.interruption = columns[3].astype(np.float64)[live]
+        self.reclamation = columns[4].astype(np.float64)[live]
+        self.app_rank = columns[5].astype(np.int64)[live]
+        self.drain = drain[live]
+        self.available = available[live]
 
     def __len__(self) -> int:
         return len(self.pool)

@@ -37,21 +37,8 @@ def same_keys(need: Need) -> tuple[str, ...]:
 
 
 def domain_codes(catalog: ProfileCatalog, keys: Sequence[str]) -> CodeArray:
-    """One domain code per profile for the combination of ``keys``; -1 where a key is absent.
-
-    Several ``Same`` keys (rack and zone, say) combine into one code in mixed
-    radix, so "the same rack and the same zone" is one domain.
-    """
-    total = len(catalog)
-    out = np.zeros(total, dtype=np.int64)
-    absent = np.zeros(total, dtype=np.bool_)
-    for key in keys:
-        column = catalog.label_column(key)
-        codes = column.codes[:total].astype(np.int64)
-        absent |= codes < 0
-        out = out * (len(column.values) + 1) + codes + 1
-    out[absent] = -1
-    return out
+    """One domain code per profile for the combination of ``keys`` (see the catalog)."""
+    return catalog.domain_codes(tuple(keys))
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,16 +70,20 @@ def choose_gang_domain(
     moves while it can stay; at equal coverage the previous choice wins
     (sticky), then the lowest code for determinism.
     """
-    eligible = mask & (codes >= 0)
-    if not eligible.any():
+    eligible = np.flatnonzero(mask & (codes >= 0))
+    if len(eligible) == 0:
         return GangChoice(None, "no profile carries the gang's topology label")
-    doms = codes[eligible]
-    uniq, inverse = np.unique(doms, return_inverse=True)
+    uniq, dense = np.unique(codes[eligible], return_inverse=True)
+    count = len(uniq)
+    shapes = alloc[eligible]
+    have = held[eligible]
+    room = have + available[eligible]
     dims = alloc.shape[1]
-    held_by = np.zeros((len(uniq), dims))
-    room_by = np.zeros((len(uniq), dims))
-    np.add.at(held_by, inverse, held[eligible][:, None] * alloc[eligible])
-    np.add.at(room_by, inverse, (held[eligible] + available[eligible])[:, None] * alloc[eligible])
+    held_by = np.empty((count, dims))
+    room_by = np.empty((count, dims))
+    for d in range(dims):
+        held_by[:, d] = np.bincount(dense, weights=have * shapes[:, d], minlength=count)
+        room_by[:, d] = np.bincount(dense, weights=room * shapes[:, d], minlength=count)
     need = aggregate
     fits = np.all(room_by >= need * (1.0 - tolerance) - tolerance, axis=1)
     if not fits.any():
@@ -102,7 +93,7 @@ def choose_gang_domain(
         coverage = np.minimum(held_by[:, positive], need[positive]) / need[positive]
         score = coverage.sum(axis=1)
     else:
-        score = np.zeros(len(uniq))
+        score = np.zeros(count)
     score = np.where(fits, score, -1.0)
     best = float(score.max())
     candidates = uniq[score >= best - 1e-12]
@@ -120,7 +111,7 @@ class SpreadState:
     Eligible domains are those of profiles that match the need and that the
     shard has any machine of; an eligible but empty domain holds the minimum
     at zero, which is what makes a hard spread unsatisfiable rather than
-    silently lopsided.
+    silently lopsided. Counts are arrays indexed by domain code.
     """
 
     def __init__(
@@ -134,33 +125,38 @@ class SpreadState:
     ) -> None:
         self.spreads = tuple(spreads)
         self.codes: list[CodeArray] = []
-        self.counts: list[dict[int, float]] = []
+        self.counts: list[FloatArray] = []
+        self.eligible: list[BoolArray] = []
         self.hard: list[bool] = []
         for spread in self.spreads:
             codes = domain_codes(catalog, (spread.topology_key,))
-            eligible = mask & present & (codes >= 0)
-            counts: dict[int, float] = {int(d): 0.0 for d in np.unique(codes[eligible])}
-            held_mask = mask & (codes >= 0) & (held > 0)
-            for d, n in zip(codes[held_mask].tolist(), held[held_mask].tolist(), strict=True):
-                counts[int(d)] = counts.get(int(d), 0.0) + float(n)
+            size = int(codes.max()) + 1 if len(codes) else 1
+            usable = mask & (codes >= 0)
+            eligible = np.zeros(size, dtype=np.bool_)
+            eligible[codes[usable & present]] = True
+            holding = usable & (held > 0)
+            eligible[codes[holding]] = True
+            counts = np.bincount(codes[holding], weights=held[holding], minlength=size)
             self.codes.append(codes)
-            self.counts.append(counts)
+            self.counts.append(counts.astype(np.float64))
+            self.eligible.append(eligible)
             self.hard.append(spread.when_unsatisfiable != WhenUnsatisfiable.SCHEDULE_ANYWAY)
 
     def allowed(self, profiles: npt.NDArray[np.int64]) -> BoolArray:
         """Which candidate profiles may take one more machine under every hard spread."""
         ok = np.ones(len(profiles), dtype=np.bool_)
-        for codes, counts, hard, spread in zip(
-            self.codes, self.counts, self.hard, self.spreads, strict=True
+        for codes, counts, eligible, hard, spread in zip(
+            self.codes, self.counts, self.eligible, self.hard, self.spreads, strict=True
         ):
+            if not hard:
+                continue
             doms = codes[profiles]
-            if hard:
-                ok &= doms >= 0
-                if not counts:
-                    continue
-                floor = min(counts.values())
-                current = np.array([counts.get(int(d), 0.0) for d in doms.tolist()])
-                ok &= current + 1 - floor <= spread.max_skew
+            ok &= doms >= 0
+            if not eligible.any():
+                continue
+            floor = float(counts[eligible].min())
+            current = counts[np.maximum(doms, 0)]
+            ok &= current + 1 - floor <= spread.max_skew
         return ok
 
     def level(self, profiles: npt.NDArray[np.int64]) -> FloatArray:
@@ -168,12 +164,13 @@ class SpreadState:
         total = np.zeros(len(profiles))
         for codes, counts in zip(self.codes, self.counts, strict=True):
             doms = codes[profiles]
-            total += np.array([counts.get(int(d), 0.0) for d in doms.tolist()])
+            total += np.where(doms >= 0, counts[np.maximum(doms, 0)], 0.0)
         return total
 
     def add(self, profile: int, machines: int) -> None:
         """Record ``machines`` more machines of ``profile`` for the need."""
-        for codes, counts in zip(self.codes, self.counts, strict=True):
+        for codes, counts, eligible in zip(self.codes, self.counts, self.eligible, strict=True):
             d = int(codes[profile])
             if d >= 0:
-                counts[d] = counts.get(d, 0.0) + machines
+                counts[d] += machines
+                eligible[d] = True

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -22,7 +23,7 @@ from shard_engine.inventory import Inventory
 from shard_engine.model import Action
 from shard_engine.pools import TIER_BOUND, TIER_IDLE, TIER_SPECULATIVE, PoolKey
 
-__all__ = ["ClusterMemo", "Mark", "MarkKind", "Worksheet"]
+__all__ = ["ClusterMemo", "Mark", "MarkKind", "Starved", "Worksheet"]
 
 IntArray = npt.NDArray[np.int32]
 
@@ -53,6 +54,23 @@ class Mark:
 MemoKey = tuple[int, int, int, int]
 
 
+@dataclass(frozen=True, slots=True)
+class Starved:
+    """A need Phase 1 could give nothing to, and the state that made it so.
+
+    While its cluster and needs are unchanged (``key``) and no machine has
+    entered a free pool for any profile it could use (``arrivals``), Phase 1
+    would give it nothing again, so its outcome is reused as is.
+    """
+
+    key: MemoKey
+    arrivals: int
+    deficit: npt.NDArray[np.float64]
+    mask: npt.NDArray[np.bool_]
+    block: str
+    scope: npt.NDArray[np.bool_]
+
+
 @dataclass(slots=True)
 class ClusterMemo:
     """Per-cluster results that only change when the cluster's supply or needs change.
@@ -72,6 +90,8 @@ class ClusterMemo:
     quiet: dict[int, MemoKey] = field(default_factory=dict)
     release_after: dict[int, float] = field(default_factory=dict)
     reclaim_cursor: int = 0
+    victims: dict[int, tuple[tuple[int, int, int], tuple[Any, ...]]] = field(default_factory=dict)
+    starved: dict[tuple[int, str], Starved] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
