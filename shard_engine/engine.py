@@ -96,6 +96,17 @@ class _Memory:
     drain_seconds: dict[int, float] = field(default_factory=dict)
 
 
+# How a restarted shard's still-running workflows are re-marked (see ``claim``).
+_CLAIM_KINDS = {
+    "provision": MarkKind.PROVISION,
+    "configure": MarkKind.ASSIGN,
+    "drain": MarkKind.RECLAIM,
+    "delete": MarkKind.RELEASE,
+    "verify": MarkKind.VERIFY,
+    "recover": MarkKind.RECLAIM,
+}
+
+
 class ShardEngine:
     """In-memory decision engine of one shard (see module docstring)."""
 
@@ -301,27 +312,38 @@ class ShardEngine:
     def _commit(self, sheet: Worksheet, now: float) -> None:
         """Apply the plan's marks: every machine named becomes in flight."""
         inventory = self._inventory
+        cluster = inventory.cluster
+        promises = self._promises
+        suspects = self._suspects
+        flights = self._flights
         for mark in sheet.marks:
-            for row in mark.rows:
-                if mark.kind is MarkKind.DROP_PROMISE:
-                    self._promises.pop(row, None)
+            kind = mark.kind
+            if kind is MarkKind.DROP_PROMISE:
+                for row in mark.rows:
+                    promises.pop(row, None)
                     inventory.set_flags(row, flags=0, target=NO_CLUSTER)
-                    continue
-                self._promises.pop(row, None)
-                source = int(inventory.cluster[row])
-                target = mark.target
-                if mark.kind is MarkKind.VERIFY:
-                    target = source
+                continue
+            shared: dict[int, _Flight] = {}  # rows of one mark from one source share a record
+            for row in mark.rows:
+                if promises:
+                    promises.pop(row, None)
+                source = int(cluster[row])
+                target = source if kind is MarkKind.VERIFY else mark.target
                 inventory.set_flags(row, flags=FLAG_IN_FLIGHT, target=target)
-                self._suspects.discard(row)
-                self._flights[row] = _Flight(
-                    kind=mark.kind,
-                    target=target,
-                    started=now,
-                    source=source,
-                    need_key=mark.need_key,
-                    priority=mark.priority,
-                )
+                if suspects:
+                    suspects.discard(row)
+                flight = shared.get(source)
+                if flight is None:
+                    flight = _Flight(
+                        kind=kind,
+                        target=target,
+                        started=now,
+                        source=source,
+                        need_key=mark.need_key,
+                        priority=mark.priority,
+                    )
+                    shared[source] = flight
+                flights[row] = flight
         for (cluster, key), domain in sheet.gang_choices.items():
             entry = self._table.entry(cluster)
             if entry is not None and key in entry.arrival:
@@ -370,6 +392,43 @@ class ShardEngine:
             self._inventory.set_flags(row, flags=0, target=NO_CLUSTER)
         if flight.kind is MarkKind.VERIFY:
             self._inventory.set_missed(row, 0)
+
+    def claim(
+        self,
+        machine_id: str,
+        *,
+        operation: str,
+        target_cluster: str,
+        now: float,
+        need_key: str = "",
+        priority: int = 0,
+    ) -> bool:
+        """Mark a machine in flight for an operation started outside this cycle.
+
+        A restarted shard calls this for every machine of a workflow that is
+        still running, so its rebuilt engine counts the machine toward the
+        target cluster (no double provisioning) and never plans on it again
+        until ``settle``. ``operation`` is the workflow's operation
+        (provision, configure, drain, delete, verify, recover). Returns
+        False when the machine is unknown (it will be settled or observed).
+        """
+        row = self._inventory.row(machine_id)
+        if row is None:
+            return False
+        kind = _CLAIM_KINDS.get(operation, MarkKind.RECLAIM)
+        target = self._clusters.index_of(target_cluster) if target_cluster else NO_CLUSTER
+        source = int(self._inventory.cluster[row])
+        self._promises.pop(row, None)
+        self._inventory.set_flags(row, flags=FLAG_IN_FLIGHT, target=target)
+        self._flights[row] = _Flight(
+            kind=kind,
+            target=target,
+            started=now,
+            source=source,
+            need_key=need_key,
+            priority=priority,
+        )
+        return True
 
     def _learn_drain(self, cluster: int, seconds: float) -> None:
         """Exponentially smoothed drain time per cluster (the victim score's speed term)."""

@@ -57,6 +57,7 @@ from shard_engine.engine import EngineConfig, ShardEngine
 from shard_engine.model import MachineRecord, MachineState, Need, Rollup, Shortfall
 from workflows import coordinator as co
 from workflows import membership as ms
+from workflows import search_attributes as sa
 from workflows.contracts import (
     OP_DRAIN,
     REASON_PREEMPT,
@@ -172,6 +173,7 @@ class ShardProcess:
             self._op_seq[row.machine_id] = row.operation_seq
             self.owned[row.machine_id] = row.provider
         await self._observe_all(full=True)
+        await self._resume_open_workflows()
         self._server = grpc.aio.server()
         shard_pb2_grpc.add_ShardServicer_to_server(ShardServicer(self.hub, self), self._server)
         health_servicer = HealthServicer()
@@ -220,6 +222,40 @@ class ShardProcess:
             self.epoch,
             self.task_queue,
         )
+
+    async def _resume_open_workflows(self) -> int:
+        """Re-mark the machines of this shard's still-running workflows (restart recovery).
+
+        A restarted process rebuilds its engine from PostgreSQL and the
+        providers, but an operation its predecessor started may still be
+        running in Temporal. Its machines are claimed as in flight so the
+        first cycle neither plans on them nor provisions their cluster twice;
+        the workflows finish on this process's worker and settle them.
+        Visibility lags about a second; a workflow missed here is still safe,
+        because its deterministic id makes a re-planned start find it.
+        """
+        query = f"BigFleetShardId='{self.shard_id}' AND ExecutionStatus='Running'"
+        claimed = 0
+        async for wf in self.temporal.list_workflows(query):
+            attrs = wf.typed_search_attributes
+            operation = attrs.get(sa.OPERATION) or ""
+            ids = list(attrs.get(sa.MACHINE_IDS) or [])
+            single = attrs.get(sa.MACHINE_ID)
+            if single and single not in ids:
+                ids.append(single)
+            target = (attrs.get(sa.CLUSTER_ID) or "") if operation in _BINDING_OPS else ""
+            for machine_id in ids:
+                if machine_id in self.owned and self.engine.claim(
+                    machine_id,
+                    operation=operation,
+                    target_cluster=target,
+                    now=self.clock(),
+                    priority=attrs.get(sa.PRIORITY) or 0,
+                ):
+                    claimed += 1
+        if claimed:
+            log.info("shard %s resumed %d machines of running workflows", self.shard_id, claimed)
+        return claimed
 
     async def stop(self) -> None:
         """Stop the loops, the worker and the server, and give the lease up."""
@@ -857,6 +893,9 @@ class ShardProcess:
         if self.hub.send(cluster, frame, key=f"node:{record.id}"):
             self._last_pushed[record.id] = stamp
 
+
+# Operations that bind their machines to the workflow's cluster.
+_BINDING_OPS = ("provision", "configure")
 
 # The state each operation is meant to reach; anything else is recorded as its failure.
 _TARGET_STATE = {"provision": "CONFIGURED", "configure": "CONFIGURED", "delete": "SPECULATIVE"}

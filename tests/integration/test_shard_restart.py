@@ -8,6 +8,7 @@ rebuilt inventory can be compared with PostgreSQL and the provider.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -206,6 +207,14 @@ async def test_a_killed_shard_restarts_without_losing_or_duplicating_anything(
                 assert doubled == {}
                 assert successor.epoch >= 2
                 assert {m.id for m in configured} <= set(successor.owned)
+                # Not provisioned twice: 8 cores need exactly five m6i.large (1.93 cores each).
+                await asyncio.sleep(2)
+                bound = [
+                    m
+                    for m in (await world.client.list()).machines
+                    if m.cluster == "c-restart" or m.id in successor.engine.in_flight()
+                ]
+                assert len(bound) == 5, [(m.id, m.state) for m in bound]
             finally:
                 await successor.stop()
         finally:
