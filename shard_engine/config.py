@@ -75,7 +75,7 @@ class EngineConfig:
     reclaim_grace_seconds: int = 600
     reclaim_fraction_per_cycle: float = 0.05
     reclaim_minimum_per_cycle: int = 1
-    reclaim_clusters_per_cycle: int = 16
+    reclaim_clusters_per_cycle: int = 8
     idle_hold_seconds: Mapping[CapacityType, float | None] = field(default_factory=_default_hold)
     demand_window_seconds: float = 600.0
     max_releases_per_cycle: int = 100

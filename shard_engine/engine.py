@@ -312,7 +312,7 @@ class ShardEngine:
     def _commit(self, sheet: Worksheet, now: float) -> None:
         """Apply the plan's marks: every machine named becomes in flight."""
         inventory = self._inventory
-        cluster = inventory.cluster
+        bound = inventory.cluster
         promises = self._promises
         suspects = self._suspects
         flights = self._flights
@@ -327,7 +327,7 @@ class ShardEngine:
             for row in mark.rows:
                 if promises:
                     promises.pop(row, None)
-                source = int(cluster[row])
+                source = int(bound[row])
                 target = source if kind is MarkKind.VERIFY else mark.target
                 inventory.set_flags(row, flags=FLAG_IN_FLIGHT, target=target)
                 if suspects:

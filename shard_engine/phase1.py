@@ -312,17 +312,21 @@ def _emit(
         sheet.move_supply(cluster, profile, len(rows))
         sheet.drawn.add(profile)
         if tier == TIER_IDLE:
-            for row in rows:
-                sheet.record(
-                    AssignIdle(
-                        machine_id=sheet.inventory.ids.id_of(row),
-                        cluster_id=cluster_id,
-                        need_key=key,
-                        priority=need.priority,
-                        requirements=need.requirements,
-                    ),
-                    Mark(MarkKind.ASSIGN, [row], cluster, key, need.priority),
+            if not rows:
+                continue
+            requirements = need.requirements
+            priority = need.priority
+            sheet.actions.extend(
+                AssignIdle(
+                    machine_id=machine_id,
+                    cluster_id=cluster_id,
+                    need_key=key,
+                    priority=priority,
+                    requirements=requirements,
                 )
+                for machine_id in sheet.inventory.ids.ids_of(rows)
+            )
+            sheet.marks.append(Mark(MarkKind.ASSIGN, rows, cluster, key, priority))
         else:
             batch.extend(rows)
     if batch:
