@@ -91,6 +91,11 @@ class EngineConfig:
     # Topology: bound on per-machine placement steps for one spread need per cycle.
     max_spread_steps: int = 10_000
 
+    # Memory: machines to reserve room for up front (0: grow on demand). Growing
+    # by doubling leaves outgrown columns with the allocator; a shard that knows
+    # its inventory size at startup avoids that by reserving it.
+    expected_machines: int = 0
+
     def __post_init__(self) -> None:
         if self.max_shortfalls < 0:
             raise ValueError("max_shortfalls: must not be negative")

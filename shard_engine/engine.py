@@ -123,6 +123,8 @@ class ShardEngine:
             masks=self._masks,
             quarantine=self.config.quarantine,
         )
+        if self.config.expected_machines > 0:
+            self._inventory.reserve(self.config.expected_machines)
         self._flights: dict[int, _Flight] = {}
         self._promises: dict[int, _Promise] = {}
         self._suspects: set[int] = set()

@@ -288,9 +288,15 @@ class IdTable:
         self._count -= 1
         self._free.append(row)
 
-    def _rebuild(self) -> None:
+    def reserve(self, machines: int) -> None:
+        """Size the columns and the hash table for ``machines`` IDs without regrowing."""
+        self.strings.ensure_rows(machines)
+        if 4 * machines > 3 * len(self._table):
+            self._rebuild(minimum=machines)
+
+    def _rebuild(self, minimum: int = 0) -> None:
         live = np.flatnonzero(self.strings.fmt[: self._rows])
-        size = max(8, 2 * len(live) + 1)
+        size = max(8, 2 * max(len(live), minimum) + 1)
         table = np.full(size, -1, dtype=np.int32)
         for start in range(0, len(live), self._CHUNK):
             rows = live[start : start + self._CHUNK].astype(np.int64)

@@ -174,7 +174,7 @@ class Inventory:
     def _ensure_rows(self, rows: int) -> None:
         if rows <= len(self.state):
             return
-        capacity = max(rows, 2 * len(self.state), 1024)
+        capacity = max(rows, 2 * len(self.state), 1024) if len(self.state) else max(rows, 1024)
         self.state = np.resize(self.state, capacity)
         self.flags = np.resize(self.flags, capacity)
         self.profile = np.resize(self.profile, capacity)
@@ -182,6 +182,12 @@ class Inventory:
         self.since = np.resize(self.since, capacity)
         self.pools.ensure_rows(capacity)
         self._host_ref.ensure_rows(capacity)
+
+    def reserve(self, machines: int) -> None:
+        """Size every per-machine column (and the ID table) for ``machines`` up front."""
+        if machines > len(self.state):
+            self._ensure_rows(machines)
+        self.ids.reserve(machines)
 
     def ensure_tables(self) -> None:
         """Size the per-(cluster, profile) tables for every known cluster and profile."""
