@@ -634,7 +634,7 @@ def _signal_machine(
             await handle.signal(name, arg)
         typer.echo(f"sent {name} to {wf.id} ({wf.workflow_type})")
         after = before
-        for _ in range(50):  # the workflow reacts within a task or two
+        for _ in range(100):  # the workflow reacts within a task or two (10 s at most)
             await asyncio.sleep(0.1)
             after = await _view(handle)
             if after is None or before is None or _changed(before, after):
