@@ -70,6 +70,8 @@ class ShortfallReport:
     min_unit: dict[str, float] = field(default_factory=dict)
     age_cycles: int = 0
     escalated: bool = False
+    # Why the shard could not meet it (e.g. "drain requested 12 min ago, priority 1000000 waiting").
+    reason: str = ""
 
 
 @dataclass
@@ -377,6 +379,21 @@ class CoordinatorWorkflow:
             "seq": state.seq if state else 0,
             "shards": sorted(state.reports) if state else [],
             "shortfalls": sum(len(r.shortfalls) for r in state.reports.values()) if state else 0,
+            "top_shortfalls": sorted(
+                (
+                    {
+                        "shard": r.shard_id,
+                        "cluster": sf.cluster_id,
+                        "priority": sf.priority,
+                        "age_cycles": sf.age_cycles,
+                        "escalated": sf.escalated,
+                        "reason": sf.reason,
+                    }
+                    for r in (state.reports.values() if state else ())
+                    for sf in r.shortfalls
+                ),
+                key=lambda d: (-int(str(d["priority"])), str(d["cluster"])),
+            )[:20],
             "pending": [_describe(s) for s in self._pending.values()],
             "recent": self._recent[-20:],
         }

@@ -835,6 +835,7 @@ class ShardProcess:
                     min_unit=dict(need.min_unit) if need else {},
                     age_cycles=sf.age_cycles,
                     escalated=sf.escalated,
+                    reason=sf.reason,
                 )
             )
         return co.ShardReport(
@@ -895,7 +896,7 @@ class ShardProcess:
 
 
 # Operations that bind their machines to the workflow's cluster.
-_BINDING_OPS = ("provision", "configure")
+_BINDING_OPS = ("provision", "configure", "recover")
 
 # The state each operation is meant to reach; anything else is recorded as its failure.
 _TARGET_STATE = {"provision": "CONFIGURED", "configure": "CONFIGURED", "delete": "SPECULATIVE"}
