@@ -11,14 +11,17 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
 from bigfleet.config import ConfigError, Settings
+
+if TYPE_CHECKING:
+    from bigfleet.store import Store
 
 app = typer.Typer(help="BigFleet: a fleet-level infrastructure autoscaler.", no_args_is_help=True)
 
@@ -218,17 +221,9 @@ def coordinator_status(
     limit: Annotated[int, typer.Option(help="Instructions to show.")] = 20,
 ) -> None:
     """The coordinator's term, pending instructions, and recent outcomes."""
-    from bigfleet.store import Database, Store
-
-    settings = _settings()
-    if not settings.database_url:
-        _fail("BIGFLEET_DATABASE_URL is not set")
 
     async def main() -> None:
-        assert settings.database_url
-        db = Database.connect(settings.database_url)
-        try:
-            store = Store(db.engine)
+        async with _open_store() as store:
             typer.echo(f"term {await store.term()}")
             rows = await store.instructions(limit=limit)
             if not rows:
@@ -238,8 +233,6 @@ def coordinator_status(
                     f"{r.term}/{r.seq:<5} {r.kind:<12} {r.donor_shard or '-':>10} -> "
                     f"{r.receiver_shard or '-':<10} {r.status:<8} {r.outcome or ''}"
                 )
-        finally:
-            await db.close()
 
     _run(main())
 
@@ -253,31 +246,22 @@ def shards_list(ctx: typer.Context) -> None:
     """Shard membership: leases, epochs, clusters and machines per shard."""
     if ctx.invoked_subcommand is not None:
         return
-    from bigfleet.store import Database, Store
-
-    settings = _settings()
-    if not settings.database_url:
-        _fail("BIGFLEET_DATABASE_URL is not set")
 
     async def main() -> None:
-        assert settings.database_url
-        db = Database.connect(settings.database_url)
-        try:
-            rows = await Store(db.engine).shards()
-            typer.echo(
-                f"{'shard':<12} {'state':<9} {'epoch':>5} {'clusters':>8} {'machines':>8}  lease"
+        async with _open_store() as store:
+            rows = await store.shards()
+        typer.echo(
+            f"{'shard':<12} {'state':<9} {'epoch':>5} {'clusters':>8} {'machines':>8}  lease"
+        )
+        for r in rows:
+            lease = (
+                f"{r.lease_holder} until {r.lease_expires_at:%H:%M:%S}"
+                if r.lease_holder and r.lease_expires_at
+                else "free"
             )
-            for r in rows:
-                lease = (
-                    f"{r.lease_holder} until {r.lease_expires_at:%H:%M:%S}"
-                    if r.lease_holder and r.lease_expires_at
-                    else "free"
-                )
-                typer.echo(
-                    f"{r.id:<12} {r.state:<9} {r.epoch:>5} {r.clusters:>8} {r.machines:>8}  {lease}"
-                )
-        finally:
-            await db.close()
+            typer.echo(
+                f"{r.id:<12} {r.state:<9} {r.epoch:>5} {r.clusters:>8} {r.machines:>8}  {lease}"
+            )
 
     _run(main())
 
@@ -296,18 +280,10 @@ def shards_drain(
     (the operator is told to reconnect to the new shard), hands its other
     machines over rack by rack, and rebalances its quota away.
     """
-    from bigfleet.store import Database, Store
     from bigfleet.store.repository import MembershipError
 
-    settings = _settings()
-    if not settings.database_url:
-        _fail("BIGFLEET_DATABASE_URL is not set")
-
     async def main() -> str:
-        assert settings.database_url
-        db = Database.connect(settings.database_url)
-        try:
-            store = Store(db.engine)
+        async with _open_store() as store:
             try:
                 await store.drain_shard(shard_id)
             except KeyError as err:
@@ -342,8 +318,6 @@ def shards_drain(
                     typer.echo(f"  {last[0]} cluster(s), {last[1]} machine(s) left")
             typer.echo(f"shard {shard_id} owns nothing; remove it with `bigfleet shards remove`")
             return ""
-        finally:
-            await db.close()
 
     error = _result(main())
     if error:
@@ -355,24 +329,16 @@ def shards_remove(
     shard_id: Annotated[str, typer.Argument(help="The drained shard to remove.")],
 ) -> None:
     """Remove a drained shard. Refused while it still owns clusters or machines."""
-    from bigfleet.store import Database, Store
     from bigfleet.store.repository import MembershipError
 
-    settings = _settings()
-    if not settings.database_url:
-        _fail("BIGFLEET_DATABASE_URL is not set")
-
     async def main() -> str:
-        assert settings.database_url
-        db = Database.connect(settings.database_url)
-        try:
-            await Store(db.engine).remove_shard(shard_id)
-        except KeyError as err:
-            return str(err.args[0])
-        except MembershipError as err:
-            return str(err)
-        finally:
-            await db.close()
+        async with _open_store() as store:
+            try:
+                await store.remove_shard(shard_id)
+            except KeyError as err:
+                return str(err.args[0])
+            except MembershipError as err:
+                return str(err)
         return ""
 
     error = _result(main())
@@ -384,22 +350,13 @@ def shards_remove(
 @app.command("clusters")
 def clusters_list() -> None:
     """Which shard serves each cluster (assigned on first contact, permanent)."""
-    from bigfleet.store import Database, Store
-
-    settings = _settings()
-    if not settings.database_url:
-        _fail("BIGFLEET_DATABASE_URL is not set")
 
     async def main() -> None:
-        assert settings.database_url
-        db = Database.connect(settings.database_url)
-        try:
-            for c in await Store(db.engine).clusters():
+        async with _open_store() as store:
+            for c in await store.clusters():
                 typer.echo(
                     f"{c.cluster_id:<32} {c.shard_id:<12} since {c.first_seen_at:%Y-%m-%d %H:%M:%S}"
                 )
-        finally:
-            await db.close()
 
     _run(main())
 
@@ -763,6 +720,21 @@ async def _describe_workflow(client: Any, wf: Any, machine_id: str) -> str:
     for note in view["notes"][-8:]:
         lines.append(f"note       {note}")
     return "\n".join(lines)
+
+
+@contextlib.asynccontextmanager
+async def _open_store() -> AsyncIterator[Store]:
+    """The store named by BIGFLEET_DATABASE_URL, closed on exit (a clear error if unset)."""
+    from bigfleet.store import Database, Store
+
+    settings = _settings()
+    if not settings.database_url:
+        _fail("BIGFLEET_DATABASE_URL is not set")
+    db = Database.connect(settings.database_url)
+    try:
+        yield Store(db.engine)
+    finally:
+        await db.close()
 
 
 def _settings() -> Settings:
