@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.context import ShardContext, ShardInactive
+from activities.context import ProviderCalls, ShardContext, ShardInactive
 from bigfleet.v1alpha1 import provider_pb2
 from providers.errors import (
     Fenced,
@@ -24,6 +25,7 @@ from providers.errors import (
     ProviderError,
     Unimplemented,
 )
+from providers.model import FencingToken
 from workflows import contracts as c
 from workflows.errors import BOOTSTRAP_UNAVAILABLE, FENCED, INVALID_ARGUMENT, LEASE_LOST
 
@@ -77,26 +79,10 @@ class MachineActivities:
         """Ask each machine's provider to create it (SPECULATIVE -> CREATING)."""
         self._ensure_active()
 
-        async def one(target: c.MachineTarget) -> c.MachineOutcome | None:
-            client = self._ctx.provider(target.provider)
-            try:
-                async with self._in_flight:
-                    ack = await client.create(target.machine_id, self._ctx.next_token())
-            except Fenced as err:
-                raise self._fenced(target.provider, target.machine_id, err) from err
-            except (InvalidTransition, NotFound, Unimplemented) as err:
-                return c.MachineOutcome(target.machine_id, target.provider, c.FAILED, err.message)
-            except InvalidArgument as err:
-                raise ApplicationError(
-                    err.message, type=INVALID_ARGUMENT, non_retryable=True
-                ) from err
-            self._ctx.observe(target.provider, ack.machine)
-            return None
-
-        results = await asyncio.gather(*(one(t) for t in inp.machines))
-        refused = [r for r in results if r is not None]
-        accepted = [t.machine_id for t, r in zip(inp.machines, results, strict=True) if r is None]
-        return c.TransitionResults(accepted=accepted, refused=refused)
+        return await self._each(
+            inp.machines,
+            lambda client, target, token: client.create(target.machine_id, token),
+        )
 
     @activity.defn(name=c.CONFIGURE_MACHINES)
     async def configure_machines(self, inp: c.ConfigureMachinesInput) -> c.TransitionResults:
@@ -122,17 +108,32 @@ class MachineActivities:
             META_OPERATION_SEQ: str(inp.operation_seq),
         }
 
+        return await self._each(
+            inp.machines,
+            lambda client, target, token: client.configure(
+                target.machine_id, inp.cluster_id, blob.user_data, token, metadata
+            ),
+        )
+
+    async def _each(
+        self,
+        machines: list[c.MachineTarget],
+        call: Callable[
+            [ProviderCalls, c.MachineTarget, FencingToken], Awaitable[provider_pb2.TransitionAck]
+        ],
+    ) -> c.TransitionResults:
+        """Send one lifecycle call per machine, each with a fresh token, sorting the answers.
+
+        Fenced ends the whole activity (non-retryable; the shard stops acting);
+        an out-of-position or unknown machine is a per-machine refusal; a
+        malformed request is final; transport trouble propagates for retry.
+        """
+
         async def one(target: c.MachineTarget) -> c.MachineOutcome | None:
             client = self._ctx.provider(target.provider)
             try:
                 async with self._in_flight:
-                    ack = await client.configure(
-                        target.machine_id,
-                        inp.cluster_id,
-                        blob.user_data,
-                        self._ctx.next_token(),
-                        metadata,
-                    )
+                    ack = await call(client, target, self._ctx.next_token())
             except Fenced as err:
                 raise self._fenced(target.provider, target.machine_id, err) from err
             except (InvalidTransition, NotFound, Unimplemented) as err:
@@ -144,9 +145,9 @@ class MachineActivities:
             self._ctx.observe(target.provider, ack.machine)
             return None
 
-        results = await asyncio.gather(*(one(t) for t in inp.machines))
+        results = await asyncio.gather(*(one(t) for t in machines))
         refused = [r for r in results if r is not None]
-        accepted = [t.machine_id for t, r in zip(inp.machines, results, strict=True) if r is None]
+        accepted = [t.machine_id for t, r in zip(machines, results, strict=True) if r is None]
         return c.TransitionResults(accepted=accepted, refused=refused)
 
     @activity.defn(name=c.DRAIN_MACHINE)
