@@ -9,6 +9,8 @@ Flow of a mutating request (Create, Configure, Drain, Delete)::
     look the machine up                 -- NotFound
     idempotent retry?                   -- same target, already on the way or there:
                                            answer with the existing operation id
+                                           (a Drain with a shorter grace first
+                                           shortens the drain in flight)
     legal edge?                         -- InvalidTransition (FAILED accepts nothing)
     accept: fresh operation id, transitional state, completion + deadline timers
     journal the change, then answer
@@ -27,6 +29,12 @@ Vocabulary:
   finish. The core turns it into timers; the deadline timer turns a
   transition that did not finish in time into FAILED, and a completion that
   arrives after that is discarded.
+* **grace in flight** - the grace period a DRAINING machine's drain is
+  honouring. A repeated Drain with a smaller grace keeps the operation id but
+  lowers it, and moves the drain's completion to no later than now plus the
+  new grace (workloads still there are forced then); a larger or equal grace
+  changes nothing. The drain's deadline, a stuck drain and an injected
+  failure's outcome are left as they were; only the moment moves.
 
 Substrates subclass `ProviderCore` and fill in the hooks at the bottom.
 Everything runs on one event loop (or one `ManualScheduler`) and no method
@@ -105,6 +113,9 @@ class MachineRecord:
     operation: Operation | None = None
     operation_id: str = ""
     revision: int = 0
+    #: The grace period (simulated seconds) the drain in flight honours; None
+    #: outside a drain. Lowered, never raised, by a repeated Drain.
+    drain_grace: int | None = None
 
     def snapshot(self) -> Machine:
         """The caller-visible, immutable view."""
@@ -146,6 +157,7 @@ class MachineRecord:
             "operation": None if self.operation is None else self.operation.value,
             "operation_id": self.operation_id,
             "revision": self.revision,
+            "drain_grace": self.drain_grace,
         }
 
     @classmethod
@@ -172,6 +184,7 @@ class MachineRecord:
             operation=None if operation is None else Operation(operation),
             operation_id=raw.get("operation_id", ""),
             revision=int(raw.get("revision", 0)),
+            drain_grace=None if raw.get("drain_grace") is None else int(raw["drain_grace"]),
         )
 
 
@@ -185,6 +198,17 @@ class Plan:
 
     delay: float | None
     error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _PendingCompletion:
+    """A completion timer that is armed: which operation, when it fires (on
+    the scheduler's clock) and with what outcome. Kept so a shorter grace can
+    move it earlier; never persisted, since a restart fails the transition."""
+
+    operation_id: str
+    due: float
+    error: str | None
 
 
 class ProviderCore:
@@ -221,6 +245,7 @@ class ProviderCore:
         self._operations = 0
         self._lineage = ""
         self._timers: dict[tuple[str, str], Timer] = {}
+        self._completions: dict[str, _PendingCompletion] = {}
         self._deferred: list[tuple[tuple[str, str], float, Callable[[], None]]] = []
         self._started = False
         self._closed = False
@@ -323,6 +348,11 @@ class ProviderCore:
         """CONFIGURED -> DRAINING -> IDLE: workloads leave within the grace
         period (then are forced); cluster and metadata clear on completion.
 
+        A Drain for a machine already DRAINING returns the drain in flight's
+        operation id; if its grace is smaller than the one in flight, the
+        drain is shortened to finish no later than ``grace_seconds`` from now
+        (a larger or equal grace changes nothing).
+
         Raises InvalidArgument (negative grace), Fenced, NotFound,
         InvalidTransition.
         """
@@ -423,6 +453,8 @@ class ProviderCore:
             existing = self._idempotent(record, op, cluster)
             if existing is not None:
                 self.stats["idempotent_retries"] += 1
+                if op is Operation.DRAIN and record.state is State.DRAINING:
+                    self._shorten_drain(record, grace)
                 return existing
             if record.state is State.FAILED:
                 raise InvalidTransition(
@@ -445,6 +477,7 @@ class ProviderCore:
             elif op is Operation.CONFIGURE:
                 record.cluster = cluster
                 record.shard_metadata = dict(metadata or {})
+            record.drain_grace = grace if op is Operation.DRAIN else None
             self._touch(record)
             self._begin(record, op, grace)
             self._on_transition(record)
@@ -494,15 +527,41 @@ class ProviderCore:
     def _begin(self, record: MachineRecord, op: Operation, grace: int) -> None:
         deadline = self._deadline(record, op, grace)
         plan = self._inject_faults(op, self._plan(record, op, grace), deadline)
-        operation_id = record.operation_id
         if plan.delay is not None:
-            self._arm(
-                record.id,
-                f"complete:{operation_id}",
-                plan.delay,
-                lambda: self._complete(record.id, operation_id, plan.error),
-            )
+            self._arm_completion(record, plan.delay, plan.error)
+        operation_id = record.operation_id
         self._arm(record.id, "deadline", deadline, lambda: self._expire(record.id, operation_id))
+
+    def _arm_completion(self, record: MachineRecord, sim_seconds: float, error: str | None) -> None:
+        """Arm (or re-arm) the completion of the record's current operation,
+        remembering when it is due."""
+        machine_id = record.id
+        operation_id = record.operation_id
+        due = self.now + sim_seconds * self.config.time_factor
+        self._completions[machine_id] = _PendingCompletion(operation_id, due, error)
+        self._arm(
+            machine_id,
+            f"complete:{operation_id}",
+            sim_seconds,
+            lambda: self._complete(machine_id, operation_id, error),
+        )
+
+    def _shorten_drain(self, record: MachineRecord, grace: int) -> None:
+        """A repeated Drain with a smaller grace: lower the grace in flight and
+        bring the completion forward to no later than ``grace`` simulated
+        seconds from now. The outcome (success, or an injected failure) and
+        the deadline stay; a stuck drain, which has no completion, stays
+        stuck. A larger or equal grace changes nothing."""
+        if record.drain_grace is not None and grace >= record.drain_grace:
+            return
+        record.drain_grace = grace
+        self._dirty_machines.add(record.id)
+        self.stats["drains_shortened"] += 1
+        pending = self._completions.get(record.id)
+        if pending is None or pending.operation_id != record.operation_id:
+            return
+        if self.now + grace * self.config.time_factor < pending.due:
+            self._arm_completion(record, float(grace), pending.error)
 
     def _inject_faults(self, op: Operation, plan: Plan, deadline: float) -> Plan:
         """Apply the configured error, stuck and late-completion rates."""
@@ -524,6 +583,9 @@ class ProviderCore:
         return plan
 
     def _complete(self, machine_id: str, operation_id: str, error: str | None) -> None:
+        pending = self._completions.get(machine_id)
+        if pending is not None and pending.operation_id == operation_id:
+            del self._completions[machine_id]
         record = self._machines.get(machine_id)
         if (
             record is None
@@ -544,6 +606,7 @@ class ProviderCore:
             if op is Operation.DRAIN:
                 record.cluster = ""
                 record.shard_metadata = {}
+                record.drain_grace = None
             elif op is Operation.DELETE:
                 self._on_host_released(record)
             self._touch(record)
@@ -571,6 +634,8 @@ class ProviderCore:
         record.last_error = reason
         record.cluster = ""
         record.shard_metadata = {}
+        record.drain_grace = None
+        self._completions.pop(record.id, None)
         self._disarm(record.id, "deadline")
         self._touch(record)
         self._on_transition(record)

@@ -16,9 +16,11 @@ state (paper §5), so the drain always runs to Idle or to an operator.
 
 A provider answers a repeated Drain for a machine already DRAINING with the
 operation in flight (idempotency); whether it also honours the shorter
-grace is the provider's business. The workflow notes a repeated operation
-id in the view, and always shortens its own deadline, so an escalation
-reaches forced termination and then an operator on the shorter clock.
+grace is the provider's business (the simulated providers do: the drain
+finishes no later than the new grace from now). The workflow notes a
+repeated operation id in the view, and always shortens its own deadline, so
+an escalation reaches forced termination and then an operator on the
+shorter clock.
 """
 
 from __future__ import annotations

@@ -478,7 +478,9 @@ class DrainRequest(_message.Message):
     SEQUENCE_NUMBER_FIELD_NUMBER: _builtins.int
     machine_id: _builtins.str
     grace_period_seconds: _builtins.int
-    """How long workloads may take to leave before the provider may force them."""
+    """How long workloads may take to leave before the provider may force them.
+    On a repeated Drain, only a smaller value has an effect (see Drain).
+    """
     shard_id: _builtins.str
     shard_epoch: _builtins.int
     sequence_number: _builtins.int

@@ -85,6 +85,10 @@ class CapacityProviderServicer:
 
     def Drain(self, request, context):
         """CONFIGURED -> DRAINING -> IDLE; the binding ends when the drain completes.
+        A Drain for a machine already DRAINING returns the drain in flight's
+        operation_id; if its grace_period_seconds is smaller than the grace that
+        drain honours, the drain is shortened to finish no later than the new
+        grace from now. A larger or equal grace changes nothing.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

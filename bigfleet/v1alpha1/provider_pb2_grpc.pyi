@@ -59,7 +59,12 @@ class CapacityProviderStub:
     Configure: _grpc.UnaryUnaryMultiCallable[_provider_pb2.ConfigureRequest, _provider_pb2.TransitionAck]
     """IDLE -> CONFIGURING -> CONFIGURED, bound to a cluster."""
     Drain: _grpc.UnaryUnaryMultiCallable[_provider_pb2.DrainRequest, _provider_pb2.TransitionAck]
-    """CONFIGURED -> DRAINING -> IDLE; the binding ends when the drain completes."""
+    """CONFIGURED -> DRAINING -> IDLE; the binding ends when the drain completes.
+    A Drain for a machine already DRAINING returns the drain in flight's
+    operation_id; if its grace_period_seconds is smaller than the grace that
+    drain honours, the drain is shortened to finish no later than the new
+    grace from now. A larger or equal grace changes nothing.
+    """
     Delete: _grpc.UnaryUnaryMultiCallable[_provider_pb2.DeleteRequest, _provider_pb2.TransitionAck]
     """IDLE -> DELETING -> SPECULATIVE. Cloud only: bare metal answers UNIMPLEMENTED."""
     Get: _grpc.UnaryUnaryMultiCallable[_provider_pb2.MachineRef, _provider_pb2.Machine]
@@ -73,7 +78,12 @@ class CapacityProviderAsyncStub(CapacityProviderStub):
     Configure: _aio.UnaryUnaryMultiCallable[_provider_pb2.ConfigureRequest, _provider_pb2.TransitionAck]  # type: ignore[assignment]
     """IDLE -> CONFIGURING -> CONFIGURED, bound to a cluster."""
     Drain: _aio.UnaryUnaryMultiCallable[_provider_pb2.DrainRequest, _provider_pb2.TransitionAck]  # type: ignore[assignment]
-    """CONFIGURED -> DRAINING -> IDLE; the binding ends when the drain completes."""
+    """CONFIGURED -> DRAINING -> IDLE; the binding ends when the drain completes.
+    A Drain for a machine already DRAINING returns the drain in flight's
+    operation_id; if its grace_period_seconds is smaller than the grace that
+    drain honours, the drain is shortened to finish no later than the new
+    grace from now. A larger or equal grace changes nothing.
+    """
     Delete: _aio.UnaryUnaryMultiCallable[_provider_pb2.DeleteRequest, _provider_pb2.TransitionAck]  # type: ignore[assignment]
     """IDLE -> DELETING -> SPECULATIVE. Cloud only: bare metal answers UNIMPLEMENTED."""
     Get: _aio.UnaryUnaryMultiCallable[_provider_pb2.MachineRef, _provider_pb2.Machine]  # type: ignore[assignment]
@@ -102,7 +112,12 @@ class CapacityProviderServicer(metaclass=_abc_1.ABCMeta):
         request: _provider_pb2.DrainRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_provider_pb2.TransitionAck, _abc.Awaitable[_provider_pb2.TransitionAck]]:
-        """CONFIGURED -> DRAINING -> IDLE; the binding ends when the drain completes."""
+        """CONFIGURED -> DRAINING -> IDLE; the binding ends when the drain completes.
+        A Drain for a machine already DRAINING returns the drain in flight's
+        operation_id; if its grace_period_seconds is smaller than the grace that
+        drain honours, the drain is shortened to finish no later than the new
+        grace from now. A larger or equal grace changes nothing.
+        """
 
     @_abc_1.abstractmethod
     def Delete(

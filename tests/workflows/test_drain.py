@@ -171,6 +171,24 @@ async def test_escalate_shortens_the_grace_for_the_operator_and_the_provider(rig
     assert result.state == IDLE and result.succeeded
 
 
+async def test_an_escalation_also_shortens_the_drain_at_the_provider(slow_drain_rig: Rig) -> None:
+    rig = slow_drain_rig
+    rig.fake.step_s = 0.0
+    machine_id = rig.configured_machine()
+    handle = await rig.start(DrainWorkflow.run, drain_input(machine_id, grace=600))
+    first = await rig.until(handle, lambda v: v.attempts == 1, what="the first drain")
+
+    await handle.signal(DrainWorkflow.escalate, EscalateSignal(10))
+    await rig.until(handle, lambda v: v.attempts == 2, what="the escalated drain")
+    rig.fake.advance(10)  # workloads need 60 s; the escalated grace forces them at 10 s
+
+    result = await rig.result(handle)
+    assert result.state == IDLE and result.succeeded
+    view = await rig.view(handle)
+    assert view.provider_operation_ids == first.provider_operation_ids
+    assert len(view.provider_operation_ids) == 1
+
+
 async def test_force_drains_with_zero_grace_and_abandon_marks_the_machine_failed(
     rig: Rig,
 ) -> None:
