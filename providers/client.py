@@ -4,10 +4,10 @@
 Every method returns the wire message and raises only the
 `providers.errors` vocabulary: FAILED_PRECONDITION -> `Fenced`, NOT_FOUND ->
 `NotFound`, INVALID_ARGUMENT -> `InvalidArgument`, ABORTED ->
-`InvalidTransition`, UNIMPLEMENTED -> `Unimplemented`, UNAVAILABLE and
-DEADLINE_EXCEEDED -> `ProviderUnavailable` (retryable). Any other code
-(notably INTERNAL, which the Go reference kit uses for an out-of-position
-transition) is a plain `ProviderError` naming the code.
+`InvalidTransition`, UNIMPLEMENTED -> `Unimplemented`, UNAVAILABLE,
+DEADLINE_EXCEEDED and CANCELLED -> `ProviderUnavailable` (retryable). Any
+other code (notably INTERNAL, which the Go reference kit uses for an
+out-of-position transition) is a plain `ProviderError` naming the code.
 
 The client never retries and never invents fencing tokens: the caller mints
 a fresh sequence number for every attempt, retries included.

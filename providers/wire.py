@@ -34,7 +34,11 @@ ERROR_CODES: dict[type[ProviderError], grpc.StatusCode] = {
 _FROM_CODE: dict[grpc.StatusCode, type[ProviderError]] = {
     code: cls for cls, code in ERROR_CODES.items()
 }
+# Not answers a provider chooses: the call was slow, or cut off on the way (a
+# proxy, a load balancer or the server shutting down cancels it). Whether the
+# request took effect is unknown, so the caller retries with a fresh token.
 _FROM_CODE[grpc.StatusCode.DEADLINE_EXCEEDED] = ProviderUnavailable
+_FROM_CODE[grpc.StatusCode.CANCELLED] = ProviderUnavailable
 
 
 def status_code(error: ProviderError) -> grpc.StatusCode:

@@ -3,6 +3,8 @@ command line."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -10,6 +12,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from provider_harness import Harness, serve
 from typer.testing import CliRunner
 
+from bigfleet.v1alpha1 import provider_pb2_grpc
 from providers.cli import app
 from providers.client import ProviderClient
 from providers.errors import (
@@ -55,6 +58,50 @@ async def test_a_stopped_provider_is_unavailable_and_that_is_retryable() -> None
     assert caught.value.retryable
 
 
+class _CancellingProvider(provider_pb2_grpc.CapacityProviderServicer):
+    """Stands for a proxy or a provider shutting down: every call it answers
+    is cut off with CANCELLED."""
+
+    async def _cut_off(self, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        await context.abort(grpc.StatusCode.CANCELLED, "cancelled on the way")
+
+    async def Create(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        return await self._cut_off(context)
+
+    async def Configure(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        return await self._cut_off(context)
+
+    async def Drain(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        return await self._cut_off(context)
+
+    async def Delete(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        return await self._cut_off(context)
+
+    async def Get(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        return await self._cut_off(context)
+
+    async def List(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        return await self._cut_off(context)
+
+
+async def test_a_cancelled_call_is_unavailable_and_that_is_retryable() -> None:
+    server = grpc.aio.server()
+    provider_pb2_grpc.add_CapacityProviderServicer_to_server(_CancellingProvider(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with ProviderClient(f"127.0.0.1:{port}", timeout=5.0) as client:
+            with pytest.raises(ProviderUnavailable) as read:
+                await client.get("simcloud-anything")
+            with pytest.raises(ProviderUnavailable) as drain:
+                await client.drain("simcloud-anything", 0, None)
+    finally:
+        await server.stop(None)
+    for caught in (read, drain):
+        assert caught.value.retryable
+        assert "cancelled on the way" in caught.value.message
+
+
 def test_every_error_has_its_own_code_and_maps_back() -> None:
     assert len(set(ERROR_CODES.values())) == len(ERROR_CODES)
     assert ERROR_CODES[Fenced] == grpc.StatusCode.FAILED_PRECONDITION
@@ -63,6 +110,8 @@ def test_every_error_has_its_own_code_and_maps_back() -> None:
         assert type(back) is cls and not back.retryable
     deadline = error_from_status(grpc.StatusCode.DEADLINE_EXCEEDED, "slow")
     assert isinstance(deadline, ProviderUnavailable) and deadline.retryable
+    cancelled = error_from_status(grpc.StatusCode.CANCELLED, "cut off")
+    assert isinstance(cancelled, ProviderUnavailable) and cancelled.retryable
     internal = error_from_status(grpc.StatusCode.INTERNAL, "invalid state transition")
     assert type(internal) is ProviderError and "INTERNAL" in internal.message
 
