@@ -7,9 +7,11 @@
                     ("drain requested N min ago, still in progress, priority-X
                     preemptor waiting", paper §5) until the drain settles
 
-Plain in-process state: a restarted shard starts with none of it. Blocked
-drains are re-reported by their workflows every few minutes; quarantine is
-lost on restart (documented in ADR 0030).
+Plain in-process state, no store: blocked drains are re-reported by their
+workflows every few minutes, so a restarted shard relearns them. Quarantine
+is not repeated by anyone, so the shard process writes it through to the
+store (``machines.quarantined_reason``) and hands it back with
+`MachineLifecycle.restore_quarantine` when it starts.
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ class MachineLifecycle:
     def quarantine(self, machine_id: str, reason: str) -> None:
         """Stop using a machine (the shard ignores its observations from now on)."""
         self.quarantined[machine_id] = reason
+
+    def restore_quarantine(self, quarantined: Mapping[str, str]) -> None:
+        """Take back the quarantine a previous process of this shard recorded."""
+        self.quarantined.update(quarantined)
 
     def release_quarantine(self, machine_id: str) -> bool:
         """Use the machine again; True if it was quarantined."""

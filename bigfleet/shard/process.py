@@ -172,6 +172,8 @@ class ShardProcess:
         for row in await self.store.machines(self.shard_id):
             self._op_seq[row.machine_id] = row.operation_seq
             self.owned[row.machine_id] = row.provider
+        # Before the first observation, so quarantined machines never reach the engine.
+        await self.load_quarantine()
         await self._observe_all(full=True)
         await self._resume_open_workflows()
         self._server = grpc.aio.server()
@@ -483,6 +485,11 @@ class ShardProcess:
             except LeaseLost as err:
                 self.lease_ok = False
                 raise ShardInactive(str(err)) from err
+        reason = result.last_error or record.note
+        if record.quarantine:
+            # Written before any in-memory change, so a retry of this activity
+            # after a store failure replays the whole step.
+            await self.store.quarantine(result.machine_id, self.shard_id, reason)
         self.lifecycle.settled(result.machine_id)
         current = self.engine.machine(result.machine_id)
         if result.state == "FAILED":
@@ -493,8 +500,24 @@ class ShardProcess:
         if current is not None:
             self._push_node_state(current, cluster_hint=record.cluster_id)
         if record.quarantine:
-            self.lifecycle.quarantine(result.machine_id, result.last_error or record.note)
+            self.lifecycle.quarantine(result.machine_id, reason)
             self.engine.remove_machine(result.machine_id)
+
+    async def load_quarantine(self) -> None:
+        """Take back the machines an earlier process of this shard quarantined."""
+        self.lifecycle.restore_quarantine(await self.store.quarantined(self.shard_id))
+
+    async def release_quarantine(self, machine_id: str) -> bool:
+        """Use a quarantined machine again (store first, then memory). Its
+        provider's cursor is dropped so the next observation is a full List
+        that brings the machine back into the engine. True if it was
+        quarantined."""
+        stored = await self.store.release_quarantine(machine_id)
+        released = self.lifecycle.release_quarantine(machine_id)
+        provider = self.owned.get(machine_id)
+        if provider is not None:
+            self._cursors.pop(provider, None)
+        return released or stored
 
     # ---------------------------------------------------------- RollupSink
 

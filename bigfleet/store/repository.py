@@ -391,6 +391,59 @@ class Store:
             )
             return True
 
+    # ---------------------------------------------------------------- quarantine
+
+    async def quarantine(self, machine_id: str, shard_id: str, reason: str) -> bool:
+        """Record that ``shard_id`` stopped using its machine, and why.
+
+        Marks only a machine row owned by that shard (the shard records the
+        operation first, which creates the row). Repeating it replaces the
+        reason. Returns False when there is no such row.
+        """
+        async with self._engine.begin() as conn:
+            row = (
+                await conn.execute(
+                    text(
+                        """
+                        UPDATE machines SET quarantined_reason = :reason, updated_at = now()
+                         WHERE id = :mid AND shard_id = :sid
+                     RETURNING id
+                        """
+                    ),
+                    {"mid": machine_id, "sid": shard_id, "reason": reason},
+                )
+            ).first()
+            return row is not None
+
+    async def release_quarantine(self, machine_id: str) -> bool:
+        """Put a quarantined machine back in use; True if it was quarantined."""
+        async with self._engine.begin() as conn:
+            row = (
+                await conn.execute(
+                    text(
+                        """
+                        UPDATE machines SET quarantined_reason = NULL, updated_at = now()
+                         WHERE id = :mid AND quarantined_reason IS NOT NULL
+                     RETURNING id
+                        """
+                    ),
+                    {"mid": machine_id},
+                )
+            ).first()
+            return row is not None
+
+    async def quarantined(self, shard_id: str) -> dict[str, str]:
+        """The shard's quarantined machines: machine id -> reason."""
+        async with self._engine.connect() as conn:
+            rows = await conn.execute(
+                text(
+                    "SELECT id, quarantined_reason FROM machines "
+                    "WHERE shard_id = :sid AND quarantined_reason IS NOT NULL ORDER BY id"
+                ),
+                {"sid": shard_id},
+            )
+            return {str(r[0]): str(r[1]) for r in rows}
+
     async def assignment_log(self, machine_id: str) -> Sequence[tuple[str, int, str | None]]:
         """(operation, operation_seq, cluster_id) for a machine, oldest first."""
         async with self._engine.connect() as conn:
