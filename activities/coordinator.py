@@ -11,8 +11,10 @@ from collections import defaultdict
 from collections.abc import Mapping
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from activities.context import ProviderCalls
+from activities.membership import plan_decommission
 from bigfleet.store import Store
 from bigfleet.v1alpha1 import provider_pb2
 from shard_engine.coordination import (
@@ -211,6 +213,21 @@ class CoordinatorActivities:
                 for i in planned
             ]
         )
+
+    @activity.defn(name=co.PLAN_DECOMMISSION)
+    async def plan_decommission(self, inp: co.DecommissionInput) -> co.DecommissionPlan:
+        """Which machines each shard gives up (the same share of what it holds there)."""
+        client = self._providers.get(inp.provider)
+        if client is None:
+            raise ApplicationError(
+                f"provider: {inp.provider!r} is not configured", non_retryable=True
+            )
+        if inp.count < 0:
+            raise ApplicationError(f"count: {inp.count} is negative", non_retryable=True)
+        plan = await plan_decommission(
+            self._store, inp.provider, client, label=inp.label, value=inp.value, count=inp.count
+        )
+        return co.DecommissionPlan(by_shard={s: list(ids) for s, ids in plan.items() if ids})
 
     @activity.defn(name=co.RECORD_INSTRUCTION)
     async def record_instruction(self, inp: co.InstructionRecord) -> None:

@@ -28,6 +28,8 @@ class TransferContext(Protocol):
 
     async def prepare_preemption(self, inp: co.ReleaseInput) -> co.PreemptionPlan: ...
 
+    async def retire_machines(self, inp: co.RetireInput) -> co.RetireResult: ...
+
 
 class TransferActivities:
     def __init__(self, ctx: TransferContext) -> None:
@@ -50,6 +52,12 @@ class TransferActivities:
         """Pick lower-priority victims for another shard's need and prepare their drains."""
         self._ensure_active()
         return await self._ctx.prepare_preemption(inp)
+
+    @activity.defn(name=co.RETIRE_MACHINES)
+    async def retire_machines(self, inp: co.RetireInput) -> co.RetireResult:
+        """Take machines of a decommissioned domain out of use for good."""
+        self._ensure_active()
+        return await self._ctx.retire_machines(inp)
 
     @activity.defn(name=co.ADOPT_MACHINES)
     async def adopt_machines(self, inp: co.AdoptInput) -> co.AdoptResult:

@@ -347,6 +347,44 @@ def shards_remove(
     typer.echo(f"shard {shard_id} removed")
 
 
+@app.command("decommission")
+def decommission(
+    provider: Annotated[str, typer.Option(help="The provider whose machines retire.")],
+    label: Annotated[
+        str, typer.Option(help="The domain's label, e.g. topology.kubernetes.io/rack.")
+    ],
+    value: Annotated[str, typer.Option(help="The domain's label value.")],
+    count: Annotated[int, typer.Option(min=1, help="How many machines of the domain retire.")],
+    reason: Annotated[str, typer.Option(help="Kept with each retired machine.")] = "decommissioned",
+) -> None:
+    """Retire machines of a domain, the same share from every shard that holds some.
+
+    Runs as a workflow on the coordinator's task queue (the coordinator must
+    be running); unbound machines are quarantined at once, configured ones are
+    drained first. Retired machines stay out across restarts.
+    """
+    from bigfleet import temporal
+    from workflows import coordinator as co
+
+    settings = _settings()
+    address = settings.temporal_address or "127.0.0.1:7233"
+
+    async def main() -> None:
+        client = await temporal.connect(address, settings.temporal_namespace)
+        result = await client.execute_workflow(
+            co.DecommissionWorkflow.run,
+            co.DecommissionInput(provider, label, value, count, reason),
+            id=f"{co.COORDINATOR_ID}/decommission/{provider}/{label}={value}/{int(time.time())}",
+            task_queue=co.COORDINATOR_QUEUE,
+        )
+        for shard_id, retired in sorted(result.retired.items()):
+            typer.echo(f"{shard_id:<12} retired {retired}")
+        if not result.retired:
+            typer.echo(f"no machine of {provider} has {label}={value}")
+
+    _run(main())
+
+
 @app.command("clusters")
 def clusters_list() -> None:
     """Which shard serves each cluster (assigned on first contact, permanent)."""

@@ -62,6 +62,7 @@ class CoordinatorProcess:
             workflows=[
                 co.CoordinatorWorkflow,
                 co.TransferWorkflow,
+                co.DecommissionWorkflow,
                 ms.ClusterMoveWorkflow,
                 ms.HandoverWorkflow,
             ],
@@ -70,6 +71,7 @@ class CoordinatorProcess:
                 acts.plan,
                 acts.record_instruction,
                 acts.finish_instruction,
+                acts.plan_decommission,
                 membership.plan_membership,
                 membership.record_membership,
             ],
@@ -86,6 +88,15 @@ class CoordinatorProcess:
             id_conflict_policy=WorkflowIDConflictPolicy.TERMINATE_EXISTING,
         )
         log.info("coordinator running at term %d", self.term)
+
+    async def decommission(self, inp: co.DecommissionInput) -> co.DecommissionResult:
+        """Retire machines of a domain evenly from all shards; waits for the result."""
+        return await self.temporal.execute_workflow(
+            co.DecommissionWorkflow.run,
+            inp,
+            id=f"{co.COORDINATOR_ID}/decommission/{inp.provider}/{inp.label}={inp.value}/{self.term}",
+            task_queue=co.COORDINATOR_QUEUE,
+        )
 
     def handle(self) -> WorkflowHandle[Any, Any]:
         return self.temporal.get_workflow_handle(co.COORDINATOR_ID)

@@ -42,6 +42,8 @@ FINISH_INSTRUCTION = "bigfleet.coordinator.finish_instruction"
 ADOPT_MACHINES = "bigfleet.shard.adopt_machines"
 RELEASE_MACHINES = "bigfleet.shard.release_machines"
 PREPARE_PREEMPTION = "bigfleet.shard.prepare_preemption"
+RETIRE_MACHINES = "bigfleet.shard.retire_machines"
+PLAN_DECOMMISSION = "bigfleet.coordinator.plan_decommission"
 
 
 @dataclass
@@ -172,6 +174,40 @@ class DrainStart:
 class PreemptionPlan:
     drains: list[DrainStart]
     refused: str = ""
+
+
+@dataclass
+class DecommissionInput:
+    """Retire ``count`` machines of a domain (``label`` = ``value``) at ``provider``."""
+
+    provider: str
+    label: str
+    value: str
+    count: int
+    reason: str = "decommissioned"
+
+
+@dataclass
+class DecommissionPlan:
+    # shard id -> machine ids it gives up (every shard the same share)
+    by_shard: dict[str, list[str]]
+
+
+@dataclass
+class RetireInput:
+    machine_ids: list[str]
+    reason: str
+
+
+@dataclass
+class RetireResult:
+    retired: int
+    draining: int
+
+
+@dataclass
+class DecommissionResult:
+    retired: dict[str, int]
 
 
 @dataclass
@@ -343,6 +379,41 @@ def _describe(spec: TransferSpec | ms.ClusterMoveSpec | ms.HandoverSpec) -> dict
             "count": len(spec.machines),
         }
     return vars(spec)
+
+
+@workflow.defn(name="DecommissionWorkflow")
+class DecommissionWorkflow:
+    """Retire machines of a domain evenly from every shard that holds some.
+
+    Each shard takes its share out of use itself: unbound machines are
+    quarantined at once, configured ones are drained first (their clusters
+    see the loss and replace it). Quarantine is durable, so a retired machine
+    never comes back after a restart.
+    """
+
+    @workflow.run
+    async def run(self, inp: DecommissionInput) -> DecommissionResult:
+        plan: DecommissionPlan = await workflow.execute_activity(
+            PLAN_DECOMMISSION,
+            inp,
+            result_type=DecommissionPlan,
+            start_to_close_timeout=_QUICK,
+            retry_policy=_RETRY,
+        )
+
+        async def retire(shard_id: str, ids: list[str]) -> tuple[str, int]:
+            result: RetireResult = await workflow.execute_activity(
+                RETIRE_MACHINES,
+                RetireInput(ids, inp.reason),
+                result_type=RetireResult,
+                task_queue=f"shard-{shard_id}",
+                schedule_to_close_timeout=timedelta(minutes=10),
+                retry_policy=_RETRY,
+            )
+            return shard_id, result.retired
+
+        done = await asyncio.gather(*(retire(s, ids) for s, ids in sorted(plan.by_shard.items())))
+        return DecommissionResult(dict(done))
 
 
 def _cooldown_key(spec: TransferSpec) -> str:

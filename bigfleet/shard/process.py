@@ -54,7 +54,15 @@ from providers.client import FencingToken
 from providers.errors import ProviderError
 from shard_engine.costs import drain_grace_seconds
 from shard_engine.engine import EngineConfig, ShardEngine
-from shard_engine.model import MachineRecord, MachineState, Need, Rollup, Shortfall
+from shard_engine.model import (
+    MachineRecord,
+    MachineState,
+    Need,
+    Plan,
+    Reclaim,
+    Rollup,
+    Shortfall,
+)
 from workflows import coordinator as co
 from workflows import membership as ms
 from workflows import search_attributes as sa
@@ -204,6 +212,7 @@ class ShardProcess:
                 transfers.release_machines,
                 transfers.adopt_machines,
                 transfers.prepare_preemption,
+                transfers.retire_machines,
                 membership.release_cluster,
                 membership.hand_over,
             ],
@@ -739,6 +748,35 @@ class ShardProcess:
             inp.seq,
         )
         return co.PreemptionPlan(drains)
+
+    async def retire_machines(self, inp: co.RetireInput) -> co.RetireResult:
+        """Take machines of a decommissioned domain out of use for good.
+
+        Each is quarantined durably first (a restart keeps it out). An unbound
+        machine simply leaves the engine; a configured one is drained first
+        with the default grace, and its cluster sees the loss and replaces
+        it. A machine in the middle of an operation is left for the next
+        decommission round (it is not counted as retired).
+        """
+        retired = draining = 0
+        busy = set(self.engine.in_flight())
+        for machine_id in inp.machine_ids:
+            if machine_id not in self.owned or machine_id in busy:
+                continue
+            if not await self.store.quarantine(machine_id, self.shard_id, inp.reason):
+                continue
+            record = self.engine.machine(machine_id)
+            if record is not None and record.state == MachineState.CONFIGURED and record.cluster:
+                grace = self.options.engine.grace_default_seconds
+                await self._executor.execute(
+                    Plan(now=self.clock(), actions=(Reclaim(machine_id, record.cluster, grace),))
+                )
+                draining += 1
+            self.lifecycle.quarantine(machine_id, inp.reason)
+            self.engine.remove_machine(machine_id)
+            retired += 1
+        log.info("retired %d machines (%d draining first): %s", retired, draining, inp.reason)
+        return co.RetireResult(retired, draining)
 
     async def _hand_over_drained(self, inp: co.ReleaseInput) -> co.ReleaseResult:
         """After a cross-shard preemption: move the victims that reached IDLE."""
