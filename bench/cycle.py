@@ -351,7 +351,8 @@ def churn(world: World, rng: random.Random, *, pending: float, excess: float, gr
     second, so about a tenth of the clusters report before each cycle
     (more in a burst, so that the grown needs fit). Within them, needs
     amounting to ``pending`` of all need rows grow by up to ``grow``
-    machines and ``excess`` of them shrink; the rest are re-sent unchanged.
+    machines and ``excess`` of them shrink by as much, so demand neither
+    runs away nor dries up over a long run; the rest are re-sent unchanged.
     """
     engine = world.engine
     names = sorted(world.needs)
@@ -370,7 +371,7 @@ def churn(world: World, rng: random.Random, *, pending: float, excess: float, gr
         if n < growing:
             plan.machines += rng.randint(1, grow)
         else:
-            plan.machines -= rng.randint(1, 4)
+            plan.machines -= rng.randint(1, grow)
         plan.need = replace(plan.need, aggregate=_aggregate(plan))
     for cluster in chosen:
         engine.apply_rollup(rollup(world, cluster, world.needs[cluster]), now=world.now)
@@ -452,7 +453,7 @@ def bench_cycle(name: str, *, pending: float, grow: int, cycles: int, seed: int)
         cycles=cycles,
         warmup=WARMUP,
         pending=pending,
-        excess=pending / 2,
+        excess=pending,
         grow=grow,
         seed=seed + 1,
     )
@@ -484,7 +485,7 @@ def bench_realistic(*, cycles: int, seed: int) -> None:
     emit(name, "build_s", time.perf_counter() - start, "s")
     needs = world.engine.summary().needs
     samples = run_cycles(
-        world, cycles=cycles, warmup=WARMUP, pending=0.02, excess=0.01, grow=8, seed=seed + 1
+        world, cycles=cycles, warmup=WARMUP, pending=0.02, excess=0.02, grow=8, seed=seed + 1
     )
     per_need = [t / needs * 1e6 for t in samples.wall]
     per_need_cpu = [t / needs * 1e6 for t in samples.cpu]

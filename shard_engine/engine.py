@@ -325,13 +325,17 @@ class ShardEngine:
                     promises.pop(row, None)
                     inventory.set_flags(row, flags=0, target=NO_CLUSTER)
                 continue
+            if kind is not MarkKind.VERIFY:
+                inventory.mark_in_flight(mark.rows, mark.target)
             shared: dict[int, _Flight] = {}  # rows of one mark from one source share a record
             for row in mark.rows:
                 if promises:
                     promises.pop(row, None)
                 source = int(bound[row])
-                target = source if kind is MarkKind.VERIFY else mark.target
-                inventory.set_flags(row, flags=FLAG_IN_FLIGHT, target=target)
+                target = mark.target
+                if kind is MarkKind.VERIFY:
+                    target = source
+                    inventory.set_flags(row, flags=FLAG_IN_FLIGHT, target=target)
                 if suspects:
                     suspects.discard(row)
                 flight = shared.get(source)

@@ -442,6 +442,58 @@ class Inventory:
         if bound >= 0 and old_key != new_key:
             self._versions[bound] += 1
 
+    def mark_in_flight(self, rows: list[int], target: int) -> None:
+        """:meth:`set_flags` (in flight, toward ``target``) for many settled machines at once.
+
+        The commit of a plan does this for every machine it names; doing it
+        per batch lets the count updates be summed instead of applied one
+        machine at a time. Rows already in flight or promised take the
+        per-row path.
+        """
+        if target >= self._supply.shape[0]:
+            self.ensure_tables()
+        flags = self.flags
+        profile_column = self.profile
+        cluster_column = self.cluster
+        pools = self.pools
+        moved: dict[tuple[int, int], int] = {}
+        freed: dict[tuple[int, int], int] = {}
+        bumped: dict[int, int] = {}
+        plain: list[int] = []
+        for row in rows:
+            if int(flags[row]) & (FLAG_IN_FLIGHT | FLAG_PROMISED):
+                self.set_flags(row, flags=FLAG_IN_FLIGHT, target=target)
+                continue
+            key, owner = self._place(row)
+            profile = int(profile_column[row])
+            if key is not None:
+                pool = pools.find(key)
+                assert pool is not None
+                pools.remove(row, pool)
+                if key.tier != TIER_BOUND:
+                    freed[(key.tier, profile)] = freed.get((key.tier, profile), 0) + 1
+                bound = int(cluster_column[row])
+                if bound >= 0:
+                    bumped[bound] = bumped.get(bound, 0) + 1
+            if owner != target:
+                if owner >= 0:
+                    moved[(owner, profile)] = moved.get((owner, profile), 0) - 1
+                if target >= 0:
+                    moved[(target, profile)] = moved.get((target, profile), 0) + 1
+            plain.append(row)
+        if not plain:
+            return
+        flags[plain] = (flags[plain] & ~np.uint8(FLAG_CREATING_FOR)) | np.uint8(FLAG_IN_FLIGHT)
+        self._targets.update(dict.fromkeys(plain, target))
+        for (tier, profile), count in freed.items():
+            self._free[tier, profile] -= count
+        for (cluster, profile), delta in moved.items():
+            if delta:
+                self._supply[cluster, profile] += delta
+                bumped[cluster] = bumped.get(cluster, 0) + 1
+        for cluster, count in bumped.items():
+            self._versions[cluster] += count
+
     # -- reading ----------------------------------------------------------------------
     def row(self, machine_id: str) -> int | None:
         """Row of ``machine_id`` or None."""

@@ -341,19 +341,21 @@ def _preempt_for(
             priority - victim_priority, config.grace_thresholds, config.grace_default_seconds
         )
         victim_id = sheet.inventory.clusters.name(victim)
-        for row in rows:
-            sheet.record(
-                Preempt(
-                    machine_id=sheet.inventory.ids.id_of(row),
-                    victim_cluster_id=victim_id,
-                    victim_priority=max(victim_priority, -(2**31)),
-                    preemptor_cluster_id=cluster_id,
-                    preemptor_need_key=item.key,
-                    preemptor_priority=priority,
-                    grace_seconds=grace,
-                ),
-                Mark(MarkKind.PREEMPT, [row], item.cluster, item.key, priority),
+        if not rows:
+            continue
+        sheet.actions.extend(
+            Preempt(
+                machine_id=machine_id,
+                victim_cluster_id=victim_id,
+                victim_priority=max(victim_priority, -(2**31)),
+                preemptor_cluster_id=cluster_id,
+                preemptor_need_key=item.key,
+                preemptor_priority=priority,
+                grace_seconds=grace,
             )
+            for machine_id in sheet.inventory.ids.ids_of(rows)
+        )
+        sheet.marks.append(Mark(MarkKind.PREEMPT, rows, item.cluster, item.key, priority))
     if gang and item.victims_taken:
         item.topology_block = ""
     item.deficit = np.maximum(item.deficit - (deficit - residual), 0.0)

@@ -173,15 +173,12 @@ def reclaim_excess(
             if demand.needs:
                 matches = demand.matrix[:, profile]
                 surplus[matches] -= len(rows) * alloc[profile]
-            for row in rows:
-                sheet.record(
-                    Reclaim(
-                        machine_id=inventory.ids.id_of(row),
-                        cluster_id=cluster_id,
-                        grace_seconds=config.reclaim_grace_seconds,
-                    ),
-                    Mark(MarkKind.RECLAIM, [row], -1),
-                )
+            grace = config.reclaim_grace_seconds
+            sheet.actions.extend(
+                Reclaim(machine_id=machine_id, cluster_id=cluster_id, grace_seconds=grace)
+                for machine_id in inventory.ids.ids_of(rows)
+            )
+            sheet.marks.append(Mark(MarkKind.RECLAIM, rows, -1))
 
 
 def release_idle(
@@ -237,11 +234,12 @@ def release_idle(
             remembered[pool] = sheet.now + float(waiting.min()) + hold - now_s
         else:
             remembered.pop(pool, None)
-        for row in expired.tolist():
-            if row in sheet.taken:
-                continue
-            sheet.taken.add(row)
-            budget -= 1
-            sheet.record(
-                Release(machine_id=inventory.ids.id_of(row)), Mark(MarkKind.RELEASE, [row], -1)
-            )
+        chosen = [row for row in expired.tolist() if row not in sheet.taken]
+        if not chosen:
+            continue
+        sheet.taken.update(chosen)
+        budget -= len(chosen)
+        sheet.actions.extend(
+            Release(machine_id=machine_id) for machine_id in inventory.ids.ids_of(chosen)
+        )
+        sheet.marks.append(Mark(MarkKind.RELEASE, chosen, -1))
