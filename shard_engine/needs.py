@@ -20,7 +20,7 @@ this need already have" into one small matrix product per cluster.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -80,11 +80,40 @@ def _penalty(value: float, *, field: str) -> float:
 
 
 def _resources(amounts: Mapping[str, float], *, field: str) -> dict[str, float]:
-    try:
-        ResourceVec.from_mapping(amounts, field=field)
-    except InvalidResource as exc:
-        raise RollupRejected(exc.field, exc.reason) from None
-    return {k: float(v) for k, v in amounts.items() if v > 0}
+    out: dict[str, float] = {}
+    for name, value in amounts.items():
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value < 0
+            or not isinstance(name, str)
+            or not name
+        ):
+            try:  # the resource algebra says precisely what is wrong
+                ResourceVec.from_mapping({name: value}, field=field)
+            except InvalidResource as exc:
+                raise RollupRejected(exc.field, exc.reason) from None
+            raise RollupRejected(f"{field}[{name}]", f"invalid amount {value!r}")
+        if value > 0:
+            out[name] = float(value)
+    return out
+
+
+Validated = tuple[Need, Need, str]
+"""A need as received, as normalised, and its key: reused while a cluster re-sends it."""
+
+
+def _same_identity(a: Need, b: Need) -> bool:
+    """True when two needs differ at most in size (aggregate, ``min_unit``)."""
+    return (
+        a.requirements == b.requirements
+        and a.priority == b.priority
+        and a.spread == b.spread
+        and a.interruption_penalty == b.interruption_penalty
+        and a.reclamation_penalty == b.reclamation_penalty
+        and a.app_class == b.app_class
+    )
 
 
 def _validate_need(need: Need, *, field: str) -> Need:
@@ -127,13 +156,20 @@ def _validate_need(need: Need, *, field: str) -> Need:
     )
 
 
-def validate_rollup(rollup: Rollup) -> dict[str, Need]:
+def validate_rollup(
+    rollup: Rollup, previous: Sequence[Validated] = ()
+) -> tuple[dict[str, Need], tuple[Validated, ...]]:
     """Check a roll-up and return its needs by key, normalised, one per need key.
 
     Two rows with the same key (same requirements, priority, spread and
     penalties) are one need on the wire's own terms: their aggregates are
     summed, the larger ``min_unit`` per resource kept, and the most
     protective app class wins. Infinite penalties become ``PINNED_DOLLARS``.
+
+    ``previous`` is what the cluster's last roll-up validated to, row by
+    row: a row equal to its predecessor is reused, and one that differs only
+    in size keeps its key and requirement checks (operators re-send their
+    needs in a stable order, and a size change is the common edit).
     """
     if not isinstance(rollup.cluster_id, str) or not rollup.cluster_id:
         raise RollupRejected("cluster_id", "empty")
@@ -144,9 +180,23 @@ def validate_rollup(rollup: Rollup) -> dict[str, Need]:
     ):
         raise RollupRejected("reported_nodes", "node names must be strings")
     merged: dict[str, Need] = {}
+    validated: list[Validated] = []
     for i, raw in enumerate(rollup.needs):
-        need = _validate_need(raw, field=f"needs[{i}]")
-        key = need.key
+        field = f"needs[{i}]"
+        before = previous[i] if i < len(previous) else None
+        if before is not None and raw == before[0]:
+            need, key = before[1], before[2]
+        elif before is not None and _same_identity(raw, before[0]):
+            need = replace(
+                before[1],
+                aggregate=_resources(raw.aggregate, field=f"{field}.aggregate"),
+                min_unit=_resources(raw.min_unit, field=f"{field}.min_unit"),
+            )
+            key = before[2]
+        else:
+            need = _validate_need(raw, field=field)
+            key = need.key
+        validated.append((raw, need, key))
         earlier = merged.get(key)
         if earlier is None:
             merged[key] = need
@@ -159,7 +209,7 @@ def validate_rollup(rollup: Rollup) -> dict[str, Need]:
             unit[name] = max(unit.get(name, 0.0), value)
         app = max((earlier.app_class, need.app_class), key=lambda a: APP_CLASS_VICTIM_RANK[a])
         merged[key] = replace(earlier, aggregate=aggregate, min_unit=unit, app_class=app)
-    return merged
+    return merged, tuple(validated)
 
 
 @dataclass(slots=True)
@@ -209,6 +259,8 @@ class ClusterNeeds:
     cluster_id: str
     needs: tuple[Need, ...] = ()
     keys: tuple[str, ...] = ()
+    received: tuple[Need, ...] = ()
+    validated: tuple[Validated, ...] = ()
     applied_ns: int | None = None
     seen_ns: int | None = None
     arrival: dict[str, int] = field(default_factory=dict)
@@ -250,8 +302,31 @@ class NeedsTable:
 
         Raises :class:`RollupRejected` before touching anything when the
         roll-up has a semantic problem.
+
+        A roll-up whose needs equal the last applied ones, field for field
+        (the usual case every ten seconds), is recognised before validation
+        and costs a comparison.
         """
-        needs = validate_rollup(rollup)
+        found = self._clusters.find(rollup.cluster_id) if rollup.cluster_id else None
+        same = self._entries.get(found) if found is not None else None
+        if (
+            same is not None
+            and same.applied_ns is not None
+            and same.held is None
+            and isinstance(rollup.timestamp_ns, int)
+            and not isinstance(rollup.timestamp_ns, bool)
+            and same.seen_ns is not None
+            and rollup.timestamp_ns >= same.seen_ns
+            and rollup.needs == same.received
+            and (
+                rollup.reported_nodes is None
+                or all(isinstance(n, str) for n in rollup.reported_nodes)
+            )
+        ):
+            same.seen_ns = same.applied_ns = rollup.timestamp_ns
+            same.reported_nodes = rollup.reported_nodes
+            return RollupOutcome("applied", f"{len(same.needs)} needs, unchanged"), same
+        needs, validated = validate_rollup(rollup, same.validated if same is not None else ())
         index = self._clusters.index_of(rollup.cluster_id)
         entry = self._entries.get(index)
         if entry is None:
@@ -293,6 +368,8 @@ class NeedsTable:
                 )
         entry.held = None
         entry.held_confirmations = 0
+        entry.received = tuple(rollup.needs)
+        entry.validated = validated
         if (
             entry.applied_ns is not None
             and incoming == previous
@@ -365,7 +442,7 @@ class NeedsTable:
         Pruning walks every need, so it runs only when the cache has grown
         past twice the number of need rows (plus slack), not per roll-up.
         """
-        if len(self._masks) <= 2 * self.count() + 64:
+        if len(self._masks) <= 64 or len(self._masks) <= 2 * self.count() + 64:
             return
         keys: set[MaskKey] = set()
         for entry in self._entries.values():
