@@ -75,7 +75,7 @@ class Shape:
 def catalog(types: int, zones: int, racks: int, rng: random.Random) -> list[Shape]:
     """``types`` instance types x ``zones`` zones x cloud capacity types, plus bare-metal racks."""
     shapes: list[Shape] = []
-    names = []
+    names: list[tuple[str, str, float]] = []
     for i in range(types):
         family = FAMILIES[i % len(FAMILIES)]
         size, cpu = SIZES[(i // len(FAMILIES)) % len(SIZES)]
