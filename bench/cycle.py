@@ -78,9 +78,9 @@ def catalog(types: int, zones: int, racks: int, rng: random.Random) -> list[Shap
     names: list[tuple[str, str, float]] = []
     for i in range(types):
         family = FAMILIES[i % len(FAMILIES)]
-        size, cpu = SIZES[(i // len(FAMILIES)) % len(SIZES)]
+        size, cores = SIZES[(i // len(FAMILIES)) % len(SIZES)]
         generation = 5 + i // (len(FAMILIES) * len(SIZES))
-        names.append((f"{family}{generation}.{size}", family, float(cpu)))
+        names.append((f"{family}{generation}.{size}", family, float(cores)))
     zone_names = [f"zone-{chr(97 + z)}" for z in range(zones)]
     for name, family, cpu in names:
         memory = cpu * {"m": 4, "c": 2, "r": 8, "g": 8}[family] * GI
