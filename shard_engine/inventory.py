@@ -445,46 +445,73 @@ class Inventory:
     def mark_in_flight(self, rows: list[int], target: int) -> None:
         """:meth:`set_flags` (in flight, toward ``target``) for many settled machines at once.
 
-        The commit of a plan does this for every machine it names; doing it
-        per batch lets the count updates be summed instead of applied one
-        machine at a time. Rows already in flight or promised take the
-        per-row path.
+        The commit of a plan does this for every machine it names. Columns
+        are read for the whole batch at once, count updates are summed, and
+        machines that form the tail of their pool — which is where a cycle
+        takes them from — leave it by shortening the pool. Rows already in
+        flight or promised take the per-row path.
         """
         if target >= self._supply.shape[0]:
             self.ensure_tables()
+        if not rows:
+            return
+        index = np.asarray(rows, dtype=np.int64)
         flags = self.flags
-        profile_column = self.profile
-        cluster_column = self.cluster
         pools = self.pools
         moved: dict[tuple[int, int], int] = {}
         freed: dict[tuple[int, int], int] = {}
         bumped: dict[int, int] = {}
+        leaving: dict[PoolKey, list[int]] = {}
         plain: list[int] = []
-        for row in rows:
-            if int(flags[row]) & (FLAG_IN_FLIGHT | FLAG_PROMISED):
+        targets = self._targets
+        for row, flag, state, profile, cluster in zip(
+            rows,
+            flags[index].tolist(),
+            self.state[index].tolist(),
+            self.profile[index].tolist(),
+            self.cluster[index].tolist(),
+            strict=True,
+        ):
+            if flag & (FLAG_IN_FLIGHT | FLAG_PROMISED):
                 self.set_flags(row, flags=FLAG_IN_FLIGHT, target=target)
                 continue
-            key, owner = self._place(row)
-            profile = int(profile_column[row])
+            # The settled branch of ``_place``, on plain integers.
+            key: PoolKey | None = None
+            owner = NO_CLUSTER
+            if state == _CONFIGURED:
+                if cluster >= 0:
+                    key = PoolKey(TIER_BOUND, cluster, profile)
+                    owner = cluster
+            elif state == _IDLE:
+                key = PoolKey(TIER_IDLE, NO_CLUSTER, profile)
+            elif state == _SPECULATIVE:
+                key = PoolKey(TIER_SPECULATIVE, NO_CLUSTER, profile)
+            elif state == _CONFIGURING:
+                owner = cluster
+            elif state == _CREATING and flag & FLAG_CREATING_FOR:
+                owner = targets.get(row, NO_CLUSTER)
             if key is not None:
-                pool = pools.find(key)
-                assert pool is not None
-                pools.remove(row, pool)
+                leaving.setdefault(key, []).append(row)
                 if key.tier != TIER_BOUND:
                     freed[(key.tier, profile)] = freed.get((key.tier, profile), 0) + 1
-                bound = int(cluster_column[row])
-                if bound >= 0:
-                    bumped[bound] = bumped.get(bound, 0) + 1
+                if cluster >= 0:
+                    bumped[cluster] = bumped.get(cluster, 0) + 1
             if owner != target:
                 if owner >= 0:
                     moved[(owner, profile)] = moved.get((owner, profile), 0) - 1
                 if target >= 0:
                     moved[(target, profile)] = moved.get((target, profile), 0) + 1
             plain.append(row)
+        for key, members in leaving.items():
+            pool = pools.find(key)
+            assert pool is not None
+            if not pools.remove_tail(pool, members):
+                for row in members:
+                    pools.remove(row, pool)
         if not plain:
             return
         flags[plain] = (flags[plain] & ~np.uint8(FLAG_CREATING_FOR)) | np.uint8(FLAG_IN_FLIGHT)
-        self._targets.update(dict.fromkeys(plain, target))
+        targets.update(dict.fromkeys(plain, target))
         for (tier, profile), count in freed.items():
             self._free[tier, profile] -= count
         for (cluster, profile), delta in moved.items():

@@ -121,6 +121,22 @@ class Pools:
         self._pos[row] = size
         self.counts[pool] = size + 1
 
+    def remove_tail(self, pool: int, rows: list[int]) -> bool:
+        """Remove ``rows`` at once if they are exactly the pool's last entries; else do nothing.
+
+        A cycle takes machines from the tails of pools and commits them in
+        the same order, so this is the usual case and costs one comparison.
+        """
+        size = int(self.counts[pool])
+        count = len(rows)
+        if count > size:
+            return False
+        tail = self._stacks[pool][size - count : size]
+        if not np.array_equal(np.sort(tail), np.sort(np.asarray(rows, dtype=np.int32))):
+            return False
+        self.counts[pool] = size - count
+        return True
+
     def remove(self, row: int, pool: int) -> None:
         """Take ``row`` out of ``pool`` (the pool the inventory says it is in)."""
         stack = self._stacks[pool]
