@@ -1,7 +1,8 @@
 """``python -m bench NAME``: run a benchmark suite; each prints JSON lines.
 
 Suites: ``cycle`` (the shard engine), ``lifecycle`` (machine transitions
-through Temporal), ``all`` (every suite in turn). Each line is
+through Temporal), ``packing`` (vector bin packing heuristics), ``all``
+(every suite in turn). Each line is
 ``{"bench": ..., "metric": ..., "value": ..., "unit": ...}``.
 """
 
@@ -10,7 +11,11 @@ from __future__ import annotations
 import importlib
 import sys
 
-SUITES = {"cycle": "bench.cycle", "lifecycle": "bench.lifecycle"}
+SUITES = {
+    "cycle": "bench.cycle",
+    "lifecycle": "bench.lifecycle",
+    "packing": "bench.packing",
+}
 
 
 def main(argv: list[str]) -> int:
