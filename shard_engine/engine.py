@@ -251,6 +251,7 @@ class ShardEngine:
             catalog=self._catalog,
             config=config,
             tolerance=RELATIVE_TOLERANCE,
+            release=self._table.releases(),
         )
         reclaim.release_idle(
             sheet=sheet,

@@ -100,6 +100,16 @@ def _resources(amounts: Mapping[str, float], *, field: str) -> dict[str, float]:
     return out
 
 
+def _validate_release(release: frozenset[str]) -> None:
+    if not isinstance(release, frozenset):
+        raise RollupRejected("release", f"not a set of machine ids: {type(release).__name__}")
+    for machine_id in release:
+        if not isinstance(machine_id, str) or not machine_id:
+            raise RollupRejected(
+                "release", f"machine ids must be non-empty strings: {machine_id!r}"
+            )
+
+
 Validated = tuple[Need, Need, str]
 """A need as received, as normalised, and its key: reused while a cluster re-sends it."""
 
@@ -179,6 +189,7 @@ def validate_rollup(
         not isinstance(n, str) for n in rollup.reported_nodes
     ):
         raise RollupRejected("reported_nodes", "node names must be strings")
+    _validate_release(rollup.release)
     merged: dict[str, Need] = {}
     validated: list[Validated] = []
     for i, raw in enumerate(rollup.needs):
@@ -267,6 +278,8 @@ class ClusterNeeds:
     held: dict[str, Need] | None = None
     held_confirmations: int = 0
     reported_nodes: frozenset[str] | None = None
+    # Machines the cluster's last applied roll-up offered for release (``Rollup.release``).
+    release: frozenset[str] = frozenset()
     gang_domain: dict[str, int] = field(default_factory=dict)
     version: int = 0
     compiled: Demand | None = None
@@ -294,6 +307,7 @@ class NeedsTable:
         self._rule = quarantine
         self._entries: dict[int, ClusterNeeds] = {}
         self._arrivals = 0
+        self._releases: dict[int, frozenset[str]] = {}
         self.version = 0
 
     # -- roll-ups -----------------------------------------------------------------
@@ -323,8 +337,10 @@ class NeedsTable:
                 or all(isinstance(n, str) for n in rollup.reported_nodes)
             )
         ):
+            _validate_release(rollup.release)
             same.seen_ns = same.applied_ns = rollup.timestamp_ns
             same.reported_nodes = rollup.reported_nodes
+            self._set_release(same, rollup.release)
             return RollupOutcome("applied", f"{len(same.needs)} needs, unchanged"), same
         needs, validated = validate_rollup(rollup, same.validated if same is not None else ())
         index = self._clusters.index_of(rollup.cluster_id)
@@ -378,6 +394,7 @@ class NeedsTable:
             # Same demand re-sent (the usual case every ten seconds): nothing to recompile.
             entry.applied_ns = rollup.timestamp_ns
             entry.reported_nodes = rollup.reported_nodes
+            self._set_release(entry, rollup.release)
             return RollupOutcome("applied", f"{len(needs)} needs, unchanged"), entry
         self._replace(entry, needs, rollup)
         return RollupOutcome("applied", f"{len(needs)} needs"), entry
@@ -396,8 +413,16 @@ class NeedsTable:
         entry.needs = tuple(n for _, n in ordered)
         entry.applied_ns = rollup.timestamp_ns
         entry.reported_nodes = rollup.reported_nodes
+        self._set_release(entry, rollup.release)
         entry.gang_domain = {k: v for k, v in entry.gang_domain.items() if k in arrival}
         self.touch(entry)
+
+    def _set_release(self, entry: ClusterNeeds, release: frozenset[str]) -> None:
+        entry.release = release
+        if release:
+            self._releases[entry.index] = release
+        else:
+            self._releases.pop(entry.index, None)
 
     def touch(self, entry: ClusterNeeds) -> None:
         """Invalidate the entry's compiled form (its needs or gang domains changed)."""
@@ -412,6 +437,7 @@ class NeedsTable:
         because a cluster without an entry has never "applied" a roll-up here.
         """
         entry = self._entries.pop(cluster, None)
+        self._releases.pop(cluster, None)
         if entry is None:
             return False
         self.version += 1
@@ -426,6 +452,10 @@ class NeedsTable:
     def entries(self) -> list[ClusterNeeds]:
         """Every cluster that has sent a roll-up."""
         return list(self._entries.values())
+
+    def releases(self) -> Mapping[int, frozenset[str]]:
+        """Cluster index -> machine ids its applied roll-up offered for release (non-empty)."""
+        return self._releases
 
     def applied(self, cluster: int) -> bool:
         """True once a roll-up of ``cluster`` has been applied (only then may it lose machines)."""

@@ -12,6 +12,15 @@ money, holding bare metal does not), then the lower reclamation penalty
 — a wrong roll-up must not empty a cluster in one step. Clusters that never
 sent a roll-up, and machines in flight, are left alone.
 
+**Named release.** A cluster whose roll-up names machines it can give up
+(``Rollup.release``) loses excess only from those machines: the bound on
+how many may go is computed as above, and the machines taken are the named
+ones of each group, never any other. A scheduler that keeps particular
+workers (a Nanook cluster's ``workers_to_keep``) thus never sees them
+reclaimed for excess; if too few named machines are configured, less is
+reclaimed and the rest waits for a later roll-up (ADR 0070). Preemption
+(Phase 2) is not restricted.
+
 **Release idle.** An idle cloud machine is deleted once it has been idle for
 its capacity type's hold period, unless Phase 1 drew on that shape within
 the demand window (recent demand says it will be wanted again). Bare metal
@@ -21,6 +30,7 @@ and reserved capacity are never released.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 import numpy.typing as npt
@@ -89,8 +99,12 @@ def reclaim_excess(
     catalog: ProfileCatalog,
     config: EngineConfig,
     tolerance: float,
+    release: Mapping[int, frozenset[str]] | None = None,
 ) -> None:
     """Plan :class:`Reclaim` actions for excess configured machines (see module docstring).
+
+    ``release`` maps a cluster index to the machine ids its roll-up offered
+    for release; such a cluster's excess is taken from those machines only.
 
     Clusters whose supply and needs did not change since they were last
     found to have no excess are skipped. Of the others at most
@@ -152,6 +166,7 @@ def reclaim_excess(
         )
         order = np.lexsort((profiles, penalty, -price[profiles]))
         cluster_id = inventory.clusters.name(cluster)
+        named = _named_rows(sheet, release.get(cluster) if release else None)
         changed = False
         for position in order.tolist():
             if budget <= 0:
@@ -164,7 +179,12 @@ def reclaim_excess(
             machines = int(min(bound[position], available[position], budget))
             if machines <= 0:
                 continue
-            rows = sheet.take(PoolKey(TIER_BOUND, cluster, profile), machines)
+            key = PoolKey(TIER_BOUND, cluster, profile)
+            rows = (
+                sheet.take(key, machines)
+                if named is None
+                else sheet.take_named(key, named, machines)
+            )
             if not rows:
                 continue
             budget -= len(rows)
@@ -179,6 +199,14 @@ def reclaim_excess(
                 for machine_id in inventory.ids.ids_of(rows)
             )
             sheet.marks.append(Mark(MarkKind.RECLAIM, rows, -1))
+
+
+def _named_rows(sheet: Worksheet, ids: frozenset[str] | None) -> set[int] | None:
+    """Rows of the machines a cluster named for release, or None when it named none."""
+    if not ids:
+        return None
+    rows = sheet.inventory.ids
+    return {row for machine_id in ids if (row := rows.get(machine_id)) is not None}
 
 
 def release_idle(

@@ -157,6 +157,25 @@ class Worksheet:
         self.taken.update(rows)
         return rows
 
+    def take_named(self, key: PoolKey, named: set[int], machines: int) -> list[int]:
+        """Take up to ``machines`` rows of pool ``key`` that are in ``named``.
+
+        Unlike :meth:`take` the rows need not sit at the pool's tail, so they
+        are not counted in ``consumed``: only a phase that is the last to
+        take from the pool in a cycle may use this (Phase 3's reclaim of a
+        cluster that named the machines it releases). Rows already taken
+        this cycle, or consumed from the tail, are skipped.
+        """
+        pools = self.inventory.pools
+        pool = pools.find(key)
+        if pool is None or machines <= 0 or not named:
+            return []
+        members = pools.members(pool)[: pools.count(pool) - self.consumed.get(pool, 0)]
+        rows = [row for row in members.tolist() if row in named and row not in self.taken]
+        rows = rows[:machines]
+        self.taken.update(rows)
+        return rows
+
     def record(self, action: Action, mark: Mark) -> None:
         """Add an action to the plan and the mark that commits it."""
         self.actions.append(action)

@@ -26,7 +26,11 @@ from workflows.contracts import RequirementSpec
 
 log = logging.getLogger(__name__)
 
+SESSION_EXTENSIONS = ("release_machine_ids",)
+"""Wire extensions this shard honours, listed on the Hello acknowledgement (ADR 0070)."""
+
 __all__ = [
+    "SESSION_EXTENSIONS",
     "ClusterElsewhere",
     "OperatorSession",
     "Outbox",
@@ -221,10 +225,12 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
         self._hub = hub
         self._sink = sink
 
-    def _ack(self, echo: str) -> shard_pb2.ShardMessage:
+    def _ack(self, echo: str, *, extensions: Sequence[str] = ()) -> shard_pb2.ShardMessage:
         term, epoch = self._sink.ack_fields()
         return shard_pb2.ShardMessage(
-            ack=shard_pb2.Acknowledgement(echo=echo, coordinator_term=term, shard_epoch=epoch)
+            ack=shard_pb2.Acknowledgement(
+                echo=echo, coordinator_term=term, shard_epoch=epoch, extensions=extensions
+            )
         )
 
     async def Session(
@@ -251,7 +257,7 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
             await context.abort(grpc.StatusCode.ABORTED, str(err))
         session = self._hub.open(cluster_id, first.hello.protocol_version)
         log.info("session opened for cluster %s", cluster_id)
-        session.outbox.put(self._ack("hello"))
+        session.outbox.put(self._ack("hello", extensions=SESSION_EXTENSIONS))
         reader = asyncio.create_task(self._read(session, request_iterator))
         try:
             while True:

@@ -105,21 +105,32 @@ class ClusterCapacityNeeds(_message.Message):
     CLUSTER_ID_FIELD_NUMBER: _builtins.int
     TIMESTAMP_UNIX_NANOS_FIELD_NUMBER: _builtins.int
     NEEDS_FIELD_NUMBER: _builtins.int
+    RELEASE_MACHINE_IDS_FIELD_NUMBER: _builtins.int
     cluster_id: _builtins.str
     timestamp_unix_nanos: _builtins.int
     """When the operator assembled this snapshot; older snapshots are ignored."""
     @_builtins.property
     def needs(self) -> _containers.RepeatedCompositeFieldContainer[Global___CapacityNeed]: ...
+    @_builtins.property
+    def release_machine_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """BigFleet extension (not in the Go reference, whose shard ignores it):
+        machines of this cluster it can give up. When non-empty, excess is
+        reclaimed from these machines only, never from another machine of the
+        cluster; preemption by higher priority is not restricted. A shard that
+        honours it says so in its Hello acknowledgement (`extensions`).
+        """
+
     def __init__(
         self,
         *,
         cluster_id: _builtins.str = ...,
         timestamp_unix_nanos: _builtins.int = ...,
         needs: _abc.Iterable[Global___CapacityNeed] | None = ...,
+        release_machine_ids: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id", "needs", b"needs", "timestamp_unix_nanos", b"timestamp_unix_nanos"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id", "needs", b"needs", "release_machine_ids", b"release_machine_ids", "timestamp_unix_nanos", b"timestamp_unix_nanos"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

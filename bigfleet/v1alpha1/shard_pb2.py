@@ -26,7 +26,7 @@ from bigfleet.v1alpha1 import capacity_pb2 as bigfleet_dot_v1alpha1_dot_capacity
 from bigfleet.v1alpha1 import provider_pb2 as bigfleet_dot_v1alpha1_dot_provider__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x62igfleet/v1alpha1/shard.proto\x12\x11\x62igfleet.v1alpha1\x1a bigfleet/v1alpha1/capacity.proto\x1a bigfleet/v1alpha1/provider.proto\"\x80\x02\n\x0fOperatorMessage\x12)\n\x05hello\x18\x01 \x01(\x0b\x32\x18.bigfleet.v1alpha1.HelloH\x00\x12\x39\n\x06rollup\x18\x02 \x01(\x0b\x32\'.bigfleet.v1alpha1.ClusterCapacityNeedsH\x00\x12\x46\n\x12\x62ootstrap_response\x18\x03 \x01(\x0b\x32(.bigfleet.v1alpha1.BootstrapBlobResponseH\x00\x12\x34\n\x0breclaim_ack\x18\x04 \x01(\x0b\x32\x1d.bigfleet.v1alpha1.ReclaimAckH\x00\x42\t\n\x07payload\"\xdf\x02\n\x0cShardMessage\x12\x31\n\x03\x61\x63k\x18\x01 \x01(\x0b\x32\".bigfleet.v1alpha1.AcknowledgementH\x00\x12@\n\x11\x62ootstrap_request\x18\x02 \x01(\x0b\x32#.bigfleet.v1alpha1.BootstrapRequestH\x00\x12\x44\n\x13reclaim_instruction\x18\x03 \x01(\x0b\x32%.bigfleet.v1alpha1.ReclaimInstructionH\x00\x12?\n\x11node_state_update\x18\x04 \x01(\x0b\x32\".bigfleet.v1alpha1.NodeStateUpdateH\x00\x12H\n\x12\x61vailable_capacity\x18\x05 \x01(\x0b\x32*.bigfleet.v1alpha1.AvailableCapacityUpdateH\x00\x42\t\n\x07payload\";\n\x05Hello\x12\x12\n\ncluster_id\x18\x01 \x01(\t\x12\x18\n\x10protocol_version\x18\x03 \x01(\tJ\x04\x08\x02\x10\x03\"N\n\x0f\x41\x63knowledgement\x12\x0c\n\x04\x65\x63ho\x18\x01 \x01(\t\x12\x18\n\x10\x63oordinator_term\x18\x02 \x01(\x03\x12\x13\n\x0bshard_epoch\x18\x03 \x01(\x03\"|\n\x10\x42ootstrapRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12@\n\x0crequirements\x18\x02 \x03(\x0b\x32*.bigfleet.v1alpha1.NodeSelectorRequirement\x12\x12\n\ncluster_id\x18\x03 \x01(\t\"b\n\x15\x42ootstrapBlobResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tuser_data\x18\x02 \x01(\x0c\x12\x13\n\x0bttl_seconds\x18\x03 \x01(\x03\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"u\n\x12ReclaimInstruction\x12\x16\n\x0einstruction_id\x18\x01 \x01(\t\x12\r\n\x05nodes\x18\x02 \x03(\t\x12\x1c\n\x14grace_period_seconds\x18\x03 \x01(\x03\x12\x1a\n\x12preemptor_priority\x18\x04 \x01(\x05\";\n\nReclaimAck\x12\x16\n\x0einstruction_id\x18\x01 \x01(\t\x12\x15\n\rnodes_started\x18\x02 \x01(\x05\"\x8d\x03\n\x0fNodeStateUpdate\x12\x16\n\x0esupersedes_key\x18\x01 \x01(\t\x12\x12\n\nmachine_id\x18\x02 \x01(\t\x12\x12\n\ncluster_id\x18\x03 \x01(\t\x12.\n\x05state\x18\x04 \x01(\x0e\x32\x1f.bigfleet.v1alpha1.MachineState\x12\x11\n\tnode_name\x18\x05 \x01(\t\x12\x13\n\x0bprovider_id\x18\x06 \x01(\t\x12\x12\n\nlast_error\x18\x08 \x01(\t\x12>\n\x06labels\x18\t \x03(\x0b\x32..bigfleet.v1alpha1.NodeStateUpdate.LabelsEntry\x12/\n\tresources\x18\n \x01(\x0b\x32\x1c.bigfleet.v1alpha1.Resources\x12(\n\x06taints\x18\x0b \x03(\x0b\x32\x18.bigfleet.v1alpha1.Taint\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01J\x04\x08\x07\x10\x08\"3\n\x05Taint\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12\x0e\n\x06\x65\x66\x66\x65\x63t\x18\x03 \x01(\t\"\xb0\x03\n\x17\x41vailableCapacityUpdate\x12\x16\n\x0esupersedes_key\x18\x01 \x01(\t\x12@\n\x0crequirements\x18\x02 \x03(\x0b\x32*.bigfleet.v1alpha1.NodeSelectorRequirement\x12/\n\tresources\x18\x03 \x01(\x0b\x32\x1c.bigfleet.v1alpha1.Resources\x12\x17\n\x0f\x61vailable_count\x18\x04 \x01(\x05\x12I\n\nconfidence\x18\x05 \x01(\x0e\x32\x35.bigfleet.v1alpha1.AvailableCapacityUpdate.Confidence\x12\x15\n\rcost_per_hour\x18\x06 \x01(\x01\"}\n\nConfidence\x12\x1a\n\x16\x43ONFIDENCE_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x43ONFIDENCE_NONE\x10\x01\x12\x12\n\x0e\x43ONFIDENCE_LOW\x10\x02\x12\x15\n\x11\x43ONFIDENCE_MEDIUM\x10\x03\x12\x13\n\x0f\x43ONFIDENCE_HIGH\x10\x04J\x04\x08\x07\x10\x08J\x04\x08\x08\x10\tJ\x04\x08\t\x10\n2[\n\x05Shard\x12R\n\x07Session\x12\".bigfleet.v1alpha1.OperatorMessage\x1a\x1f.bigfleet.v1alpha1.ShardMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x62igfleet/v1alpha1/shard.proto\x12\x11\x62igfleet.v1alpha1\x1a bigfleet/v1alpha1/capacity.proto\x1a bigfleet/v1alpha1/provider.proto\"\x80\x02\n\x0fOperatorMessage\x12)\n\x05hello\x18\x01 \x01(\x0b\x32\x18.bigfleet.v1alpha1.HelloH\x00\x12\x39\n\x06rollup\x18\x02 \x01(\x0b\x32\'.bigfleet.v1alpha1.ClusterCapacityNeedsH\x00\x12\x46\n\x12\x62ootstrap_response\x18\x03 \x01(\x0b\x32(.bigfleet.v1alpha1.BootstrapBlobResponseH\x00\x12\x34\n\x0breclaim_ack\x18\x04 \x01(\x0b\x32\x1d.bigfleet.v1alpha1.ReclaimAckH\x00\x42\t\n\x07payload\"\xdf\x02\n\x0cShardMessage\x12\x31\n\x03\x61\x63k\x18\x01 \x01(\x0b\x32\".bigfleet.v1alpha1.AcknowledgementH\x00\x12@\n\x11\x62ootstrap_request\x18\x02 \x01(\x0b\x32#.bigfleet.v1alpha1.BootstrapRequestH\x00\x12\x44\n\x13reclaim_instruction\x18\x03 \x01(\x0b\x32%.bigfleet.v1alpha1.ReclaimInstructionH\x00\x12?\n\x11node_state_update\x18\x04 \x01(\x0b\x32\".bigfleet.v1alpha1.NodeStateUpdateH\x00\x12H\n\x12\x61vailable_capacity\x18\x05 \x01(\x0b\x32*.bigfleet.v1alpha1.AvailableCapacityUpdateH\x00\x42\t\n\x07payload\";\n\x05Hello\x12\x12\n\ncluster_id\x18\x01 \x01(\t\x12\x18\n\x10protocol_version\x18\x03 \x01(\tJ\x04\x08\x02\x10\x03\"c\n\x0f\x41\x63knowledgement\x12\x0c\n\x04\x65\x63ho\x18\x01 \x01(\t\x12\x18\n\x10\x63oordinator_term\x18\x02 \x01(\x03\x12\x13\n\x0bshard_epoch\x18\x03 \x01(\x03\x12\x13\n\nextensions\x18\xe9\x07 \x03(\t\"|\n\x10\x42ootstrapRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12@\n\x0crequirements\x18\x02 \x03(\x0b\x32*.bigfleet.v1alpha1.NodeSelectorRequirement\x12\x12\n\ncluster_id\x18\x03 \x01(\t\"b\n\x15\x42ootstrapBlobResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tuser_data\x18\x02 \x01(\x0c\x12\x13\n\x0bttl_seconds\x18\x03 \x01(\x03\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"u\n\x12ReclaimInstruction\x12\x16\n\x0einstruction_id\x18\x01 \x01(\t\x12\r\n\x05nodes\x18\x02 \x03(\t\x12\x1c\n\x14grace_period_seconds\x18\x03 \x01(\x03\x12\x1a\n\x12preemptor_priority\x18\x04 \x01(\x05\";\n\nReclaimAck\x12\x16\n\x0einstruction_id\x18\x01 \x01(\t\x12\x15\n\rnodes_started\x18\x02 \x01(\x05\"\x8d\x03\n\x0fNodeStateUpdate\x12\x16\n\x0esupersedes_key\x18\x01 \x01(\t\x12\x12\n\nmachine_id\x18\x02 \x01(\t\x12\x12\n\ncluster_id\x18\x03 \x01(\t\x12.\n\x05state\x18\x04 \x01(\x0e\x32\x1f.bigfleet.v1alpha1.MachineState\x12\x11\n\tnode_name\x18\x05 \x01(\t\x12\x13\n\x0bprovider_id\x18\x06 \x01(\t\x12\x12\n\nlast_error\x18\x08 \x01(\t\x12>\n\x06labels\x18\t \x03(\x0b\x32..bigfleet.v1alpha1.NodeStateUpdate.LabelsEntry\x12/\n\tresources\x18\n \x01(\x0b\x32\x1c.bigfleet.v1alpha1.Resources\x12(\n\x06taints\x18\x0b \x03(\x0b\x32\x18.bigfleet.v1alpha1.Taint\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01J\x04\x08\x07\x10\x08\"3\n\x05Taint\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12\x0e\n\x06\x65\x66\x66\x65\x63t\x18\x03 \x01(\t\"\xb0\x03\n\x17\x41vailableCapacityUpdate\x12\x16\n\x0esupersedes_key\x18\x01 \x01(\t\x12@\n\x0crequirements\x18\x02 \x03(\x0b\x32*.bigfleet.v1alpha1.NodeSelectorRequirement\x12/\n\tresources\x18\x03 \x01(\x0b\x32\x1c.bigfleet.v1alpha1.Resources\x12\x17\n\x0f\x61vailable_count\x18\x04 \x01(\x05\x12I\n\nconfidence\x18\x05 \x01(\x0e\x32\x35.bigfleet.v1alpha1.AvailableCapacityUpdate.Confidence\x12\x15\n\rcost_per_hour\x18\x06 \x01(\x01\"}\n\nConfidence\x12\x1a\n\x16\x43ONFIDENCE_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x43ONFIDENCE_NONE\x10\x01\x12\x12\n\x0e\x43ONFIDENCE_LOW\x10\x02\x12\x15\n\x11\x43ONFIDENCE_MEDIUM\x10\x03\x12\x13\n\x0f\x43ONFIDENCE_HIGH\x10\x04J\x04\x08\x07\x10\x08J\x04\x08\x08\x10\tJ\x04\x08\t\x10\n2[\n\x05Shard\x12R\n\x07Session\x12\".bigfleet.v1alpha1.OperatorMessage\x1a\x1f.bigfleet.v1alpha1.ShardMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,25 +42,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HELLO']._serialized_start=733
   _globals['_HELLO']._serialized_end=792
   _globals['_ACKNOWLEDGEMENT']._serialized_start=794
-  _globals['_ACKNOWLEDGEMENT']._serialized_end=872
-  _globals['_BOOTSTRAPREQUEST']._serialized_start=874
-  _globals['_BOOTSTRAPREQUEST']._serialized_end=998
-  _globals['_BOOTSTRAPBLOBRESPONSE']._serialized_start=1000
-  _globals['_BOOTSTRAPBLOBRESPONSE']._serialized_end=1098
-  _globals['_RECLAIMINSTRUCTION']._serialized_start=1100
-  _globals['_RECLAIMINSTRUCTION']._serialized_end=1217
-  _globals['_RECLAIMACK']._serialized_start=1219
-  _globals['_RECLAIMACK']._serialized_end=1278
-  _globals['_NODESTATEUPDATE']._serialized_start=1281
-  _globals['_NODESTATEUPDATE']._serialized_end=1678
-  _globals['_NODESTATEUPDATE_LABELSENTRY']._serialized_start=1627
-  _globals['_NODESTATEUPDATE_LABELSENTRY']._serialized_end=1672
-  _globals['_TAINT']._serialized_start=1680
-  _globals['_TAINT']._serialized_end=1731
-  _globals['_AVAILABLECAPACITYUPDATE']._serialized_start=1734
-  _globals['_AVAILABLECAPACITYUPDATE']._serialized_end=2166
-  _globals['_AVAILABLECAPACITYUPDATE_CONFIDENCE']._serialized_start=2023
-  _globals['_AVAILABLECAPACITYUPDATE_CONFIDENCE']._serialized_end=2148
-  _globals['_SHARD']._serialized_start=2168
-  _globals['_SHARD']._serialized_end=2259
+  _globals['_ACKNOWLEDGEMENT']._serialized_end=893
+  _globals['_BOOTSTRAPREQUEST']._serialized_start=895
+  _globals['_BOOTSTRAPREQUEST']._serialized_end=1019
+  _globals['_BOOTSTRAPBLOBRESPONSE']._serialized_start=1021
+  _globals['_BOOTSTRAPBLOBRESPONSE']._serialized_end=1119
+  _globals['_RECLAIMINSTRUCTION']._serialized_start=1121
+  _globals['_RECLAIMINSTRUCTION']._serialized_end=1238
+  _globals['_RECLAIMACK']._serialized_start=1240
+  _globals['_RECLAIMACK']._serialized_end=1299
+  _globals['_NODESTATEUPDATE']._serialized_start=1302
+  _globals['_NODESTATEUPDATE']._serialized_end=1699
+  _globals['_NODESTATEUPDATE_LABELSENTRY']._serialized_start=1648
+  _globals['_NODESTATEUPDATE_LABELSENTRY']._serialized_end=1693
+  _globals['_TAINT']._serialized_start=1701
+  _globals['_TAINT']._serialized_end=1752
+  _globals['_AVAILABLECAPACITYUPDATE']._serialized_start=1755
+  _globals['_AVAILABLECAPACITYUPDATE']._serialized_end=2187
+  _globals['_AVAILABLECAPACITYUPDATE_CONFIDENCE']._serialized_start=2044
+  _globals['_AVAILABLECAPACITYUPDATE_CONFIDENCE']._serialized_end=2169
+  _globals['_SHARD']._serialized_start=2189
+  _globals['_SHARD']._serialized_end=2280
 # @@protoc_insertion_point(module_scope)

@@ -139,21 +139,30 @@ class Acknowledgement(_message.Message):
     ECHO_FIELD_NUMBER: _builtins.int
     COORDINATOR_TERM_FIELD_NUMBER: _builtins.int
     SHARD_EPOCH_FIELD_NUMBER: _builtins.int
+    EXTENSIONS_FIELD_NUMBER: _builtins.int
     echo: _builtins.str
     """Which frame is acknowledged ("hello", "rollup", ...)."""
     coordinator_term: _builtins.int
     """Informational: the coordinator term and shard epoch at ack time."""
     shard_epoch: _builtins.int
+    @_builtins.property
+    def extensions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """BigFleet extension (the Go reference ignores it): on the Hello
+        acknowledgement, the wire extensions this shard honours, e.g.
+        "release_machine_ids" (ClusterCapacityNeeds.release_machine_ids).
+        """
+
     def __init__(
         self,
         *,
         echo: _builtins.str = ...,
         coordinator_term: _builtins.int = ...,
         shard_epoch: _builtins.int = ...,
+        extensions: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["coordinator_term", b"coordinator_term", "echo", b"echo", "shard_epoch", b"shard_epoch"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["coordinator_term", b"coordinator_term", "echo", b"echo", "extensions", b"extensions", "shard_epoch", b"shard_epoch"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

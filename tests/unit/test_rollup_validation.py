@@ -84,6 +84,21 @@ def test_an_invalid_need_is_refused_naming_its_field(
     assert field.replace("needs[0]", "needs[1]") in str(caught.value)
 
 
+def test_machines_offered_for_release_arrive_as_a_set() -> None:
+    msg = _rollup(_need())
+    msg.release_machine_ids.extend(["m-2", "m-1", "m-2"])
+    assert rollup_from_wire(msg, session_cluster="c1").release == frozenset({"m-1", "m-2"})
+    assert rollup_from_wire(_rollup(_need()), session_cluster="c1").release == frozenset()
+
+
+def test_an_empty_machine_id_offered_for_release_is_refused_naming_its_index() -> None:
+    msg = _rollup(_need())
+    msg.release_machine_ids.extend(["m-1", ""])
+    with pytest.raises(InvalidRollup) as caught:
+        rollup_from_wire(msg, session_cluster="c1")
+    assert caught.value.field == "release_machine_ids[1]"
+
+
 def test_a_rollup_for_another_cluster_is_refused() -> None:
     with pytest.raises(InvalidRollup, match="cluster_id"):
         rollup_from_wire(_rollup(_need(), cluster="other"), session_cluster="c1")

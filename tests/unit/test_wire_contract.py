@@ -57,3 +57,32 @@ def test_the_session_is_one_bidirectional_stream_in_the_reference_package() -> N
         "bootstrap_response": 3,
         "reclaim_ack": 4,
     }
+
+
+def test_our_session_extensions_sit_at_high_numbers_the_reference_does_not_use() -> None:
+    # The reference's ClusterCapacityNeeds has fields 1-3 and its Acknowledgement 1-3;
+    # our extensions use 1001 so a reference peer skips them as unknown fields.
+    assert {k: v[0] for k, v in _fields(capacity_pb2.ClusterCapacityNeeds).items()} == {
+        "cluster_id": 1,
+        "timestamp_unix_nanos": 2,
+        "needs": 3,
+        "release_machine_ids": 1001,
+    }
+    assert {k: v[0] for k, v in _fields(shard_pb2.Acknowledgement).items()} == {
+        "echo": 1,
+        "coordinator_term": 2,
+        "shard_epoch": 3,
+        "extensions": 1001,
+    }
+
+
+def test_a_reference_peer_reading_an_extended_rollup_sees_the_same_demand() -> None:
+    sent = capacity_pb2.ClusterCapacityNeeds(
+        cluster_id="c", timestamp_unix_nanos=5, release_machine_ids=["m-1", "m-2"]
+    )
+    # A message without the extension field (as the reference declares it) parses the
+    # bytes, keeps the known fields and carries the extension as unknown bytes.
+    stripped = capacity_pb2.ClusterCapacityNeeds(cluster_id="c", timestamp_unix_nanos=5)
+    reread = capacity_pb2.ClusterCapacityNeeds.FromString(sent.SerializeToString())
+    reread.ClearField("release_machine_ids")
+    assert reread == stripped
