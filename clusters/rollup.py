@@ -1,0 +1,181 @@
+"""The roll-up builder: a cluster's pods → one ``ClusterCapacityNeeds`` (the wire message).
+
+Aggregation follows the Go reference operator's semantics:
+
+* the **key** is (requirements, priority, DoNotSchedule spreads,
+  interruption penalty bucket, reclamation penalty bucket, co-location
+  group); pods with equal keys become one ``CapacityNeed``;
+* ``aggregate_resources`` is the **sum** of the pods' requests and
+  ``min_unit`` the per-dimension **maximum** (the largest single pod: every
+  machine serving the need must hold it);
+* a co-location group adds a ``Same`` requirement on its topology key, so
+  the group's machines share one rack or zone; groups stay separate needs
+  even when everything else is equal;
+* ``ScheduleAnyway`` spreads are dropped (a preference, not a constraint);
+* raw dollar penalties become log-scale ``PenaltyBucket`` values here, the
+  cluster side being where dollars are bucketed.
+
+A pod's request is its placement size (:meth:`PodSpec.placement`). With gap
+reclamation on, best-effort pods that fit in the reclaimable gap of the
+cluster's nodes are not asked for at all; the rest are asked for at their
+limit, as they would need nodes of their own.
+
+Two extensions beyond the Go reference, both within its wire:
+``extra`` adds capacity per pod the caller names (the simulator's cluster
+model asks once more for a pod its nodes hold in total but cannot fit
+because of fragmentation, so the shard brings a machine it fits on), and
+every need's ``min_unit`` and aggregate name only resources some pod asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from bigfleet.v1alpha1 import capacity_pb2
+from clusters.pods import DIMENSIONS, PodSpec, Vector
+from shard_engine.model import Operator, Requirement, TopologySpread, WhenUnsatisfiable
+from shard_engine.quantity import format_quantity
+
+__all__ = ["AggregationKey", "bucket_for_dollars", "build_rollup", "need_key_of"]
+
+AggregationKey = tuple[
+    tuple[tuple[str, int, tuple[str, ...]], ...],
+    int,
+    tuple[tuple[str, int], ...],
+    int,
+    int,
+    str,
+]
+
+
+def bucket_for_dollars(dollars: float) -> int:
+    """The smallest ``PenaltyBucket`` whose upper bound holds ``dollars``.
+
+    $0 → ZERO, ≤ $0.50 → HALF_DOLLAR, then powers of two from $1 (bucket 3)
+    to $8,388,608 (bucket 26), PINNED above. Inverse of
+    :func:`shard_engine.model.penalty_bucket_dollars` on bucket bounds.
+    """
+    if dollars <= 0:
+        return capacity_pb2.PENALTY_BUCKET_ZERO
+    if dollars <= 0.5:
+        return capacity_pb2.PENALTY_BUCKET_HALF_DOLLAR
+    bound = 1.0
+    for bucket in range(capacity_pb2.PENALTY_BUCKET_1, capacity_pb2.PENALTY_BUCKET_PINNED):
+        if dollars <= bound:
+            return bucket
+        bound *= 2
+    return capacity_pb2.PENALTY_BUCKET_PINNED
+
+
+def _requirements(pod: PodSpec) -> tuple[Requirement, ...]:
+    reqs = list(pod.requirements)
+    if pod.colocation and not any(
+        r.operator is Operator.SAME and r.key == pod.colocation_key for r in reqs
+    ):
+        reqs.append(Requirement(pod.colocation_key, Operator.SAME))
+    return tuple(sorted(reqs, key=lambda r: (r.key, int(r.operator), tuple(sorted(r.values)))))
+
+
+def _hard_spreads(spreads: Iterable[TopologySpread]) -> tuple[TopologySpread, ...]:
+    kept = (s for s in spreads if s.when_unsatisfiable is not WhenUnsatisfiable.SCHEDULE_ANYWAY)
+    return tuple(sorted(kept, key=lambda s: (s.topology_key, s.max_skew)))
+
+
+def need_key_of(pod: PodSpec) -> AggregationKey:
+    """The aggregation key of a pod (see the module docstring)."""
+    return (
+        tuple((r.key, int(r.operator), tuple(sorted(r.values))) for r in _requirements(pod)),
+        pod.priority,
+        tuple((s.topology_key, s.max_skew) for s in _hard_spreads(pod.spread)),
+        bucket_for_dollars(pod.interruption_penalty),
+        bucket_for_dollars(pod.reclamation_penalty),
+        pod.colocation,
+    )
+
+
+@dataclass(slots=True)
+class _Group:
+    pod: PodSpec
+    total: list[float] = field(default_factory=lambda: [0.0] * len(DIMENSIONS))
+    largest: list[float] = field(default_factory=lambda: [0.0] * len(DIMENSIONS))
+
+    def add(self, request: Vector, times: int = 1) -> None:
+        for i, amount in enumerate(request):
+            self.total[i] += amount * times
+            if amount > self.largest[i]:
+                self.largest[i] = amount
+
+
+def _resources(values: list[float], names: set[str]) -> dict[str, str]:
+    return {
+        name: format_quantity(name, value)
+        for name, value in zip(DIMENSIONS, values, strict=True)
+        if name in names
+    }
+
+
+def build_rollup(
+    cluster_id: str,
+    pods: Iterable[PodSpec],
+    *,
+    timestamp_ns: int,
+    gap: bool = True,
+    in_gap: Iterable[str] = (),
+    extra: Mapping[str, int] | None = None,
+) -> capacity_pb2.ClusterCapacityNeeds:
+    """One full-replacement roll-up for ``cluster_id`` from every pod it must run.
+
+    ``in_gap`` names the best-effort pods that fit in the cluster's
+    reclaimable gap (:func:`clusters.gap.fit_in_gap`); with ``gap`` on they
+    are not asked for. ``extra`` maps a pod name to how many more times its
+    request is added (the fragmentation allowance). Needs come out in a
+    stable order (highest priority first, then key).
+    """
+    skip = set(in_gap) if gap else set()
+    extra = extra or {}
+    groups: dict[AggregationKey, _Group] = {}
+    for pod in pods:
+        if pod.name in skip and pod.in_gap:
+            continue
+        request = pod.placement(gap=False) if pod.in_gap else pod.placement(gap=gap)
+        if not any(request):
+            continue
+        key = need_key_of(pod)
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = _Group(pod)
+        group.add(request, 1 + max(0, extra.get(pod.name, 0)))
+    needs = []
+    for key in sorted(groups, key=lambda k: (-k[1], repr(k))):
+        group = groups[key]
+        pod = group.pod
+        names = {n for n, v in zip(DIMENSIONS, group.total, strict=True) if v > 0}
+        needs.append(
+            capacity_pb2.CapacityNeed(
+                requirements=[
+                    capacity_pb2.NodeSelectorRequirement(
+                        key=r.key,
+                        operator=int(r.operator),  # type: ignore[arg-type]
+                        values=list(r.values),
+                    )
+                    for r in _requirements(pod)
+                ],
+                aggregate_resources=_resources(group.total, names),
+                priority=pod.priority,
+                spread=[
+                    capacity_pb2.TopologySpread(
+                        topology_key=s.topology_key,
+                        max_skew=s.max_skew,
+                        when_unsatisfiable=capacity_pb2.TopologySpread.WHEN_UNSATISFIABLE_DO_NOT_SCHEDULE,
+                    )
+                    for s in _hard_spreads(pod.spread)
+                ],
+                interruption_penalty_bucket=key[3],  # type: ignore[arg-type]
+                reclamation_penalty_bucket=key[4],  # type: ignore[arg-type]
+                min_unit=_resources(group.largest, names),
+            )
+        )
+    return capacity_pb2.ClusterCapacityNeeds(
+        cluster_id=cluster_id, timestamp_unix_nanos=timestamp_ns, needs=needs
+    )
