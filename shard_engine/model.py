@@ -196,10 +196,11 @@ class Rollup:
     needs: tuple[Need, ...]
     # Node names the cluster currently reports, when it reports them (health checks).
     reported_nodes: frozenset[str] | None = None
-    # Machines the cluster offers for release. When non-empty, Phase 3 reclaims the
-    # cluster's excess from these machines only and never from any other of its
-    # machines (a scheduler keeping named workers; see ADR 0070). Empty: any excess.
-    release: frozenset[str] = frozenset()
+    # Machines the cluster offers for release. When given (even empty), Phase 3
+    # reclaims the cluster's excess from these machines only and never from any
+    # other of its machines (a scheduler keeping named workers; ADR 0070).
+    # None: any excess may go.
+    release: frozenset[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)

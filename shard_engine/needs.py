@@ -100,7 +100,9 @@ def _resources(amounts: Mapping[str, float], *, field: str) -> dict[str, float]:
     return out
 
 
-def _validate_release(release: frozenset[str]) -> None:
+def _validate_release(release: frozenset[str] | None) -> None:
+    if release is None:
+        return
     if not isinstance(release, frozenset):
         raise RollupRejected("release", f"not a set of machine ids: {type(release).__name__}")
     for machine_id in release:
@@ -279,7 +281,7 @@ class ClusterNeeds:
     held_confirmations: int = 0
     reported_nodes: frozenset[str] | None = None
     # Machines the cluster's last applied roll-up offered for release (``Rollup.release``).
-    release: frozenset[str] = frozenset()
+    release: frozenset[str] | None = None
     gang_domain: dict[str, int] = field(default_factory=dict)
     version: int = 0
     compiled: Demand | None = None
@@ -417,9 +419,9 @@ class NeedsTable:
         entry.gang_domain = {k: v for k, v in entry.gang_domain.items() if k in arrival}
         self.touch(entry)
 
-    def _set_release(self, entry: ClusterNeeds, release: frozenset[str]) -> None:
+    def _set_release(self, entry: ClusterNeeds, release: frozenset[str] | None) -> None:
         entry.release = release
-        if release:
+        if release is not None:
             self._releases[entry.index] = release
         else:
             self._releases.pop(entry.index, None)
@@ -454,7 +456,7 @@ class NeedsTable:
         return list(self._entries.values())
 
     def releases(self) -> Mapping[int, frozenset[str]]:
-        """Cluster index -> machine ids its applied roll-up offered for release (non-empty)."""
+        """Cluster index -> machine ids its applied roll-up offered for release (when given)."""
         return self._releases
 
     def applied(self, cluster: int) -> bool:

@@ -13,7 +13,7 @@ money, holding bare metal does not), then the lower reclamation penalty
 sent a roll-up, and machines in flight, are left alone.
 
 **Named release.** A cluster whose roll-up names machines it can give up
-(``Rollup.release``) loses excess only from those machines: the bound on
+(``Rollup.release``, even none) loses excess only from those machines: the bound on
 how many may go is computed as above, and the machines taken are the named
 ones of each group, never any other. A scheduler that keeps particular
 workers (a Nanook cluster's ``workers_to_keep``) thus never sees them
@@ -166,7 +166,7 @@ def reclaim_excess(
         )
         order = np.lexsort((profiles, penalty, -price[profiles]))
         cluster_id = inventory.clusters.name(cluster)
-        named = _named_rows(sheet, release.get(cluster) if release else None)
+        named = _named_rows(sheet, release.get(cluster)) if release else None
         changed = False
         for position in order.tolist():
             if budget <= 0:
@@ -202,8 +202,8 @@ def reclaim_excess(
 
 
 def _named_rows(sheet: Worksheet, ids: frozenset[str] | None) -> set[int] | None:
-    """Rows of the machines a cluster named for release, or None when it named none."""
-    if not ids:
+    """Rows of the machines a cluster named for release, or None when it gave no list."""
+    if ids is None:
         return None
     rows = sheet.inventory.ids
     return {row for machine_id in ids if (row := rows.get(machine_id)) is not None}

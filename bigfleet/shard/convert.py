@@ -151,20 +151,19 @@ def rollup_from_wire(msg: capacity_pb2.ClusterCapacityNeeds, *, session_cluster:
     if len(msg.needs) > _MAX_NEEDS:
         raise InvalidRollup("needs", f"{len(msg.needs)} needs exceed the limit of {_MAX_NEEDS}")
     needs = tuple(_need(n, f"needs[{i}]") for i, n in enumerate(msg.needs))
-    return Rollup(
-        session_cluster, msg.timestamp_unix_nanos, needs, release=_release(msg.release_machine_ids)
-    )
+    release = _release(msg.release.machine_ids) if msg.HasField("release") else None
+    return Rollup(session_cluster, msg.timestamp_unix_nanos, needs, release=release)
 
 
 def _release(ids: Sequence[str]) -> frozenset[str]:
-    """The extension ``release_machine_ids``: machines the cluster offers for release."""
+    """The extension ``release``: machines the cluster offers for release."""
     if len(ids) > _MAX_RELEASE:
         raise InvalidRollup(
-            "release_machine_ids", f"{len(ids)} machine ids exceed the limit of {_MAX_RELEASE}"
+            "release.machine_ids", f"{len(ids)} machine ids exceed the limit of {_MAX_RELEASE}"
         )
     for i, machine_id in enumerate(ids):
         if not machine_id:
-            raise InvalidRollup(f"release_machine_ids[{i}]", "must not be empty")
+            raise InvalidRollup(f"release.machine_ids[{i}]", "must not be empty")
     return frozenset(ids)
 
 

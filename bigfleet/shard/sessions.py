@@ -26,7 +26,7 @@ from workflows.contracts import RequirementSpec
 
 log = logging.getLogger(__name__)
 
-SESSION_EXTENSIONS = ("release_machine_ids",)
+SESSION_EXTENSIONS = ("release",)
 """Wire extensions this shard honours, listed on the Hello acknowledgement (ADR 0070)."""
 
 __all__ = [

@@ -105,19 +105,20 @@ class ClusterCapacityNeeds(_message.Message):
     CLUSTER_ID_FIELD_NUMBER: _builtins.int
     TIMESTAMP_UNIX_NANOS_FIELD_NUMBER: _builtins.int
     NEEDS_FIELD_NUMBER: _builtins.int
-    RELEASE_MACHINE_IDS_FIELD_NUMBER: _builtins.int
+    RELEASE_FIELD_NUMBER: _builtins.int
     cluster_id: _builtins.str
     timestamp_unix_nanos: _builtins.int
     """When the operator assembled this snapshot; older snapshots are ignored."""
     @_builtins.property
     def needs(self) -> _containers.RepeatedCompositeFieldContainer[Global___CapacityNeed]: ...
     @_builtins.property
-    def release_machine_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+    def release(self) -> Global___ReleaseMachines:
         """BigFleet extension (not in the Go reference, whose shard ignores it):
-        machines of this cluster it can give up. When non-empty, excess is
-        reclaimed from these machines only, never from another machine of the
-        cluster; preemption by higher priority is not restricted. A shard that
-        honours it says so in its Hello acknowledgement (`extensions`).
+        when present, the machines of this cluster it can give up. Excess is
+        then reclaimed from these machines only, never from another machine of
+        the cluster (present and empty: none); preemption by higher priority is
+        not restricted. A shard that honours it says so in its Hello
+        acknowledgement (`extensions`).
         """
 
     def __init__(
@@ -126,15 +127,37 @@ class ClusterCapacityNeeds(_message.Message):
         cluster_id: _builtins.str = ...,
         timestamp_unix_nanos: _builtins.int = ...,
         needs: _abc.Iterable[Global___CapacityNeed] | None = ...,
-        release_machine_ids: _abc.Iterable[_builtins.str] | None = ...,
+        release: Global___ReleaseMachines | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["release", b"release"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id", "needs", b"needs", "release_machine_ids", b"release_machine_ids", "timestamp_unix_nanos", b"timestamp_unix_nanos"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id", "needs", b"needs", "release", b"release", "timestamp_unix_nanos", b"timestamp_unix_nanos"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ClusterCapacityNeeds: _TypeAlias = ClusterCapacityNeeds  # noqa: Y015
+
+@_typing.final
+class ReleaseMachines(_message.Message):
+    """BigFleet extension: machines a cluster offers for release."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MACHINE_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def machine_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        machine_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["machine_ids", b"machine_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseMachines: _TypeAlias = ReleaseMachines  # noqa: Y015
 
 @_typing.final
 class CapacityNeed(_message.Message):

@@ -149,7 +149,7 @@ class Acknowledgement(_message.Message):
     def extensions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """BigFleet extension (the Go reference ignores it): on the Hello
         acknowledgement, the wire extensions this shard honours, e.g.
-        "release_machine_ids" (ClusterCapacityNeeds.release_machine_ids).
+        "release" (ClusterCapacityNeeds.release).
         """
 
     def __init__(

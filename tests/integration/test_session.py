@@ -93,7 +93,7 @@ async def test_hello_is_acknowledged_with_term_and_epoch(served: Served) -> None
     op = Operator(served.stub)
     ack = (await op.hello()).ack
     assert (ack.echo, ack.coordinator_term, ack.shard_epoch) == ("hello", 4, 9)
-    assert list(ack.extensions) == ["release_machine_ids"]
+    assert list(ack.extensions) == ["release"]
     assert served.hub.clusters() == ["c1"]
 
 
@@ -151,14 +151,14 @@ async def test_a_rollup_naming_machines_to_release_reaches_the_engine(served: Se
     op = Operator(served.stub)
     await op.hello()
     named = _rollup("4", 1)
-    named.release_machine_ids.extend(["m-1", "m-2"])
+    named.release.machine_ids.extend(["m-1", "m-2"])
     await op.send(rollup=named)
     assert (await op.recv()).ack.echo == "rollup"
     assert served.sink.engine._table.releases() == {0: frozenset({"m-1", "m-2"})}
     empty_id = _rollup("4", 2)
-    empty_id.release_machine_ids.append("")
+    empty_id.release.machine_ids.append("")
     await op.send(rollup=empty_id)
-    assert (await op.recv()).ack.echo.startswith("rollup-rejected: release_machine_ids[0]")
+    assert (await op.recv()).ack.echo.startswith("rollup-rejected: release.machine_ids[0]")
 
 
 async def test_an_older_rollup_is_ignored_as_stale(served: Served) -> None:

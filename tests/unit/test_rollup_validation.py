@@ -86,17 +86,23 @@ def test_an_invalid_need_is_refused_naming_its_field(
 
 def test_machines_offered_for_release_arrive_as_a_set() -> None:
     msg = _rollup(_need())
-    msg.release_machine_ids.extend(["m-2", "m-1", "m-2"])
+    msg.release.machine_ids.extend(["m-2", "m-1", "m-2"])
     assert rollup_from_wire(msg, session_cluster="c1").release == frozenset({"m-1", "m-2"})
-    assert rollup_from_wire(_rollup(_need()), session_cluster="c1").release == frozenset()
+
+
+def test_a_present_empty_release_list_differs_from_none_at_all() -> None:
+    offered_none = _rollup(_need())
+    offered_none.release.SetInParent()
+    assert rollup_from_wire(offered_none, session_cluster="c1").release == frozenset()
+    assert rollup_from_wire(_rollup(_need()), session_cluster="c1").release is None
 
 
 def test_an_empty_machine_id_offered_for_release_is_refused_naming_its_index() -> None:
     msg = _rollup(_need())
-    msg.release_machine_ids.extend(["m-1", ""])
+    msg.release.machine_ids.extend(["m-1", ""])
     with pytest.raises(InvalidRollup) as caught:
         rollup_from_wire(msg, session_cluster="c1")
-    assert caught.value.field == "release_machine_ids[1]"
+    assert caught.value.field == "release.machine_ids[1]"
 
 
 def test_a_rollup_for_another_cluster_is_refused() -> None:

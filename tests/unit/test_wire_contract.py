@@ -66,7 +66,7 @@ def test_our_session_extensions_sit_at_high_numbers_the_reference_does_not_use()
         "cluster_id": 1,
         "timestamp_unix_nanos": 2,
         "needs": 3,
-        "release_machine_ids": 1001,
+        "release": 1001,
     }
     assert {k: v[0] for k, v in _fields(shard_pb2.Acknowledgement).items()} == {
         "echo": 1,
@@ -78,11 +78,13 @@ def test_our_session_extensions_sit_at_high_numbers_the_reference_does_not_use()
 
 def test_a_reference_peer_reading_an_extended_rollup_sees_the_same_demand() -> None:
     sent = capacity_pb2.ClusterCapacityNeeds(
-        cluster_id="c", timestamp_unix_nanos=5, release_machine_ids=["m-1", "m-2"]
+        cluster_id="c",
+        timestamp_unix_nanos=5,
+        release=capacity_pb2.ReleaseMachines(machine_ids=["m-1", "m-2"]),
     )
     # A message without the extension field (as the reference declares it) parses the
     # bytes, keeps the known fields and carries the extension as unknown bytes.
     stripped = capacity_pb2.ClusterCapacityNeeds(cluster_id="c", timestamp_unix_nanos=5)
     reread = capacity_pb2.ClusterCapacityNeeds.FromString(sent.SerializeToString())
-    reread.ClearField("release_machine_ids")
+    reread.ClearField("release")
     assert reread == stripped

@@ -73,7 +73,7 @@ def test_a_new_release_list_with_unchanged_needs_takes_effect_at_the_next_cycle(
     assert machine_ids(plan.actions) == [ids[2]]
 
 
-def test_an_empty_release_list_reclaims_any_excess_as_before() -> None:
+def test_without_a_release_list_any_excess_is_reclaimed_as_before() -> None:
     engine = ShardEngine()
     fleet(engine, 4, state=MachineState.CONFIGURED, cluster="nanook")
     engine.apply_rollup(rollup("nanook", 1, need(cpu=4)), now=0)
@@ -81,6 +81,17 @@ def test_an_empty_release_list_reclaims_any_excess_as_before() -> None:
     Carrier(engine).run(now=1, cycles=10)
 
     assert len(configured_of(engine, "nanook")) == 1
+
+
+def test_an_empty_release_list_keeps_every_machine_despite_excess() -> None:
+    engine = ShardEngine()
+    ids = fleet(engine, 4, state=MachineState.CONFIGURED, cluster="nanook")
+    engine.apply_rollup(releasing(rollup("nanook", 1, need(cpu=4))), now=0)
+
+    plans = Carrier(engine).run(now=1, cycles=5)
+
+    assert all(p.actions == () for p in plans)
+    assert configured_of(engine, "nanook") == set(ids)
 
 
 def test_a_machine_of_another_cluster_named_for_release_is_not_touched() -> None:
@@ -100,9 +111,7 @@ def test_a_machine_of_another_cluster_named_for_release_is_not_touched() -> None
 def test_preemption_by_a_higher_priority_may_still_take_an_unnamed_machine() -> None:
     engine = ShardEngine()
     ids = fleet(engine, 2, state=MachineState.CONFIGURED, cluster="nanook")
-    engine.apply_rollup(
-        releasing(rollup("nanook", 1, need(cpu=8, priority=100)), "nothing-named"), now=0
-    )
+    engine.apply_rollup(releasing(rollup("nanook", 1, need(cpu=8, priority=100))), now=0)
     engine.apply_rollup(rollup("urgent", 1, need(cpu=4, priority=900_000)), now=0)
 
     plan = engine.cycle(now=1)
@@ -156,8 +165,6 @@ def test_a_machine_not_named_for_release_is_never_reclaimed_for_excess(
     now = 0.0
     for timestamp, (amount, offered) in enumerate([(wanted, named), *steps], start=1):
         release = frozenset(ids[i] for i in offered if i < machines)
-        if not release:
-            release = frozenset({"nothing-named"})
         engine.apply_rollup(
             releasing(rollup("nanook", timestamp, need(cpu=4.0 * amount)), *release), now=now
         )
