@@ -21,15 +21,28 @@ import typer
 from bigfleet.config import ConfigError, Settings
 
 if TYPE_CHECKING:
+    from temporalio.service import TLSConfig
+
     from bigfleet.store import Store
+    from providers.server import ServerSecurity
 
 app = typer.Typer(help="BigFleet: a fleet-level infrastructure autoscaler.", no_args_is_help=True)
 
 
 def _mount_provider_commands() -> None:
     from providers.cli import app as provider_app
+    from providers.cli import install_security
 
+    install_security(_provider_security)
     app.add_typer(provider_app, name="provider", help="Run a simulated capacity provider.")
+
+
+def _provider_security() -> ServerSecurity | None:
+    """Mutual TLS for ``bigfleet provider serve`` when BIGFLEET_TLS_* is set."""
+    from bigfleet.identity import KeyPairSource, provider_security
+
+    files = _settings().tls
+    return provider_security(KeyPairSource(files)) if files is not None else None
 
 
 _mount_provider_commands()
@@ -65,6 +78,13 @@ def dev(
     shard_port: Annotated[int, typer.Option(help="Shard.Session port.")] = 7443,
     summary_every: Annotated[float, typer.Option(help="Seconds between summaries.")] = 5.0,
     shards: Annotated[int, typer.Option(min=1, max=16, help="Shard processes to run.")] = 1,
+    tls: Annotated[
+        bool,
+        typer.Option(
+            "--tls",
+            help="Mutual TLS on every gRPC edge, with dev certificates in DATA_DIR/certs.",
+        ),
+    ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run the full stack on embedded defaults with a demo fleet (Ctrl-C stops it)."""
@@ -83,6 +103,7 @@ def dev(
         shard_listen=f"127.0.0.1:{shard_port}",
         time_factor=time_factor,
         shards=shards,
+        tls=tls,
     )
 
     async def main(stop: asyncio.Event) -> None:
@@ -104,7 +125,13 @@ def dev(
                     for n, p in zip(stack.provider_clients, stack.providers, strict=True)
                 )
                 + f"\n  PostgreSQL       {stack.database_url}\n"
-                "  Ctrl-C stops everything.\n",
+                + (
+                    f"  mTLS             certificates in {stack.certs_dir} "
+                    "(admin.pem, readonly.pem, ca.pem)\n"
+                    if stack.certs_dir is not None
+                    else ""
+                )
+                + "  Ctrl-C stops everything.\n",
                 flush=True,
             )
             while not stop.is_set():
@@ -122,6 +149,7 @@ def dev(
 def shard(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
     """Run one shard process configured from BIGFLEET_* environment variables."""
     from bigfleet import temporal
+    from bigfleet.identity import client_security
     from bigfleet.shard.process import ShardOptions, ShardProcess
     from bigfleet.store import Database, Store
     from providers.client import ProviderClient
@@ -139,9 +167,14 @@ def shard(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> 
         assert settings.database_url and settings.temporal_address
         db = Database.connect(settings.database_url)
         await db.migrate()
-        client = await temporal.connect(settings.temporal_address, settings.temporal_namespace)
+        client = await temporal.connect(
+            settings.temporal_address, settings.temporal_namespace, tls=_temporal_tls(settings)
+        )
         await temporal.ensure_search_attributes(client, settings.temporal_namespace)
-        providers = {p.name: ProviderClient(p.address) for p in settings.providers}
+        security = client_security(settings.tls)
+        providers = {
+            p.name: ProviderClient(p.address, security=security) for p in settings.providers
+        }
         process = ShardProcess(
             ShardOptions(
                 shard_id=settings.shard_id,
@@ -155,6 +188,7 @@ def shard(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> 
             store=Store(db.engine),
             temporal=client,
             providers=providers,
+            tls=security.source if security is not None else None,
         )
         try:
             await process.start()
@@ -183,6 +217,7 @@ def coordinator_run(
     """Run the coordinator: a new term, its worker, and the singleton workflow."""
     from bigfleet import temporal
     from bigfleet.coordinator import CoordinatorProcess
+    from bigfleet.identity import client_security
     from bigfleet.store import Database, Store
     from providers.client import ProviderClient
 
@@ -195,8 +230,13 @@ def coordinator_run(
         assert settings.database_url and settings.temporal_address
         db = Database.connect(settings.database_url)
         await db.migrate()
-        client = await temporal.connect(settings.temporal_address, settings.temporal_namespace)
-        providers = {p.name: ProviderClient(p.address) for p in settings.providers}
+        client = await temporal.connect(
+            settings.temporal_address, settings.temporal_namespace, tls=_temporal_tls(settings)
+        )
+        security = client_security(settings.tls)
+        providers = {
+            p.name: ProviderClient(p.address, security=security) for p in settings.providers
+        }
         process = CoordinatorProcess(
             store=Store(db.engine),
             temporal=client,
@@ -370,7 +410,9 @@ def decommission(
     address = settings.temporal_address or "127.0.0.1:7233"
 
     async def main() -> None:
-        client = await temporal.connect(address, settings.temporal_namespace)
+        client = await temporal.connect(
+            address, settings.temporal_namespace, tls=_temporal_tls(settings)
+        )
         result = await client.execute_workflow(
             co.DecommissionWorkflow.run,
             co.DecommissionInput(provider, label, value, count, reason),
@@ -418,6 +460,62 @@ def migrate(revision: str = "head") -> None:
 
     _run(main())
     typer.echo(f"database at {revision}")
+
+
+@app.command("certs")
+def certs(
+    out: Annotated[Path, typer.Argument(help="Directory to write into (created if missing).")],
+    cluster: Annotated[
+        list[str] | None, typer.Option("--cluster", help="A cluster id (repeatable).")
+    ] = None,
+    shard: Annotated[list[str] | None, typer.Option("--shard", help="A shard id (repeatable).")] = (
+        None
+    ),
+    provider: Annotated[
+        list[str] | None, typer.Option("--provider", help="A provider name (repeatable).")
+    ] = None,
+    admin: Annotated[bool, typer.Option(help="Issue an admin certificate.")] = True,
+    readonly: Annotated[bool, typer.Option(help="Issue a readonly certificate.")] = True,
+    host: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--host",
+            help="Extra DNS name or IP every leaf answers to (repeatable; "
+            "localhost, 127.0.0.1 and ::1 are always included).",
+        ),
+    ] = None,
+    days: Annotated[int, typer.Option(min=1, help="Validity of new certificates.")] = 365,
+) -> None:
+    """Create a development CA and one certificate per role and name.
+
+    Writes ca.pem/ca.key (reused if present) and <role>[-<name>].pem/.key,
+    each leaf with one bigfleet:// URI SAN. Point BIGFLEET_TLS_CERT,
+    BIGFLEET_TLS_KEY and BIGFLEET_TLS_CA at a leaf, its key and ca.pem.
+    """
+    from bigfleet.certs import DEFAULT_HOSTS, write_bundle
+    from bigfleet.identity import Identity, IdentityError, Role
+
+    wanted: list[Identity] = []
+    try:
+        for role, names in (
+            (Role.CLUSTER, cluster),
+            (Role.SHARD, shard),
+            (Role.PROVIDER, provider),
+        ):
+            for name in names or ():
+                wanted.append(Identity.parse(f"bigfleet://{role.value}/{name}"))
+    except IdentityError as err:
+        _fail(str(err))
+    if admin:
+        wanted.append(Identity(Role.ADMIN))
+    if readonly:
+        wanted.append(Identity(Role.READONLY))
+    if not wanted:
+        _fail("nothing to issue: name at least one --cluster, --shard or --provider")
+    hosts = (*DEFAULT_HOSTS, *(host or ()))
+    for path in write_bundle(out, wanted, hosts=hosts, days=days):
+        typer.echo(f"wrote {path} and {path.with_suffix('.key')}")
+    typer.echo(f"CA: {out / 'ca.pem'}")
 
 
 @app.command("config")
@@ -495,7 +593,9 @@ def drains_list(
         from bigfleet import temporal
         from workflows import search_attributes as sa
 
-        client = await temporal.connect(_temporal_address(address), namespace)
+        client = await temporal.connect(
+            _temporal_address(address), namespace, tls=_temporal_tls(_settings())
+        )
         rows = [wf async for wf in client.list_workflows(query)]
         rows.sort(key=lambda wf: wf.start_time)
         if not rows:
@@ -536,7 +636,9 @@ def machine_show(
     async def main() -> None:
         from bigfleet import temporal
 
-        client = await temporal.connect(_temporal_address(address), namespace)
+        client = await temporal.connect(
+            _temporal_address(address), namespace, tls=_temporal_tls(_settings())
+        )
         running, recent = await _machine_workflows(client, machine_id)
         if not running and not recent:
             _fail(f"no workflow has touched machine {machine_id}")
@@ -611,7 +713,9 @@ def _signal_machine(
     async def main() -> None:
         from bigfleet import temporal
 
-        client = await temporal.connect(_temporal_address(address), namespace)
+        client = await temporal.connect(
+            _temporal_address(address), namespace, tls=_temporal_tls(_settings())
+        )
         running, _ = await _machine_workflows(client, machine_id)
         mine = [wf for wf in running if wf.workflow_type in _PER_MACHINE]
         if not mine:
@@ -773,6 +877,17 @@ async def _open_store() -> AsyncIterator[Store]:
         yield Store(db.engine)
     finally:
         await db.close()
+
+
+def _temporal_tls(settings: Settings) -> TLSConfig | None:
+    """The process's certificate for Temporal, when BIGFLEET_TEMPORAL_TLS asks for it."""
+    if not settings.temporal_tls:
+        return None
+    if settings.tls is None:
+        _fail("BIGFLEET_TEMPORAL_TLS needs BIGFLEET_TLS_CERT, BIGFLEET_TLS_KEY and BIGFLEET_TLS_CA")
+    from bigfleet.identity import KeyPairSource, temporal_tls
+
+    return temporal_tls(KeyPairSource(settings.tls))
 
 
 def _settings() -> Settings:

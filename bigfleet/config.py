@@ -12,7 +12,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["ConfigError", "ProviderEndpoint", "Settings", "parse_providers"]
+__all__ = [
+    "ConfigError",
+    "ProviderEndpoint",
+    "Settings",
+    "TLSFiles",
+    "parse_providers",
+    "parse_tls",
+]
 
 
 class ConfigError(ValueError):
@@ -48,6 +55,58 @@ def parse_providers(text: str, *, var: str = "BIGFLEET_PROVIDERS") -> tuple[Prov
     return tuple(endpoints)
 
 
+@dataclass(frozen=True)
+class TLSFiles:
+    """Where a process finds its certificate, its private key and the CA bundle it trusts.
+
+    One process, one identity: the same three files serve every edge of it
+    (its servers, and its calls to providers, shards and Temporal). The files
+    are re-read when they change (see :mod:`bigfleet.identity`).
+    """
+
+    cert: Path
+    key: Path
+    ca: Path
+
+
+_TLS_VARS = ("BIGFLEET_TLS_CERT", "BIGFLEET_TLS_KEY", "BIGFLEET_TLS_CA")
+
+
+def parse_tls(env: Mapping[str, str]) -> TLSFiles | None:
+    """All three ``BIGFLEET_TLS_*`` set: mTLS; none set: plaintext; some set: an error.
+
+    A partial set is refused rather than read as plaintext, so that a typo
+    cannot silently turn mutual TLS off.
+    """
+    values = {name: env.get(name, "").strip() for name in _TLS_VARS}
+    given = [name for name, value in values.items() if value]
+    if not given:
+        return None
+    missing = [name for name in _TLS_VARS if name not in given]
+    if missing:
+        raise ConfigError(
+            missing[0],
+            f"must be set because {', '.join(given)} is (mutual TLS needs all three files)",
+        )
+    for name, value in values.items():
+        if not Path(value).is_file():
+            raise ConfigError(name, f"{value!r} is not a readable file")
+    return TLSFiles(
+        cert=Path(values["BIGFLEET_TLS_CERT"]),
+        key=Path(values["BIGFLEET_TLS_KEY"]),
+        ca=Path(values["BIGFLEET_TLS_CA"]),
+    )
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if raw in ("", "0", "false", "no", "off"):
+        return False
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    raise ConfigError(name, f"{raw!r} is not a boolean (use true or false)")
+
+
 def _float(env: Mapping[str, str], name: str, default: float, *, minimum: float = 0.0) -> float:
     raw = env.get(name)
     if raw is None or raw == "":
@@ -80,6 +139,10 @@ class Settings:
     report_interval_s: float = 30.0
     data_dir: Path = field(default_factory=lambda: Path(".bigfleet"))
     holder: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    # Mutual TLS for every gRPC edge of the process; None means plaintext.
+    tls: TLSFiles | None = None
+    # Also use the TLS files for the Temporal client (the Temporal server must speak TLS).
+    temporal_tls: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -96,6 +159,8 @@ class Settings:
             lease_ttl_s=_float(env, "BIGFLEET_LEASE_TTL_SECONDS", 30.0, minimum=1.0),
             report_interval_s=_float(env, "BIGFLEET_REPORT_SECONDS", 30.0, minimum=0.1),
             data_dir=Path(env.get("BIGFLEET_DATA_DIR", ".bigfleet")),
+            tls=parse_tls(env),
+            temporal_tls=_flag(env, "BIGFLEET_TEMPORAL_TLS"),
         )
 
     @staticmethod
@@ -113,4 +178,8 @@ class Settings:
             "BIGFLEET_LEASE_TTL_SECONDS": "shard lease lifetime; renewed at a third of it",
             "BIGFLEET_REPORT_SECONDS": "how often a shard reports to the coordinator (default 30)",
             "BIGFLEET_DATA_DIR": "local state (embedded Postgres, Temporal dev DB)",
+            "BIGFLEET_TLS_CERT": "PEM cert with one bigfleet:// URI SAN (mTLS: all three or none)",
+            "BIGFLEET_TLS_KEY": "PEM private key of BIGFLEET_TLS_CERT",
+            "BIGFLEET_TLS_CA": "PEM CA bundle that peers' certificates must chain to",
+            "BIGFLEET_TEMPORAL_TLS": "true: present the TLS files to Temporal too (default false)",
         }

@@ -6,6 +6,11 @@
     shard process(es), each on its own task queue
     demo clusters: simulated operators dialing their shard
 
+With ``tls=True`` (``bigfleet dev --tls``) a development CA and a certificate
+per process are written under ``data_dir/certs`` and every gRPC edge speaks
+mutual TLS: each shard presents ``shard/<id>`` to the providers, the
+coordinator ``admin``, each demo operator ``cluster/<id>``.
+
 Tests build the same stack with ports chosen by the OS and a fast clock.
 """
 
@@ -24,7 +29,10 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from bigfleet import temporal
+from bigfleet.certs import leaf_stem, write_bundle
+from bigfleet.config import TLSFiles
 from bigfleet.coordinator import CoordinatorProcess
+from bigfleet.identity import ChannelSecurity, Identity, KeyPairSource, Role, provider_security
 from bigfleet.shard.process import ShardOptions, ShardProcess
 from bigfleet.store import Database, EmbeddedPostgres, Store
 from clusters.operator import DemandPattern, SimulatedCluster
@@ -32,7 +40,7 @@ from providers.client import ProviderClient
 from providers.config import ProviderConfig
 from providers.core import ProviderCore
 from providers.kinds import build_provider
-from providers.server import RunningProvider, start_provider_server
+from providers.server import RunningProvider, ServerSecurity, start_provider_server
 from workflows.contracts import Deadlines, PollPolicy
 
 log = logging.getLogger(__name__)
@@ -88,6 +96,8 @@ class DevStackOptions:
     provider_hook: Callable[[ProviderCore], None] | None = None
     # More providers beside the simulated cloud (a bare-metal site, a second cloud).
     extra_providers: tuple[ProviderConfig, ...] = ()
+    # Mutual TLS on every gRPC edge, with development certificates under data_dir/certs.
+    tls: bool = False
 
 
 class DevStack:
@@ -108,10 +118,46 @@ class DevStack:
         self.clusters: list[SimulatedCluster] = []
         self._pg: EmbeddedPostgres | None = None
         self._env: WorkflowEnvironment | None = None
+        # Per-process provider clients when each presents its own certificate (TLS).
+        self._extra_clients: list[ProviderClient] = []
+        self.certs_dir: Path | None = None
+
+    def _tls(self, identity: Identity) -> KeyPairSource | None:
+        """The development certificate of one process (None without TLS)."""
+        if self.certs_dir is None:
+            return None
+        stem = leaf_stem(identity)
+        if not (self.certs_dir / f"{stem}.pem").exists():
+            write_bundle(self.certs_dir, [identity])
+        return KeyPairSource(
+            TLSFiles(
+                cert=self.certs_dir / f"{stem}.pem",
+                key=self.certs_dir / f"{stem}.key",
+                ca=self.certs_dir / "ca.pem",
+            )
+        )
+
+    def _clients(self, identity: Identity) -> dict[str, ProviderClient]:
+        """Provider clients presenting ``identity`` (the shared ones without TLS)."""
+        source = self._tls(identity)
+        if source is None:
+            return self.provider_clients
+        security = ChannelSecurity(source)
+        clients = {
+            name: ProviderClient(client.address, security=security)
+            for name, client in self.provider_clients.items()
+        }
+        self._extra_clients.extend(clients.values())
+        return clients
 
     async def start(self) -> None:
         o = self.options
         o.data_dir.mkdir(parents=True, exist_ok=True)
+        if o.tls:
+            self.certs_dir = o.data_dir / "certs"
+            # The CA and the operators' certificates; each process's leaf is issued on first use.
+            roles = [Identity(Role.ADMIN), Identity(Role.READONLY)]
+            await asyncio.to_thread(write_bundle, self.certs_dir, roles)
         if o.database_url:
             self.database_url = o.database_url
         else:
@@ -150,16 +196,24 @@ class DevStack:
         core = build_provider(config)
         if o.provider_hook is not None:
             o.provider_hook(core)
-        running = await start_provider_server(config, o.provider_listen, provider=core)
+        running = await start_provider_server(
+            config, o.provider_listen, provider=core, security=self._provider_security(core.name)
+        )
         self.providers.append(running)
-        self.provider_clients[config.name] = ProviderClient(running.address)
+        self.provider_clients[config.name] = ProviderClient(
+            running.address, security=self._admin_security()
+        )
         for extra in o.extra_providers:
             core = build_provider(extra)
             if o.provider_hook is not None:
                 o.provider_hook(core)
-            running = await start_provider_server(extra, o.provider_listen, provider=core)
+            running = await start_provider_server(
+                extra, o.provider_listen, provider=core, security=self._provider_security(core.name)
+            )
             self.providers.append(running)
-            self.provider_clients[extra.name] = ProviderClient(running.address)
+            self.provider_clients[extra.name] = ProviderClient(
+                running.address, security=self._admin_security()
+            )
 
         host, _, port = o.shard_listen.rpartition(":")
         for i in range(o.shards):
@@ -178,7 +232,8 @@ class DevStack:
                 ),
                 store=self.store,
                 temporal=self.client,
-                providers=self.provider_clients,
+                providers=self._clients(Identity(Role.SHARD, f"shard-{i}")),
+                tls=self._tls(Identity(Role.SHARD, f"shard-{i}")),
             )
             await process.start()
             self.shards.append(process)
@@ -199,8 +254,13 @@ class DevStack:
             # Clusters are assigned to the least-loaded shard on first contact;
             # the demo operator asks the store where to dial (a gateway's job).
             owner = await self.store.assign_cluster(cluster_id)
+            source = self._tls(Identity(Role.CLUSTER, cluster_id))
             cluster = SimulatedCluster(
-                cluster_id, by_id[owner].address, demand, rollup_interval_s=o.rollup_interval_s
+                cluster_id,
+                by_id[owner].address,
+                demand,
+                rollup_interval_s=o.rollup_interval_s,
+                credentials=ChannelSecurity(source).current if source is not None else None,
             )
             cluster.start()
             self.clusters.append(cluster)
@@ -214,7 +274,7 @@ class DevStack:
         for process in self.shards:
             with contextlib.suppress(Exception):
                 await process.stop()
-        for client in self.provider_clients.values():
+        for client in [*self.provider_clients.values(), *self._extra_clients]:
             with contextlib.suppress(Exception):
                 await client.close()
         for running in self.providers:
@@ -227,6 +287,15 @@ class DevStack:
             await self.db.close()
         if self._pg is not None:
             await asyncio.to_thread(self._pg.stop)
+
+    def _provider_security(self, name: str) -> ServerSecurity | None:
+        source = self._tls(Identity(Role.PROVIDER, name))
+        return provider_security(source) if source is not None else None
+
+    def _admin_security(self) -> ChannelSecurity | None:
+        """The dev stack's own provider clients (coordinator, inspection) act as admin."""
+        source = self._tls(Identity(Role.ADMIN))
+        return ChannelSecurity(source) if source is not None else None
 
     def summary(self) -> str:
         """One screenful: machines by state, each cluster's nodes, the shard's activity."""

@@ -18,7 +18,7 @@ from temporalio.api.operatorservice.v1 import (
 )
 from temporalio.client import Client
 from temporalio.common import SearchAttributeIndexedValueType
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 from temporalio.testing import WorkflowEnvironment
 
 from workflows import search_attributes as sa
@@ -81,8 +81,11 @@ async def start_time_skipping() -> WorkflowEnvironment:
     return env
 
 
-async def connect(address: str, namespace: str = "default") -> Client:
-    return await Client.connect(address, namespace=namespace)
+async def connect(
+    address: str, namespace: str = "default", *, tls: TLSConfig | None = None
+) -> Client:
+    """A Temporal client; with ``tls`` it presents a client certificate (mutual TLS)."""
+    return await Client.connect(address, namespace=namespace, tls=tls or False)
 
 
 _INDEXED: dict[SearchAttributeIndexedValueType, int] = {

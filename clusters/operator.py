@@ -84,8 +84,11 @@ class SimulatedCluster:
         rollup_interval_s: float = 2.0,
         clock: Callable[[], float] = time.time,
         bootstrap_error: str = "",
+        credentials: Callable[[], grpc.ChannelCredentials] | None = None,
     ) -> None:
         self.cluster_id = cluster_id
+        # Mutual TLS: called on every (re)connect, so a rotated certificate is picked up.
+        self.credentials = credentials
         self.shard_address = shard_address
         self.demand = demand
         self.rollup_interval_s = rollup_interval_s
@@ -191,7 +194,11 @@ class SimulatedCluster:
 
     async def _session(self) -> None:
         self._outbox = asyncio.Queue()
-        async with grpc.aio.insecure_channel(self.shard_address) as channel:
+        async with (
+            grpc.aio.secure_channel(self.shard_address, self.credentials())
+            if self.credentials is not None
+            else grpc.aio.insecure_channel(self.shard_address)
+        ) as channel:
             stub = shard_pb2_grpc.ShardStub(channel)
             call = stub.Session(self._requests())
             sender: asyncio.Task[None] | None = None

@@ -4,7 +4,9 @@
         --state .bigfleet/simcloud.json --time-factor 0.05
 
 The process serves until SIGINT or SIGTERM, then stops gracefully (state is
-saved either way: every acknowledged change is already journaled).
+saved either way: every acknowledged change is already journaled). Mutual
+TLS comes from the application's configuration (``BIGFLEET_TLS_*``): the
+``bigfleet`` command installs the factory that reads it.
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ import asyncio
 import enum
 import logging
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from providers.config import ProviderConfig
-from providers.server import start_provider_server
+from providers.server import ServerSecurity, start_provider_server
 
 log = logging.getLogger("providers.cli")
 
@@ -28,6 +31,18 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
+
+
+def _plaintext() -> ServerSecurity | None:
+    return None
+
+
+_security_factory: list[Callable[[], ServerSecurity | None]] = [_plaintext]
+
+
+def install_security(factory: Callable[[], ServerSecurity | None]) -> None:
+    """Set what ``serve`` calls for its TLS set-up (None from the factory: plaintext)."""
+    _security_factory[0] = factory
 
 
 class Kind(enum.StrEnum):
@@ -89,11 +104,12 @@ def serve(
         failed_cleanup_s=failed_cleanup,
         fsync=fsync,
     )
-    asyncio.run(_serve(config, addr))
+    security = _security_factory[0]()
+    asyncio.run(_serve(config, addr, security))
 
 
-async def _serve(config: ProviderConfig, addr: str) -> None:
-    running = await start_provider_server(config, addr)
+async def _serve(config: ProviderConfig, addr: str, security: ServerSecurity | None) -> None:
+    running = await start_provider_server(config, addr, security=security)
     log.info(
         "provider %s (%s) listening on %s with %d machines",
         running.provider.name,
@@ -110,4 +126,4 @@ async def _serve(config: ProviderConfig, addr: str) -> None:
     await running.stop(grace=2.0)
 
 
-__all__ = ["app", "serve"]
+__all__ = ["app", "install_security", "serve"]

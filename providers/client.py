@@ -11,13 +11,21 @@ out-of-position transition) is a plain `ProviderError` naming the code.
 
 The client never retries and never invents fencing tokens: the caller mints
 a fresh sequence number for every attempt, retries included.
+
+With a `CredentialsSource` the client speaks mutual TLS, presenting the
+caller's certificate. When the source's generation moves (the certificate
+files were rotated) the next call opens a new channel with the new
+certificate; the old channel is closed a little later, so calls in flight
+finish on it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Iterable, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -32,6 +40,17 @@ CLIENT_OPTIONS: list[tuple[str, Any]] = [
 ]
 
 
+#: How long a replaced channel stays open for the calls still using it.
+RETIRE_AFTER_S = 30.0
+
+
+class CredentialsSource(Protocol):
+    """Channel credentials that may change (a rotated certificate)."""
+
+    def credentials(self) -> tuple[int, grpc.ChannelCredentials]:
+        """(generation, credentials); the generation grows when the credentials change."""
+
+
 def _token_fields(token: FencingToken | None) -> dict[str, Any]:
     if token is None:
         return {}
@@ -43,14 +62,42 @@ def _token_fields(token: FencingToken | None) -> dict[str, Any]:
 
 
 class ProviderClient:
-    """A connection to one capacity provider at ``address`` (``host:port``,
-    plaintext). ``timeout`` bounds every call, in seconds."""
+    """A connection to one capacity provider at ``address`` (``host:port``).
+    Plaintext, or mutual TLS with ``security``; ``timeout`` bounds every
+    call, in seconds."""
 
-    def __init__(self, address: str, *, timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout: float = 10.0,
+        security: CredentialsSource | None = None,
+    ) -> None:
         self.address = address
         self.timeout = timeout
-        self._channel = grpc.aio.insecure_channel(address, options=CLIENT_OPTIONS)
-        self._stub = provider_pb2_grpc.CapacityProviderStub(self._channel)
+        self._security = security
+        self._generation = -1
+        self._retiring: set[asyncio.Task[None]] = set()
+        self._channel = self._open()
+        self._stub_now = provider_pb2_grpc.CapacityProviderStub(self._channel)
+
+    def _open(self) -> grpc.aio.Channel:
+        if self._security is None:
+            return grpc.aio.insecure_channel(self.address, options=CLIENT_OPTIONS)
+        self._generation, creds = self._security.credentials()
+        return grpc.aio.secure_channel(self.address, creds, options=CLIENT_OPTIONS)
+
+    @property
+    def _stub(self) -> provider_pb2_grpc.CapacityProviderAsyncStub:
+        """The stub of the current channel; a new channel once the certificate rotated."""
+        if self._security is not None and self._security.credentials()[0] != self._generation:
+            old = self._channel
+            self._channel = self._open()
+            self._stub_now = provider_pb2_grpc.CapacityProviderStub(self._channel)
+            task = asyncio.get_running_loop().create_task(_close_later(old, RETIRE_AFTER_S))
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+        return self._stub_now
 
     async def __aenter__(self) -> ProviderClient:
         return self
@@ -65,6 +112,10 @@ class ProviderClient:
 
     async def close(self) -> None:
         """Close the channel; in-flight calls are cancelled."""
+        for task in list(self._retiring):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await self._channel.close(None)
 
     async def create(
@@ -154,8 +205,15 @@ class ProviderClient:
         return await self.list(states, 0, b"")
 
 
+async def _close_later(channel: grpc.aio.Channel, delay: float) -> None:
+    try:
+        await asyncio.sleep(delay)
+    finally:
+        await channel.close(None)
+
+
 def _translate(error: grpc.aio.AioRpcError) -> ProviderError:
     return error_from_status(error.code(), error.details() or "")
 
 
-__all__ = ["FencingToken", "ProviderClient"]
+__all__ = ["CredentialsSource", "FencingToken", "ProviderClient"]

@@ -37,6 +37,7 @@ from activities.machines import META_PRIORITY
 from activities.membership import MembershipActivities
 from activities.registry import activities_for
 from activities.transfers import TransferActivities
+from bigfleet.identity import KeyPairSource, server_credentials
 from bigfleet.shard.convert import (
     InvalidMachine,
     machine_record,
@@ -127,8 +128,11 @@ class ShardProcess:
         temporal: Client,
         providers: Mapping[str, ProviderCalls],
         clock: Callable[[], float] = time.time,
+        tls: KeyPairSource | None = None,
     ) -> None:
         self.options = options
+        # Mutual TLS for the Session port (None: plaintext); see bigfleet.identity.
+        self.tls = tls
         self.store = store
         self.temporal = temporal
         self.providers: dict[str, ProviderCalls] = dict(providers)
@@ -193,7 +197,10 @@ class ShardProcess:
             (shard_pb2.DESCRIPTOR.services_by_name["Shard"].full_name, reflection.SERVICE_NAME),
             self._server,
         )
-        port = self._server.add_insecure_port(self.options.listen)
+        if self.tls is None:
+            port = self._server.add_insecure_port(self.options.listen)
+        else:
+            port = self._server.add_secure_port(self.options.listen, server_credentials(self.tls))
         host = self.options.listen.rsplit(":", 1)[0]
         self.address = f"{host}:{port}"
         await self._server.start()

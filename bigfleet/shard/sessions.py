@@ -19,6 +19,7 @@ from typing import Protocol
 import grpc
 
 from activities.context import BootstrapBlob
+from bigfleet.identity import Guard, Role
 from bigfleet.shard.convert import InvalidRollup, requirements_to_wire, rollup_from_wire
 from bigfleet.v1alpha1 import shard_pb2, shard_pb2_grpc
 from shard_engine.model import Rollup
@@ -31,6 +32,7 @@ SESSION_EXTENSIONS = ("release",)
 
 __all__ = [
     "SESSION_EXTENSIONS",
+    "SHARD_SERVICE",
     "ClusterElsewhere",
     "OperatorSession",
     "Outbox",
@@ -218,12 +220,22 @@ class SessionHub:
             session.pending.pop(request_id, None)
 
 
+SHARD_SERVICE = "bigfleet.v1alpha1.Shard"
+
+
 class ShardServicer(shard_pb2_grpc.ShardServicer):
-    """``Shard/Session``: Hello first, then roll-ups, bootstrap answers and reclaim acks."""
+    """``Shard/Session``: Hello first, then roll-ups, bootstrap answers and reclaim acks.
+
+    Under mutual TLS the Hello is checked against the caller's certificate: a
+    ``cluster/<id>`` identity may open a session only as ``<id>`` (and every
+    roll-up must name the session's cluster), ``admin`` as any cluster;
+    anything else ends with PERMISSION_DENIED before the session opens.
+    """
 
     def __init__(self, hub: SessionHub, sink: RollupSink) -> None:
         self._hub = hub
         self._sink = sink
+        self._guard = Guard(SHARD_SERVICE)
 
     def _ack(self, echo: str, *, extensions: Sequence[str] = ()) -> shard_pb2.ShardMessage:
         term, epoch = self._sink.ack_fields()
@@ -249,6 +261,7 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
                 grpc.StatusCode.INVALID_ARGUMENT, "hello.cluster_id: must not be empty"
             )
         cluster_id = first.hello.cluster_id
+        await self._guard.authorize(context, {Role.CLUSTER}, name=cluster_id)
         try:
             await self._sink.admit_cluster(cluster_id)
         except PermissionError as err:

@@ -52,3 +52,30 @@ def test_bigfleet_processes_get_database_temporal_and_providers() -> None:
 
 def test_the_temporal_ui_is_published_on_the_documented_port() -> None:
     assert "8233:8080" in _compose()["services"]["temporal-ui"]["ports"]
+
+
+def test_every_bigfleet_process_speaks_mutual_tls_with_a_certificate_the_certs_job_issues() -> None:
+    from bigfleet.certs import leaf_stem
+    from bigfleet.identity import Identity, Role
+
+    services = _compose()["services"]
+    command = services["certs"]["command"]
+    issued = {"admin", "readonly"}
+    for arg in command:
+        for role in (Role.CLUSTER, Role.SHARD, Role.PROVIDER):
+            if arg.startswith(f"--{role.value}="):
+                issued.add(leaf_stem(Identity(role, arg.split("=", 1)[1])))
+    hosts = {arg.split("=", 1)[1] for arg in command if arg.startswith("--host=")}
+    for name in ("shard-0", "shard-1", "coordinator", "provider-simcloud", "provider-baremetal"):
+        svc = services[name]
+        env = svc["environment"]
+        stem = Path(env["BIGFLEET_TLS_CERT"]).stem
+        assert stem in issued, f"{name} presents {stem}, which the certs job does not issue"
+        assert env["BIGFLEET_TLS_KEY"] == f"/certs/{stem}.key"
+        assert env["BIGFLEET_TLS_CA"] == "/certs/ca.pem"
+        assert "certs:/certs:ro" in svc["volumes"]
+        assert svc["depends_on"]["certs"]["condition"] == "service_completed_successfully"
+    # Servers answer to the names their clients dial.
+    for entry in services["shard-0"]["environment"]["BIGFLEET_PROVIDERS"].split(","):
+        assert entry.split("=", 1)[1].split(":", 1)[0] in hosts
+    assert {"shard-0", "shard-1"} <= hosts
