@@ -48,6 +48,15 @@ def _provider_security() -> ServerSecurity | None:
 _mount_provider_commands()
 
 
+def _mount_simulate_command() -> None:
+    from simulator.cli import simulate_command
+
+    app.command(name="simulate")(simulate_command)
+
+
+_mount_simulate_command()
+
+
 def _logging(verbose: bool) -> None:
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,

@@ -259,11 +259,12 @@ def choose_node(
         # space, so a pod goes where it fills the space the way it is shaped.
         # (The raw dot product would prefer the emptiest node and spread pods.)
         # Ties go to the node with the least room left (best fit).
-        norms = np.sqrt((residual**2) @ a) * np.sqrt((unit**2) @ a)
-        cosine = (residual @ (a * unit)) / np.where(norms > 0, norms, 1.0)
+        dot = (residual * unit * a).sum(axis=1)
+        norms = np.sqrt((residual**2 * a).sum(axis=1)) * np.sqrt((unit**2 * a).sum(axis=-1))
+        cosine = dot / np.where(norms > 0, norms, 1.0)
         left = residual.sum(axis=1)
         score = np.where(fits, np.round(cosine, 9) - 1e-6 * left, -np.inf)
         return int(np.argmax(score))
-    dist = ((residual - unit) ** 2) @ a
+    dist = ((residual - unit) ** 2 * a).sum(axis=1)
     dist = np.where(fits, dist, np.inf)
     return int(np.argmin(dist))

@@ -1,0 +1,474 @@
+"""The BigFleet policy: real shard engines and the coordinator's planner, in virtual time.
+
+For every shard the simulator plays the shard process, its executor and the
+activities, around the **real** ``shard_engine.engine.ShardEngine``:
+
+    cluster roll-up (wire) ──rollup_from_wire──▶ engine.apply_rollup  (each interval, if changed)
+    engine.cycle(now) ──Plan──▶ provider core calls, fenced per shard (every cycle interval)
+        Provision  → Create, then Configure once IDLE
+        AssignIdle → Configure
+        Preempt / Reclaim → the node leaves its cluster (cordon, evict), Drain with the grace
+        Release    → Delete
+    provider state change ──▶ engine.upsert_machine, or engine.settle once the operation ended
+
+and for the fleet the coordinator's planner, ``shard_engine.coordination.plan_transfers``,
+every report interval, over each shard's supply and shortfalls: idle and
+speculative machines move between engines (bookkeeping); a cross-shard
+preemption drains the donor's victims and hands them to the receiver once
+idle, as ``bigfleet/shard/process.py`` does.
+
+Nothing here decides what the engine or the planner would decide; it only
+carries the decisions out after the providers' simulated latency and reports
+back, like production. Differences from production, on purpose: no Temporal
+(transitions are followed directly on the provider core), no PostgreSQL
+(ownership lives in memory), an unchanged roll-up is not re-sent (the engine
+ignores it anyway), and nodes are not reported for health checks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from bigfleet.shard.convert import InvalidRollup, rollup_from_wire
+from providers.errors import ProviderError
+from providers.model import FencingToken
+from shard_engine.coordination import (
+    Instruction,
+    ProfileSupply,
+    ShardShortfall,
+    ShardView,
+    distribute_evenly,
+    plan_transfers,
+)
+from shard_engine.costs import drain_grace_seconds
+from shard_engine.engine import EngineConfig, RollupRejected, ShardEngine
+from shard_engine.model import (
+    AssignIdle,
+    MachineRecord,
+    MachineState,
+    Need,
+    Plan,
+    Preempt,
+    Provision,
+    Reclaim,
+    Release,
+    Verify,
+)
+from simulator.cluster import ClusterModel
+from simulator.fleet import Fleet
+
+__all__ = ["BigFleetOptions", "BigFleetPolicy"]
+
+log = logging.getLogger(__name__)
+
+ProfileKey = tuple[str, str, str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class BigFleetOptions:
+    """Cadences of the shard process and coordinator (virtual seconds)."""
+
+    shards: int = 2
+    cycle_interval_s: float = 10.0
+    rollup_interval_s: float = 10.0
+    report_interval_s: float = 30.0
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+
+@dataclass(slots=True)
+class _Op:
+    """An operation the simulated executor is carrying out for one machine."""
+
+    kind: str  # provision | assign | drain | delete | handover
+    cluster: str = ""
+    need_key: str = ""
+    priority: int = 0
+    receiver: str = ""
+
+
+@dataclass(slots=True)
+class _Shard:
+    shard_id: str
+    engine: ShardEngine
+    owned: dict[str, str] = field(default_factory=dict)  # machine -> provider
+    ops: dict[str, _Op] = field(default_factory=dict)
+    clusters: set[str] = field(default_factory=set)
+    seq: int = 0
+
+    def token(self) -> FencingToken:
+        self.seq += 1
+        return FencingToken(self.shard_id, 1, self.seq)
+
+
+class BigFleetPolicy:
+    """Shard engines + coordinator planner driving the fleet (see the module docstring)."""
+
+    name = "bigfleet"
+
+    def __init__(
+        self, fleet: Fleet, clusters: Mapping[str, ClusterModel], options: BigFleetOptions
+    ) -> None:
+        self.fleet = fleet
+        self.clusters = clusters
+        self.options = options
+        self.shards: dict[str, _Shard] = {}
+        self.owner: dict[str, str] = {}  # machine -> shard
+        self.cluster_shard: dict[str, str] = {}
+        self.needs: dict[tuple[str, str], Need] = {}
+        self.priority_of: dict[str, int] = {}  # configured machine -> priority it serves
+        self.state_of: dict[str, MachineState] = {}
+        self.profile_of: dict[str, ProfileKey] = {}
+        self.profiles: dict[ProfileKey, MachineRecord] = {}
+        self.stats: Counter[str] = Counter()
+        self._next_cycle = 0.0
+        self._next_rollup = 0.0
+        self._next_report = options.report_interval_s
+
+    # -- set-up -----------------------------------------------------------------------
+    def start(self, now: float) -> None:
+        """Create the shards and give each its share of every profile (the coordinator's split)."""
+        config = self.options.engine
+        ids = [f"shard-{i:02d}" for i in range(self.options.shards)]
+        records = list(self.fleet.records())
+        per_shard = len(records) // max(1, len(ids)) + 1
+        for sid in ids:
+            engine = ShardEngine(_with_expected(config, per_shard))
+            self.shards[sid] = _Shard(sid, engine)
+        groups: dict[str, list[str]] = defaultdict(list)
+        by_id = {r.id: r for r in records}
+        for r in records:
+            rack = r.labels.get("topology.kubernetes.io/rack")
+            group = f"rack:{rack}" if rack else f"{r.provider}/{r.zone}/{r.instance_type}"
+            groups[group].append(r.id)
+        for sid, machine_ids in distribute_evenly(groups, ids, {}).items():
+            shard = self.shards[sid]
+            for mid in machine_ids:
+                record = by_id[mid]
+                shard.engine.upsert_machine(record, now=now)
+                shard.owned[mid] = record.provider
+                self.owner[mid] = sid
+                self._track(record)
+
+    def _track(self, record: MachineRecord) -> None:
+        self.state_of[record.id] = record.state
+        key = (record.provider, record.instance_type, record.zone, int(record.capacity_type))
+        self.profile_of[record.id] = key
+        self.profiles.setdefault(key, record)
+
+    def _shard_for(self, cluster_id: str) -> _Shard:
+        sid = self.cluster_shard.get(cluster_id)
+        if sid is None:  # least-loaded on first contact, permanently
+            sid = min(self.shards, key=lambda s: (len(self.shards[s].clusters), s))
+            self.cluster_shard[cluster_id] = sid
+            self.shards[sid].clusters.add(cluster_id)
+        return self.shards[sid]
+
+    # -- the periodic work --------------------------------------------------------------
+    def tick(self, now: float) -> None:
+        """Roll-ups, cycles and the coordinator, each on its own cadence."""
+        if now >= self._next_rollup:
+            self._next_rollup = now + self.options.rollup_interval_s
+            self._send_rollups(now)
+        if now >= self._next_cycle:
+            self._next_cycle = now + self.options.cycle_interval_s
+            for shard in self.shards.values():
+                self._execute(shard, shard.engine.cycle(now=now), now)
+        if now >= self._next_report:
+            self._next_report = now + self.options.report_interval_s
+            self._coordinate(now)
+
+    def _send_rollups(self, now: float) -> None:
+        for cluster_id, cluster in self.clusters.items():
+            if not cluster.dirty:
+                continue
+            msg = cluster.rollup(int(now * 1e9) + 1)
+            shard = self._shard_for(cluster_id)
+            try:
+                rollup = rollup_from_wire(msg, session_cluster=cluster_id)
+                shard.engine.apply_rollup(rollup, now=now)
+            except (InvalidRollup, RollupRejected) as err:
+                self.stats["rollups_rejected"] += 1
+                log.warning("cluster %s: roll-up refused: %s", cluster_id, err)
+                continue
+            self.stats["rollups"] += 1
+            for need in rollup.needs:
+                self.needs[(cluster_id, need.key)] = need
+
+    # -- carrying out a plan --------------------------------------------------------------
+    def _execute(self, shard: _Shard, plan: Plan, now: float) -> None:
+        for action in plan.actions:
+            if isinstance(action, Provision):
+                for mid in action.machine_ids:
+                    op = _Op("provision", action.cluster_id, action.need_key, action.priority)
+                    self._call(shard, mid, op, now)
+            elif isinstance(action, AssignIdle):
+                op = _Op("assign", action.cluster_id, action.need_key, action.priority)
+                self._call(shard, action.machine_id, op, now)
+            elif isinstance(action, Preempt):
+                self.stats["preemptions"] += 1
+                self._drain(shard, action.machine_id, action.victim_cluster_id, now, "preempt")
+                self._call(shard, action.machine_id, _Op("drain"), now, grace=action.grace_seconds)
+            elif isinstance(action, Reclaim):
+                self.stats["reclaims"] += 1
+                self._drain(shard, action.machine_id, action.cluster_id, now, "reclaim")
+                self._call(shard, action.machine_id, _Op("drain"), now, grace=action.grace_seconds)
+            elif isinstance(action, Release):
+                self.stats["releases"] += 1
+                self._call(shard, action.machine_id, _Op("delete"), now)
+            elif isinstance(action, Verify):
+                record = self._record(shard, action.machine_id)
+                shard.engine.settle(action.machine_id, record, now=now)
+
+    def _drain(self, shard: _Shard, mid: str, cluster_id: str, now: float, reason: str) -> None:
+        """The operator cordons the node and evicts its pods when told to drain it."""
+        cluster = self.clusters.get(cluster_id)
+        if cluster is not None:
+            cluster.remove_node(mid, now, reason=reason)
+        self.priority_of.pop(mid, None)
+
+    def _call(self, shard: _Shard, mid: str, op: _Op, now: float, *, grace: int = 0) -> None:
+        provider = shard.owned.get(mid)
+        if provider is None:
+            shard.engine.settle(mid, None, now=now)
+            return
+        core = self.fleet.providers[provider]
+        shard.ops[mid] = op
+        try:
+            if op.kind == "provision":
+                core.create(mid, shard.token())
+            elif op.kind == "assign":
+                self._configure(shard, mid, op)
+            elif op.kind in ("drain", "handover"):
+                core.drain(mid, grace, shard.token())
+            elif op.kind == "delete":
+                core.delete(mid, shard.token())
+        except ProviderError as err:
+            # The executor's rule: an action that cannot start gives its machine back.
+            self.stats[f"refused:{type(err).__name__}"] += 1
+            shard.ops.pop(mid, None)
+            shard.engine.settle(mid, self._record(shard, mid), now=now)
+
+    def _configure(self, shard: _Shard, mid: str, op: _Op) -> None:
+        core = self.fleet.providers[shard.owned[mid]]
+        metadata = {"bigfleet.io/need": op.need_key, "bigfleet.io/priority": str(op.priority)}
+        core.configure(mid, op.cluster, b"", shard.token(), metadata)
+
+    def _record(self, shard: _Shard, mid: str) -> MachineRecord | None:
+        provider = shard.owned.get(mid)
+        if provider is None:
+            return None
+        return self.fleet.machine(provider, mid)
+
+    # -- observing the providers ------------------------------------------------------------
+    def on_changes(self, changes: list[tuple[str, str]], now: float) -> None:
+        """Fold provider state changes into the engines (the shard's observe + record steps)."""
+        seen: set[str] = set()
+        for provider, mid in changes:
+            if mid in seen:
+                continue
+            seen.add(mid)
+            sid = self.owner.get(mid)
+            if sid is None:
+                continue
+            shard = self.shards[sid]
+            record = self.fleet.machine(provider, mid)
+            self.state_of[mid] = record.state
+            if record.state.transitional:
+                continue
+            op = shard.ops.get(mid)
+            if op is None:
+                self._observed(shard, record, now)
+            else:
+                self._progress(shard, record, op, now)
+
+    def _observed(self, shard: _Shard, record: MachineRecord, now: float) -> None:
+        """A change nobody asked for: a spot interruption, a clean-up back to SPECULATIVE."""
+        if record.state is MachineState.FAILED:
+            self.stats["interruptions"] += 1
+            for cluster in self.clusters.values():
+                if cluster.has_node(record.id):
+                    cluster.remove_node(record.id, now, reason="interrupt")
+            self.priority_of.pop(record.id, None)
+        shard.engine.upsert_machine(record, now=now)
+
+    def _progress(self, shard: _Shard, record: MachineRecord, op: _Op, now: float) -> None:
+        mid = record.id
+        state = record.state
+        if op.kind == "provision" and state is MachineState.IDLE:
+            shard.engine.upsert_machine(record, now=now)
+            op.kind = "assign"
+            try:
+                self._configure(shard, mid, op)
+            except ProviderError:
+                shard.ops.pop(mid, None)
+                shard.engine.settle(mid, self._record(shard, mid), now=now)
+            return
+        if op.kind == "handover":
+            if state is MachineState.IDLE:
+                self._hand_over(shard, record, op, now)
+                return
+            shard.ops.pop(mid, None)
+            shard.engine.upsert_machine(record, now=now)
+            return
+        shard.ops.pop(mid, None)
+        shard.engine.settle(mid, record, now=now)
+        if state is MachineState.CONFIGURED and op.kind in ("assign", "provision"):
+            self.priority_of[mid] = op.priority
+            cluster = self.clusters.get(record.cluster)
+            if cluster is not None:
+                cluster.add_node(mid, record.allocatable, record.labels, now)
+
+    # -- the coordinator ----------------------------------------------------------------------
+    def _coordinate(self, now: float) -> None:
+        if not any(s.engine.shortfalls() for s in self.shards.values()):
+            return
+        views = {sid: self._view(shard) for sid, shard in self.shards.items()}
+        for instruction in plan_transfers(views):
+            self.stats[f"transfer:{instruction.kind}"] += 1
+            self._transfer(instruction, now)
+
+    def _view(self, shard: _Shard) -> ShardView:
+        idle: Counter[ProfileKey] = Counter()
+        speculative: Counter[ProfileKey] = Counter()
+        configured: dict[ProfileKey, Counter[int]] = defaultdict(Counter)
+        busy = shard.engine.in_flight().keys() | shard.engine.promised().keys()
+        for mid in shard.owned:
+            if mid in busy or mid in shard.ops:
+                continue
+            state = self.state_of.get(mid)
+            key = self.profile_of[mid]
+            if state is MachineState.IDLE:
+                idle[key] += 1
+            elif state is MachineState.SPECULATIVE:
+                speculative[key] += 1
+            elif state is MachineState.CONFIGURED and mid in self.priority_of:
+                configured[key][self.priority_of[mid]] += 1
+        supply = []
+        for key in set(idle) | set(speculative) | set(configured):
+            sample = self.profiles[key]
+            supply.append(
+                ProfileSupply(
+                    provider=key[0],
+                    instance_type=key[1],
+                    zone=key[2],
+                    capacity_type=key[3],
+                    labels=sample.labels,
+                    allocatable=sample.allocatable,
+                    idle=idle[key],
+                    speculative=speculative[key],
+                    configured_by_priority=dict(configured.get(key, {})),
+                )
+            )
+        shortfalls = []
+        for sf in shard.engine.shortfalls():
+            need = self.needs.get((sf.cluster_id, sf.need_key))
+            shortfalls.append(
+                ShardShortfall(
+                    cluster_id=sf.cluster_id,
+                    need_key=sf.need_key,
+                    priority=sf.priority,
+                    deficit=sf.deficit,
+                    requirements=need.requirements if need else (),
+                    min_unit=need.min_unit if need else {},
+                    age_cycles=sf.age_cycles,
+                    escalated=sf.escalated,
+                )
+            )
+        return ShardView(
+            shard_id=shard.shard_id,
+            total_machines=len(shard.owned),
+            supply=tuple(sorted(supply, key=lambda s: s.key)),
+            shortfalls=tuple(shortfalls),
+        )
+
+    def _matches(self, mid: str, instruction: Instruction) -> bool:
+        key = self.profile_of[mid]
+        return key == (
+            instruction.provider,
+            instruction.instance_type,
+            instruction.zone,
+            instruction.capacity_type,
+        )
+
+    def _transfer(self, instruction: Instruction, now: float) -> None:
+        donor = self.shards[instruction.donor]
+        receiver = self.shards[instruction.receiver]
+        busy = donor.engine.in_flight().keys() | donor.engine.promised().keys()
+        if instruction.kind == "preempt":
+            self._preempt_for(instruction, donor, busy, now)
+            return
+        wanted = MachineState.IDLE if instruction.kind == "idle" else MachineState.SPECULATIVE
+        moved = 0
+        for mid in list(donor.owned):
+            if moved >= instruction.count:
+                break
+            if mid in busy or mid in donor.ops or self.state_of.get(mid) is not wanted:
+                continue
+            if not self._matches(mid, instruction):
+                continue
+            record = self._record(donor, mid)
+            if record is None or record.cluster:
+                continue
+            self._move(donor, receiver, record, now)
+            moved += 1
+
+    def _move(self, donor: _Shard, receiver: _Shard, record: MachineRecord, now: float) -> None:
+        donor.engine.remove_machine(record.id)
+        provider = donor.owned.pop(record.id)
+        receiver.owned[record.id] = provider
+        receiver.engine.upsert_machine(record, now=now)
+        self.owner[record.id] = receiver.shard_id
+
+    def _preempt_for(
+        self, instruction: Instruction, donor: _Shard, busy: set[str], now: float
+    ) -> None:
+        """Victims of the profile below the priority, lowest first (the shard process's rule)."""
+        candidates = sorted(
+            (
+                mid
+                for mid in donor.owned
+                if self.state_of.get(mid) is MachineState.CONFIGURED
+                and mid not in busy
+                and mid not in donor.ops
+                and self._matches(mid, instruction)
+                and self.priority_of.get(mid, 0) < instruction.below_priority
+            ),
+            key=lambda m: (self.priority_of.get(m, 0), m),
+        )
+        config = self.options.engine
+        for mid in candidates[: instruction.count]:
+            record = self._record(donor, mid)
+            if record is None:
+                continue
+            victim_priority = self.priority_of.get(mid, 0)
+            grace = drain_grace_seconds(
+                instruction.below_priority - victim_priority,
+                config.grace_thresholds,
+                config.grace_default_seconds,
+            )
+            donor.engine.remove_machine(mid)
+            self.stats["preemptions_cross_shard"] += 1
+            self._drain(donor, mid, record.cluster, now, "preempt")
+            self._call(donor, mid, _Op("handover", receiver=instruction.receiver), now, grace=grace)
+
+    def _hand_over(self, donor: _Shard, record: MachineRecord, op: _Op, now: float) -> None:
+        donor.ops.pop(record.id, None)
+        receiver = self.shards[op.receiver]
+        provider = donor.owned.pop(record.id)
+        receiver.owned[record.id] = provider
+        receiver.engine.upsert_machine(record, now=now)
+        self.owner[record.id] = receiver.shard_id
+
+    # -- reading --------------------------------------------------------------------------------
+    def machines_by_state(self) -> Counter[str]:
+        """Machines per state over every shard (for the time series)."""
+        return Counter(s.name for s in self.state_of.values())
+
+
+def _with_expected(config: EngineConfig, machines: int) -> EngineConfig:
+    from dataclasses import replace
+
+    return replace(config, expected_machines=machines)

@@ -1,0 +1,155 @@
+"""``bigfleet simulate``: replay a scenario or a trace under each policy and write the report."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from clusters.packing import DEFAULT_HEURISTIC, Heuristic
+from simulator.driver import POLICIES, Progress, RunOptions, simulate
+from simulator.report import write_report
+from simulator.scenarios import SCENARIOS, build
+from simulator.trace import TraceError, dump_trace, load_trace
+
+__all__ = ["parse_duration", "simulate_command"]
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``90s``, ``15m``, ``6h``, ``1d`` → seconds; ``ValueError`` otherwise."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
+    if not match:
+        raise ValueError(f"duration: expected a number with s, m, h or d, got {text!r}")
+    value = float(match.group(1)) * _UNITS[match.group(2) or "s"]
+    if value <= 0:
+        raise ValueError("duration: must be positive")
+    return value
+
+
+def _progress_factory(enabled: bool, duration: float) -> Callable[[str], Progress | None] | None:
+    if not enabled:
+        return None
+    from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress as Bar
+
+    bar = Bar(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}% of virtual time"),
+        TimeElapsedColumn(),
+        transient=False,
+    )
+    bar.start()
+
+    def factory(policy: str) -> Progress:
+        task = bar.add_task(policy, total=duration)
+
+        def update(now: float) -> None:
+            bar.update(task, completed=min(now, duration))
+            if now >= duration - 60:
+                bar.update(task, completed=duration)
+
+        return update
+
+    import atexit
+
+    atexit.register(bar.stop)
+    return factory
+
+
+def simulate_command(
+    out: Annotated[Path, typer.Option(help="Directory for summary.json, report.md, plots.")],
+    scenario: Annotated[
+        str, typer.Option(help=f"Built-in scenario: {', '.join(SCENARIOS)}.")
+    ] = "mixed",
+    trace: Annotated[
+        Path | None, typer.Option(help="Replay this JSON-lines trace instead of a scenario.")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seeds the scenario and the providers.")] = 1,
+    clusters: Annotated[int, typer.Option(min=1, help="Clusters in the scenario.")] = 12,
+    duration: Annotated[str, typer.Option(help="Virtual time: 90s, 15m, 6h, 1d.")] = "1d",
+    scale: Annotated[float, typer.Option(help="Pods per cluster, relative.")] = 1.0,
+    quota_scale: Annotated[
+        float | None, typer.Option(help="Fleet size as a multiple of the shipped catalogs.")
+    ] = None,
+    shards: Annotated[int, typer.Option(min=1, help="Shard engines (BigFleet policy).")] = 2,
+    heuristic: Annotated[
+        str, typer.Option(help="Packing: ffd-sum, ffd-avg, ffd-prod, dot-product, l2.")
+    ] = DEFAULT_HEURISTIC.value,
+    policy: Annotated[
+        list[str] | None, typer.Option(help=f"Policies to run (repeat): {', '.join(POLICIES)}.")
+    ] = None,
+    cycle_interval: Annotated[float, typer.Option(help="Seconds between engine cycles.")] = 10.0,
+    progress: Annotated[
+        bool | None, typer.Option("--progress/--no-progress", help="Progress bar (TTY default).")
+    ] = None,
+    write_trace: Annotated[
+        Path | None, typer.Option(help="Also write the scenario's trace to this file.")
+    ] = None,
+) -> None:
+    """Replay demand under BigFleet and a per-cluster baseline; write the comparison."""
+    try:
+        seconds = parse_duration(duration)
+        chosen = Heuristic.parse(heuristic)
+        policies = policy or list(POLICIES)
+        for name in policies:
+            if name not in POLICIES:
+                raise ValueError(f"policy: unknown {name!r}; choose from {', '.join(POLICIES)}")
+        if trace is not None:
+            replay = load_trace(trace)
+            name, fleet_scale = trace.name, quota_scale if quota_scale is not None else 1.0
+        else:
+            built = build(
+                scenario,
+                clusters=clusters,
+                duration=seconds,
+                seed=seed,
+                scale=scale,
+                quota_scale=quota_scale,
+            )
+            replay, name, fleet_scale = built.trace, scenario, built.quota_scale
+    except (ValueError, TraceError, OSError) as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+    if write_trace is not None:
+        dump_trace(replay, write_trace)
+    options = RunOptions(
+        quota_scale=fleet_scale,
+        seed=seed,
+        shards=shards,
+        heuristic=chosen,
+        cycle_interval_s=cycle_interval,
+    )
+    show = sys.stderr.isatty() if progress is None else progress
+    started = time.perf_counter()
+    results = simulate(
+        replay, options, policies=policies, progress=_progress_factory(show, replay.duration)
+    )
+    meta: dict[str, Any] = {
+        "scenario": name,
+        "description": replay.description or name,
+        "duration_s": replay.duration,
+        "events": len(replay.events),
+        "clusters": len(replay.clusters),
+        "seed": seed,
+        "quota_scale": fleet_scale,
+        "shards": shards,
+        "heuristic": chosen.value,
+        "wall_seconds": round(time.perf_counter() - started, 2),
+    }
+    report = write_report(out, meta, results)
+    for result in results:
+        s = result.summary
+        typer.echo(
+            f"{result.policy:>16}: ${s['cost_usd']:>10,.2f}  cpu {s['utilisation']['cpu']:.1%}  "
+            f"unschedulable {s['unschedulable_pod_minutes']:,.0f} pod-min  "
+            f"{s['speedup']:,.0f}× real time"
+        )
+    typer.echo(f"report: {report}")

@@ -1,0 +1,400 @@
+"""The cluster model: one cluster's nodes and pods, placed by vector bin packing.
+
+It plays the cluster's kube-scheduler and its operator's roll-up, the same
+way under both policies:
+
+* **nodes** join when a machine reaches CONFIGURED for the cluster and leave
+  when it is drained (reclaim, preemption, consolidation) or interrupted;
+  pods on a leaving node go back to pending (evicted);
+* **scheduling** places pending pods, highest priority first, oldest first,
+  on nodes whose labels satisfy the pod's requirements (and its gang's
+  rack), choosing the node with the configured packing heuristic
+  (``clusters.packing.choose_node``); guaranteed pods count their placement
+  size against ``allocatable − placed``; best-effort pods (gap on) borrow
+  ``allocatable − reservations − borrowed`` and are evicted first when a
+  guaranteed pod closes the gap (``clusters.gap``);
+* a pod that cannot be placed although the matching nodes hold its request
+  in total is **fragmented**; the roll-up asks once more for it;
+* the **roll-up** is ``clusters.rollup.build_rollup`` over every pod the
+  cluster must run, best-effort pods that fit in the gap left out.
+
+Arrays hold one row per node (swap-remove on leave), so a scheduling pass is
+a few numpy operations per pod.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bigfleet.v1alpha1 import capacity_pb2
+from clusters.gap import evict_for_gap, fit_in_gap
+from clusters.packing import FloatArray, Heuristic, choose_node
+from clusters.pods import DIMENSIONS, PodSpec
+from clusters.rollup import build_rollup
+from shard_engine.coordination import labels_satisfy
+from shard_engine.model import AppClass, Operator, Requirement
+
+__all__ = ["ClusterModel", "PodState"]
+
+_D = len(DIMENSIONS)
+_EPS = 1e-9
+
+
+@dataclass(slots=True)
+class PodState:
+    """A pod's life in the cluster model."""
+
+    spec: PodSpec
+    arrived: float
+    node: str = ""
+    placed_at: float | None = None
+    first_placed: float | None = None
+    evictions: int = 0
+    fragmented: bool = False
+    borrowing: bool = False
+
+
+@dataclass(slots=True)
+class Counters:
+    """What a cluster counts over a run (read by the metrics)."""
+
+    evicted_preempt: int = 0
+    evicted_reclaim: int = 0
+    evicted_interrupt: int = 0
+    evicted_gap: int = 0
+    nodes_joined: int = 0
+    nodes_left: int = 0
+    flaps: int = 0
+    abandoned: dict[int, int] = field(default_factory=dict)  # priority -> pods gone unplaced
+    waits: list[tuple[int, float]] = field(default_factory=list)
+
+
+class ClusterModel:
+    """One cluster's nodes, pods and scheduler (see the module docstring)."""
+
+    def __init__(
+        self,
+        cluster_id: str,
+        *,
+        heuristic: Heuristic,
+        gap: bool,
+        flap_window_s: float = 600.0,
+        notify: set[str] | None = None,
+    ) -> None:
+        self.cluster_id = cluster_id
+        # Clusters whose pods or nodes changed add their id here (the driver schedules them).
+        self._notify = notify if notify is not None else set()
+        self.heuristic = heuristic
+        self.gap = gap
+        self.flap_window_s = flap_window_s
+        self.pods: dict[str, PodState] = {}
+        self.pending: dict[str, None] = {}
+        self.counters = Counters()
+        self.dirty = True  # the roll-up changed since it was last built
+        self._ids: list[str] = []
+        self._row: dict[str, int] = {}
+        self._labels: list[Mapping[str, str]] = []
+        self._joined: list[float] = []
+        self._on_node: list[set[str]] = []
+        self._alloc = np.zeros((0, _D))
+        self._placed = np.zeros((0, _D))
+        self._reserved = np.zeros((0, _D))
+        self._borrowed = np.zeros((0, _D))
+        self._left_at: dict[str, float] = {}
+
+    # -- nodes ------------------------------------------------------------------------
+    @property
+    def nodes(self) -> int:
+        """Nodes in the cluster now."""
+        return len(self._ids)
+
+    def node_ids(self) -> list[str]:
+        """Machine ids of the cluster's nodes."""
+        return list(self._ids)
+
+    def has_node(self, machine_id: str) -> bool:
+        """Is this machine one of the cluster's nodes?"""
+        return machine_id in self._row
+
+    def add_node(
+        self,
+        machine_id: str,
+        allocatable: Mapping[str, float],
+        labels: Mapping[str, str],
+        now: float,
+    ) -> None:
+        """A machine reached CONFIGURED for this cluster: it becomes a node."""
+        if machine_id in self._row:
+            return
+        row = len(self._ids)
+        self._ids.append(machine_id)
+        self._row[machine_id] = row
+        self._labels.append(labels)
+        self._joined.append(now)
+        self._on_node.append(set())
+        vec = np.array([[allocatable.get(d, 0.0) for d in DIMENSIONS]])
+        self._alloc = np.vstack([self._alloc, vec])
+        zero = np.zeros((1, _D))
+        self._placed = np.vstack([self._placed, zero])
+        self._reserved = np.vstack([self._reserved, zero])
+        self._borrowed = np.vstack([self._borrowed, zero])
+        self.counters.nodes_joined += 1
+        self.dirty = True
+        self._notify.add(self.cluster_id)
+
+    def remove_node(self, machine_id: str, now: float, *, reason: str) -> int:
+        """A node leaves (drained or lost); its pods go back to pending. Returns pods evicted.
+
+        ``reason`` is ``preempt``, ``reclaim`` (incl. consolidation) or
+        ``interrupt``. A node that leaves within the flap window of joining
+        counts as a flap.
+        """
+        row = self._row.pop(machine_id, None)
+        if row is None:
+            return 0
+        if now - self._joined[row] < self.flap_window_s and reason != "interrupt":
+            self.counters.flaps += 1
+        evicted = sorted(self._on_node[row])
+        for name in evicted:
+            self._unplace(self.pods[name], now, evicted=True)
+        if reason == "preempt":
+            self.counters.evicted_preempt += len(evicted)
+        elif reason == "interrupt":
+            self.counters.evicted_interrupt += len(evicted)
+        else:
+            self.counters.evicted_reclaim += len(evicted)
+        last = len(self._ids) - 1
+        if row != last:
+            moved = self._ids[last]
+            self._ids[row] = moved
+            self._row[moved] = row
+            self._labels[row] = self._labels[last]
+            self._joined[row] = self._joined[last]
+            self._on_node[row] = self._on_node[last]
+            for arr in (self._alloc, self._placed, self._reserved, self._borrowed):
+                arr[row] = arr[last]
+            for name in self._on_node[row]:
+                self.pods[name].node = moved
+        self._ids.pop()
+        self._labels.pop()
+        self._joined.pop()
+        self._on_node.pop()
+        self._alloc = self._alloc[:last]
+        self._placed = self._placed[:last]
+        self._reserved = self._reserved[:last]
+        self._borrowed = self._borrowed[:last]
+        self.counters.nodes_left += 1
+        self.dirty = True
+        self._notify.add(self.cluster_id)
+        return len(evicted)
+
+    def pods_on(self, machine_id: str) -> int:
+        """How many pods run on a node."""
+        row = self._row.get(machine_id)
+        return 0 if row is None else len(self._on_node[row])
+
+    # -- pods -------------------------------------------------------------------------
+    def arrive(self, pod: PodSpec, now: float) -> None:
+        """A pod is created: it waits to be scheduled."""
+        if pod.name in self.pods:
+            return
+        self.pods[pod.name] = PodState(spec=pod, arrived=now)
+        self.pending[pod.name] = None
+        self.dirty = True
+        self._notify.add(self.cluster_id)
+
+    def leave(self, name: str, now: float) -> None:
+        """A pod finishes or is deleted."""
+        state = self.pods.pop(name, None)
+        if state is None:
+            return
+        if state.first_placed is None:
+            prio = state.spec.priority
+            self.counters.abandoned[prio] = self.counters.abandoned.get(prio, 0) + 1
+        if state.node:
+            self._unplace(state, now, evicted=False)
+        self.pending.pop(name, None)
+        self.dirty = True
+        self._notify.add(self.cluster_id)
+
+    def _vectors(self, pod: PodSpec) -> tuple[FloatArray, FloatArray, bool]:
+        """(placement, reservation, borrows-the-gap) as arrays."""
+        borrowing = pod.in_gap and self.gap
+        placement = np.array(pod.placement(gap=self.gap))
+        reservation = np.array(pod.limit if borrowing else pod.reservation)
+        if pod.app_class is AppClass.BEST_EFFORT and not self.gap:
+            reservation = np.array(pod.limit)
+        return placement, reservation, borrowing
+
+    def _unplace(self, state: PodState, now: float, *, evicted: bool) -> None:
+        row = self._row.get(state.node)
+        if row is not None:
+            placement, reservation, borrowing = self._vectors(state.spec)
+            if borrowing:
+                self._borrowed[row] -= reservation
+            else:
+                self._placed[row] -= placement
+                self._reserved[row] -= reservation
+            self._on_node[row].discard(state.spec.name)
+        state.node = ""
+        state.placed_at = None
+        state.borrowing = False
+        if evicted:
+            state.evictions += 1
+            self.pending[state.spec.name] = None
+        self.dirty = True
+
+    def _place(self, state: PodState, row: int, now: float) -> None:
+        placement, reservation, borrowing = self._vectors(state.spec)
+        if borrowing:
+            self._borrowed[row] += reservation
+        else:
+            self._placed[row] += placement
+            self._reserved[row] += reservation
+        state.node = self._ids[row]
+        state.placed_at = now
+        state.borrowing = borrowing
+        state.fragmented = False
+        if state.first_placed is None:
+            state.first_placed = now
+            self.counters.waits.append((state.spec.priority, now - state.arrived))
+        self._on_node[row].add(state.spec.name)
+        self.pending.pop(state.spec.name, None)
+        self.dirty = True
+
+    def _mask(self, requirements: tuple[Requirement, ...]) -> np.ndarray:
+        if not requirements:
+            return np.ones(len(self._ids), dtype=bool)
+        return np.fromiter(
+            (labels_satisfy(requirements, labels) for labels in self._labels),
+            dtype=bool,
+            count=len(self._labels),
+        )
+
+    def _gang_requirements(self, pod: PodSpec) -> tuple[Requirement, ...]:
+        """A gang member must land in the domain its placed peers hold."""
+        reqs = pod.requirements
+        if not pod.colocation:
+            return reqs
+        key = pod.colocation_key
+        for other in self.pods.values():
+            if other.node and other.spec.colocation == pod.colocation:
+                value = self._labels[self._row[other.node]].get(key, "")
+                return (*reqs, Requirement(key, Operator.IN, (value,)))
+        return (*reqs, Requirement(key, Operator.EXISTS))
+
+    def schedule(self, now: float) -> int:
+        """Place what can be placed; returns pods placed. Gaps close on best-effort pods."""
+        if not self.pending or not self._ids:
+            return 0
+        order = sorted(
+            self.pending, key=lambda n: (-self.pods[n].spec.priority, self.pods[n].arrived)
+        )
+        masks: dict[tuple[Requirement, ...], np.ndarray] = {}
+        failed: dict[tuple[Requirement, ...], list[FloatArray]] = {}
+        placed = 0
+        for name in order:
+            state = self.pods[name]
+            pod = state.spec
+            placement, reservation, borrowing = self._vectors(pod)
+            need = reservation if borrowing else placement
+            reqs = self._gang_requirements(pod)
+            if any(np.all(f <= need + _EPS) for f in failed.get(reqs, ())):
+                state.fragmented = False
+                continue  # a no-larger pod of the same kind found no room this pass
+            mask = masks.get(reqs)
+            if mask is None:
+                mask = masks[reqs] = self._mask(reqs)
+            rows = np.flatnonzero(mask)
+            if len(rows) == 0:
+                failed.setdefault(reqs, []).append(need)
+                continue
+            if borrowing:
+                free = self._alloc[rows] - self._reserved[rows] - self._borrowed[rows]
+            else:
+                free = self._alloc[rows] - self._placed[rows]
+            pick = choose_node(need, free, self._alloc[rows], self.heuristic)
+            if pick < 0:
+                state.fragmented = bool(np.all(np.maximum(free, 0).sum(axis=0) + _EPS >= need))
+                failed.setdefault(reqs, []).append(need)
+                continue
+            row = int(rows[pick])
+            self._place(state, row, now)
+            placed += 1
+            if not borrowing:
+                self._close_gap(row, now)
+        return placed
+
+    def _close_gap(self, row: int, now: float) -> None:
+        """Evict best-effort pods from a node whose reservations and borrowings overflow it."""
+        borrowers = sorted(n for n in self._on_node[row] if self.pods[n].borrowing)
+        if not borrowers:
+            return
+        limits = np.array([self.pods[n].spec.limit for n in borrowers])
+        priorities = np.array([self.pods[n].spec.priority for n in borrowers], dtype=np.int64)
+        for i in evict_for_gap(self._alloc[row], self._reserved[row], limits, priorities):
+            self._unplace(self.pods[borrowers[i]], now, evicted=True)
+            self.counters.evicted_gap += 1
+
+    # -- roll-up ----------------------------------------------------------------------
+    def rollup(self, timestamp_ns: int) -> capacity_pb2.ClusterCapacityNeeds:
+        """The cluster's full demand now (``clusters.rollup``), gap and fragmentation applied."""
+        in_gap: list[str] = []
+        if self.gap:
+            in_gap = [n for n, s in self.pods.items() if s.borrowing]
+            waiting = [n for n in self.pending if self.pods[n].spec.in_gap]
+            if waiting and self._ids:
+                room = np.maximum(self._alloc - self._reserved - self._borrowed, 0.0)
+                limits = np.array([self.pods[n].spec.limit for n in waiting])
+                fits = fit_in_gap(limits, room, self._alloc, self.heuristic)
+                in_gap += [n for n, node in zip(waiting, fits, strict=True) if node >= 0]
+        extra = {n: 1 for n in self.pending if self.pods[n].fragmented}
+        self.dirty = False
+        msg = build_rollup(
+            self.cluster_id,
+            (s.spec for s in self.pods.values()),
+            timestamp_ns=timestamp_ns,
+            gap=self.gap,
+            in_gap=in_gap,
+            extra=extra,
+        )
+        msg.release_machine_ids.extend(self.releasable())
+        return msg
+
+    def releasable(self) -> list[str]:
+        """Nodes the cluster can give up with the least disruption (wire extension 1001).
+
+        Empty nodes and nodes holding only best-effort pods. Naming them
+        keeps the shard's Phase 3 off nodes whose pods would be evicted
+        only because the sum of requests leaves packing slack (ADR 0081).
+        With none to name the list is empty and the shard chooses itself.
+        """
+        return [
+            mid
+            for mid, on in zip(self._ids, self._on_node, strict=True)
+            if all(self.pods[n].borrowing for n in on)
+        ]
+
+    # -- reading ----------------------------------------------------------------------
+    def usage(self) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """(allocatable, placed, expected use) summed over nodes, per dimension.
+
+        Expected use is the guaranteed pods' reservations plus the borrowing
+        best-effort pods' limits.
+        """
+        alloc: FloatArray = self._alloc.sum(axis=0)
+        placed: FloatArray = self._placed.sum(axis=0) + self._borrowed.sum(axis=0)
+        used: FloatArray = self._reserved.sum(axis=0) + self._borrowed.sum(axis=0)
+        return alloc, placed, used
+
+    def pending_counts(self) -> tuple[int, int]:
+        """(pending pods, of which fragmented)."""
+        fragmented = sum(1 for n in self.pending if self.pods[n].fragmented)
+        return len(self.pending), fragmented
+
+    def pending_pods(self) -> Iterable[PodState]:
+        """Pods waiting to be placed."""
+        return (self.pods[n] for n in self.pending)

@@ -1,0 +1,230 @@
+"""The supply: the real simulated providers' cores, on one virtual clock.
+
+Both policies run against the same two provider cores the servers run —
+``providers.sim_cloud.SimCloudProvider`` and
+``providers.bare_metal.BareMetalProvider`` — built from the shipped
+catalogs, with their latencies, quotas (``quota_scale``), prices, launch
+rate limits and spot interruptions, on a ``ManualScheduler`` that the
+driver advances. No gRPC: the simulator calls the cores' public methods
+(Create, Configure, Drain, Delete, Get) in process.
+
+The cores are subclassed only to *observe*: every state change (the
+substrate hook ``_on_transition``) appends the machine to
+:attr:`Fleet.changed`, which the policies drain after each step — the
+simulator's equivalent of the shard's List/Get polling, without the
+per-poll scan. Billing is kept here too: a machine costs its hourly price
+from the moment Create is accepted until it is back to SPECULATIVE (or
+FAILED). Bare metal reports its amortised price (the provider's
+``bare_metal_pricing="amortised"``): a server in use is not free, and a
+comparison of policies must count what each keeps busy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from clusters.pods import DIMENSIONS
+from providers.bare_metal import BareMetalProvider
+from providers.clock import ManualScheduler
+from providers.config import ProviderConfig
+from providers.core import MachineRecord as CoreRecord
+from providers.core import ProviderCore
+from providers.model import HOSTLESS_STATES, Machine, State
+from providers.sim_cloud import SimCloudProvider
+from shard_engine.model import CapacityType, MachineRecord, MachineState
+from shard_engine.quantity import parse_quantity
+
+__all__ = ["BILLED_STATES", "Fleet", "FleetOptions"]
+
+#: States in which a machine holds a real host and costs money.
+BILLED_STATES = frozenset(
+    {
+        State.CREATING,
+        State.IDLE,
+        State.CONFIGURING,
+        State.CONFIGURED,
+        State.DRAINING,
+        State.DELETING,
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class FleetOptions:
+    """How large the fleet is and how its providers behave.
+
+    ``quota_scale`` multiplies the shipped catalogs' quotas and rack sizes.
+    A fleet that large is run by many cloud accounts, so the per-account
+    launch rate limit (2/s, burst 100) is multiplied by it too, so the
+    fleet's launch rate grows with the fleet. FAILED machines (a spot
+    interruption, a failed launch) return to SPECULATIVE after
+    ``failed_cleanup_s``.
+    """
+
+    quota_scale: float = 1.0
+    seed: int = 1
+    interruption_scale: float = 1.0
+    failed_cleanup_s: float = 900.0
+    error_rate: float = 0.0
+
+
+class _Observed:
+    """Mixin: report every state change of a core to the fleet."""
+
+    _fleet: Fleet
+
+    def _on_transition(self, record: CoreRecord) -> None:
+        super()._on_transition(record)  # type: ignore[misc]
+        self._fleet._observe(self.name, record)  # type: ignore[attr-defined]
+
+
+class _Cloud(_Observed, SimCloudProvider):
+    def __init__(self, config: ProviderConfig, scheduler: ManualScheduler, fleet: Fleet) -> None:
+        self._fleet = fleet
+        super().__init__(config, scheduler=scheduler)
+
+
+class _Metal(_Observed, BareMetalProvider):
+    def __init__(self, config: ProviderConfig, scheduler: ManualScheduler, fleet: Fleet) -> None:
+        self._fleet = fleet
+        super().__init__(config, scheduler=scheduler)
+
+
+@dataclass(slots=True)
+class _Bill:
+    since: float | None = None
+    price: float = 0.0
+
+
+@dataclass(slots=True)
+class Fleet:
+    """Two provider cores on one virtual clock, observed and billed."""
+
+    scheduler: ManualScheduler
+    options: FleetOptions
+    providers: dict[str, ProviderCore] = field(default_factory=dict)
+    changed: list[tuple[str, str]] = field(default_factory=list)
+    spent: float = 0.0
+    _bills: dict[str, _Bill] = field(default_factory=dict)
+    _billed_rate: float = 0.0
+    billed_machines: int = 0
+    billed_alloc: np.ndarray = field(default_factory=lambda: np.zeros(len(DIMENSIONS)))
+    _vectors: dict[tuple[str, str], np.ndarray] = field(default_factory=dict)
+    _alloc_cache: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, options: FleetOptions, scheduler: ManualScheduler | None = None) -> Fleet:
+        """Both cores at ``options.quota_scale``, started on the scheduler."""
+        fleet = cls(scheduler=scheduler or ManualScheduler(), options=options)
+        scale = max(1.0, options.quota_scale)
+        errors = {"create": options.error_rate} if options.error_rate else {}
+        cloud = ProviderConfig(
+            kind="sim-cloud",
+            seed=options.seed,
+            quota_scale=options.quota_scale,
+            interruption_scale=options.interruption_scale,
+            failed_cleanup_s=options.failed_cleanup_s,
+            run_instances_per_second=2.0 * scale,
+            run_instances_burst=int(100 * scale),
+            error_rate=errors,
+        )
+        metal = ProviderConfig(
+            kind="bare-metal",
+            seed=options.seed + 1,
+            quota_scale=options.quota_scale,
+            failed_cleanup_s=options.failed_cleanup_s,
+            error_rate=errors,
+            bare_metal_pricing="amortised",
+        )
+        for core in (_Cloud(cloud, fleet.scheduler, fleet), _Metal(metal, fleet.scheduler, fleet)):
+            fleet.providers[core.name] = core
+            core.start()
+        return fleet
+
+    # -- observation ----------------------------------------------------------------
+    def _observe(self, provider: str, record: CoreRecord) -> None:
+        self.changed.append((provider, record.id))
+        bill = self._bills.get(record.id)
+        billed = record.state in BILLED_STATES
+        now = self.scheduler.now()
+        if billed and (bill is None or bill.since is None):
+            if bill is None:
+                bill = self._bills[record.id] = _Bill()
+            bill.since, bill.price = now, record.price_per_hour
+            self._billed_rate += record.price_per_hour
+            self.billed_machines += 1
+            self.billed_alloc += self._vector(provider, record)
+        elif not billed and bill is not None and bill.since is not None:
+            self.spent += (now - bill.since) * bill.price / 3600.0
+            self._billed_rate -= bill.price
+            bill.since = None
+            self.billed_machines -= 1
+            self.billed_alloc -= self._vector(provider, record)
+
+    def _vector(self, provider: str, record: CoreRecord) -> np.ndarray:
+        key = (provider, record.instance_type)
+        vec = self._vectors.get(key)
+        if vec is None:
+            vec = np.array([parse_quantity(record.allocatable.get(d, "0")) for d in DIMENSIONS])
+            self._vectors[key] = vec
+        return vec
+
+    def drain_changes(self) -> list[tuple[str, str]]:
+        """The machines that changed since the last call, in order (duplicates kept)."""
+        out, self.changed = self.changed, []
+        return out
+
+    def cost_so_far(self) -> float:
+        """Dollars spent up to now, machines still running included."""
+        now = self.scheduler.now()
+        running = sum(
+            (now - b.since) * b.price / 3600.0 for b in self._bills.values() if b.since is not None
+        )
+        return self.spent + running
+
+    @property
+    def cost_rate(self) -> float:
+        """Dollars per hour of every machine holding a host now."""
+        return self._billed_rate
+
+    # -- reading ----------------------------------------------------------------------
+    def machine(self, provider: str, machine_id: str) -> MachineRecord:
+        """The machine now, as the engine's record (what the shard's observe step builds)."""
+        return self.to_record(provider, self.providers[provider].get(machine_id))
+
+    def records(self) -> Iterator[MachineRecord]:
+        """Every machine of every provider (the initial List)."""
+        for name, core in self.providers.items():
+            for machine in core.list().machines:
+                yield self.to_record(name, machine)
+
+    def to_record(self, provider: str, m: Machine) -> MachineRecord:
+        """Convert a provider snapshot into the engine's ``MachineRecord``."""
+        key = (provider, m.instance_type)
+        allocatable = self._alloc_cache.get(key)
+        if allocatable is None:
+            allocatable = {k: parse_quantity(v) for k, v in m.allocatable.items()}
+            self._alloc_cache[key] = allocatable
+        return MachineRecord(
+            id=m.id,
+            state=MachineState(int(m.state)),
+            provider=provider,
+            instance_type=m.instance_type,
+            zone=m.zone,
+            capacity_type=CapacityType(int(m.capacity_type)),
+            price_per_hour=m.price_per_hour,
+            interruption_probability=m.interruption_probability,
+            allocatable=allocatable,
+            labels=m.labels,
+            cluster=m.cluster,
+            host_ref="" if m.state in HOSTLESS_STATES or m.host is None else m.host.ref,
+            last_error=m.last_error,
+        )
+
+    def close(self) -> None:
+        """Cancel every provider timer."""
+        for core in self.providers.values():
+            core.close()

@@ -1,0 +1,151 @@
+"""What a run measures: sampled time series and the summary figures built from them.
+
+Sampled every ``sample_s`` virtual seconds (a step function between samples):
+
+* `cost_rate`: $/h of every machine holding a host (creating, idle,
+  configuring, configured, draining, deleting); `billed_machines` counts them;
+* `util_<dim>`: fleet utilisation, expected use (guaranteed pods'
+  reservations + best-effort limits) ÷ allocatable of billed machines;
+* `pending`, `fragmented`: pods waiting; of those, the pods their matching
+  nodes hold in total but no one node fits.
+
+Summary: cost in dollars (exact, from every machine's billed time), the
+time averages of the utilisations, time-to-capacity (arrival → first
+placement) p50/p99 per priority, pods never placed (still waiting at the
+end, or gone before they ran), evictions by cause
+(preemption, reclaim and consolidation, spot interruption, gap closing),
+flaps (a node drained within 10 minutes of joining), stranded capacity
+(allocatable of billed machines not holding a placed pod, in core-, GiB-
+and GPU-hours) and unschedulable pod-minutes (of which fragmentation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from clusters.pods import DIMENSIONS
+from simulator.cluster import ClusterModel
+
+__all__ = ["Recorder", "tier_name"]
+
+GI = float(2**30)
+_SHORT = ("cpu", "memory", "gpu")
+
+
+def tier_name(priority: int) -> str:
+    """A readable label for a priority value."""
+    return f"p{priority}"
+
+
+@dataclass(slots=True)
+class Recorder:
+    """Collects samples during a run and reduces them to a summary."""
+
+    sample_s: float
+    series: dict[str, list[float]] = field(default_factory=dict)
+    _pending_minutes: float = 0.0
+    _fragment_minutes: float = 0.0
+    _stranded: np.ndarray = field(default_factory=lambda: np.zeros(len(DIMENSIONS)))
+    _used: np.ndarray = field(default_factory=lambda: np.zeros(len(DIMENSIONS)))
+    _billed: np.ndarray = field(default_factory=lambda: np.zeros(len(DIMENSIONS)))
+
+    def _put(self, name: str, value: float) -> None:
+        self.series.setdefault(name, []).append(float(value))
+
+    def sample(
+        self,
+        now: float,
+        *,
+        cost_rate: float,
+        billed_machines: int,
+        billed_alloc: np.ndarray,
+        clusters: Mapping[str, ClusterModel],
+    ) -> None:
+        """Take one sample of the fleet."""
+        placed = np.zeros(len(DIMENSIONS))
+        used = np.zeros(len(DIMENSIONS))
+        pending = fragmented = 0
+        for cluster in clusters.values():
+            _, p, u = cluster.usage()
+            placed += p
+            used += u
+            waiting, frag = cluster.pending_counts()
+            pending += waiting
+            fragmented += frag
+        self._put("t", now)
+        self._put("cost_rate", cost_rate)
+        self._put("billed_machines", billed_machines)
+        for i, short in enumerate(_SHORT):
+            ratio = used[i] / billed_alloc[i] if billed_alloc[i] > 0 else 0.0
+            self._put(f"util_{short}", ratio)
+        self._put("pending", pending)
+        self._put("fragmented", fragmented)
+        hours = self.sample_s / 3600.0
+        self._stranded += np.maximum(billed_alloc - placed, 0.0) * hours
+        self._used += used * hours
+        self._billed += billed_alloc * hours
+        self._pending_minutes += pending * self.sample_s / 60.0
+        self._fragment_minutes += fragmented * self.sample_s / 60.0
+
+    def summary(
+        self,
+        *,
+        cost: float,
+        clusters: Mapping[str, ClusterModel],
+        stats: Mapping[str, int],
+    ) -> dict[str, Any]:
+        """The run's figures (see the module docstring)."""
+        waits: dict[int, list[float]] = {}
+        unplaced: dict[int, int] = {}
+        totals = {"preempt": 0, "reclaim": 0, "interrupt": 0, "gap": 0}
+        flaps = joined = 0
+        for cluster in clusters.values():
+            c = cluster.counters
+            for priority, wait in c.waits:
+                waits.setdefault(priority, []).append(wait)
+            for priority, count in c.abandoned.items():
+                unplaced[priority] = unplaced.get(priority, 0) + count
+            for state in cluster.pending_pods():
+                if state.first_placed is None:
+                    unplaced[state.spec.priority] = unplaced.get(state.spec.priority, 0) + 1
+            totals["preempt"] += c.evicted_preempt
+            totals["reclaim"] += c.evicted_reclaim
+            totals["interrupt"] += c.evicted_interrupt
+            totals["gap"] += c.evicted_gap
+            flaps += c.flaps
+            joined += c.nodes_joined
+        ttc: dict[str, dict[str, float]] = {}
+        for priority in sorted(set(waits) | set(unplaced), reverse=True):
+            values = np.array(waits.get(priority, [0.0]))
+            ttc[tier_name(priority)] = {
+                "p50_s": round(float(np.percentile(values, 50)), 1) if priority in waits else 0.0,
+                "p99_s": round(float(np.percentile(values, 99)), 1) if priority in waits else 0.0,
+                "placed": len(waits.get(priority, [])),
+                "never_placed": unplaced.get(priority, 0),
+            }
+        utilisation = {
+            short: round(float(self._used[i] / self._billed[i]), 4) if self._billed[i] > 0 else 0.0
+            for i, short in enumerate(_SHORT)
+        }
+        stranded = {
+            "cpu_core_hours": round(float(self._stranded[0]), 1),
+            "memory_gib_hours": round(float(self._stranded[1] / GI), 1),
+            "gpu_hours": round(float(self._stranded[2]), 1),
+        }
+        return {
+            "cost_usd": round(cost, 2),
+            "utilisation": utilisation,
+            "time_to_capacity": ttc,
+            "evictions": totals,
+            "preempted_pods": totals["preempt"],
+            "flaps": flaps,
+            "nodes_joined": joined,
+            "stranded": stranded,
+            "unschedulable_pod_minutes": round(self._pending_minutes, 1),
+            "fragmentation_pod_minutes": round(self._fragment_minutes, 1),
+            "actions": {k: int(v) for k, v in sorted(stats.items())},
+        }
