@@ -361,7 +361,8 @@ class ClusterModel:
             in_gap=in_gap,
             extra=extra,
         )
-        msg.release_machine_ids.extend(self.releasable())
+        msg.release.SetInParent()  # present, even empty: reclaim only what is named
+        msg.release.machine_ids.extend(self.releasable())
         return msg
 
     def releasable(self) -> list[str]:
@@ -370,7 +371,8 @@ class ClusterModel:
         Empty nodes and nodes holding only best-effort pods. Naming them
         keeps the shard's Phase 3 off nodes whose pods would be evicted
         only because the sum of requests leaves packing slack (ADR 0081).
-        With none to name the list is empty and the shard chooses itself.
+        The list is always sent, empty when nothing can go: present and
+        empty means "reclaim none of my nodes for excess" (ADR 0070).
         """
         return [
             mid
