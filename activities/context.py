@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from temporalio.exceptions import ApplicationError
+
 from bigfleet.v1alpha1 import provider_pb2
 from providers.client import FencingToken
 from workflows.contracts import (
@@ -21,6 +23,7 @@ from workflows.contracts import (
     RecoverInput,
     RequirementSpec,
 )
+from workflows.errors import LEASE_LOST
 
 
 @dataclass(frozen=True)
@@ -62,14 +65,31 @@ class ProviderCalls(Protocol):
     ) -> provider_pb2.MachineList: ...
 
 
-class ShardContext(Protocol):
+class ActiveGuard(Protocol):
+    """Whether the shard process may act (it holds its lease and was not fenced)."""
+
+    def check_active(self) -> None:
+        """Raise :class:`ShardInactive` if this process may no longer act (lease lost, fenced)."""
+
+
+def ensure_active(guard: ActiveGuard, *, retryable: bool = False) -> None:
+    """Refuse to run an activity for a shard that may not act: a ``LeaseLost`` failure.
+
+    Machine operations make it non-retryable (their workflows wait it out on a
+    durable timer); membership moves retry it, because the next attempt may
+    reach the process that holds the lease now.
+    """
+    try:
+        guard.check_active()
+    except ShardInactive as err:
+        raise ApplicationError(str(err), type=LEASE_LOST, non_retryable=not retryable) from err
+
+
+class ShardContext(ActiveGuard, Protocol):
     """The live shard process, as activities see it."""
 
     @property
     def shard_id(self) -> str: ...
-
-    def check_active(self) -> None:
-        """Raise :class:`ShardInactive` if this process may no longer act (lease lost, fenced)."""
 
     def provider(self, name: str) -> ProviderCalls:
         """The client for a configured provider; ``KeyError`` if unknown."""

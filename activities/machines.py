@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.context import ProviderCalls, ShardContext, ShardInactive
+from activities.context import ProviderCalls, ShardContext, ensure_active
 from bigfleet.v1alpha1 import provider_pb2
 from providers.errors import (
     Fenced,
@@ -27,7 +27,7 @@ from providers.errors import (
 )
 from providers.model import FencingToken
 from workflows import contracts as c
-from workflows.errors import BOOTSTRAP_UNAVAILABLE, FENCED, INVALID_ARGUMENT, LEASE_LOST
+from workflows.errors import BOOTSTRAP_UNAVAILABLE, FENCED, INVALID_ARGUMENT
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +61,7 @@ class MachineActivities:
         self._in_flight = asyncio.Semaphore(max_in_flight)
 
     def _ensure_active(self) -> None:
-        try:
-            self._ctx.check_active()
-        except ShardInactive as err:
-            raise ApplicationError(str(err), type=LEASE_LOST, non_retryable=True) from err
+        ensure_active(self._ctx)
 
     def _fenced(self, provider: str, machine_id: str, err: Fenced) -> ApplicationError:
         self._ctx.on_fenced(provider, machine_id, err.message)

@@ -19,14 +19,13 @@ from typing import Protocol
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.context import ProviderCalls, ShardInactive
+from activities.context import ActiveGuard, ProviderCalls, ensure_active
 from bigfleet.store import Store
 from bigfleet.v1alpha1 import provider_pb2
 from shard_engine.decommission import take_evenly
 from shard_engine.membership import DrainingMachine, plan_drain
 from workflows import membership as ms
 from workflows.contracts import MachineTarget
-from workflows.errors import LEASE_LOST
 
 __all__ = [
     "MachinesInMotion",
@@ -178,8 +177,6 @@ async def plan_decommission(
 class MembershipContext(Protocol):
     """What the shard process offers for membership moves."""
 
-    def check_active(self) -> None: ...
-
     async def release_cluster(self, inp: ms.ReleaseClusterInput) -> ms.ReleaseClusterResult: ...
 
     async def hand_over(self, inp: ms.HandOverInput) -> ms.HandOverResult: ...
@@ -188,16 +185,14 @@ class MembershipContext(Protocol):
 class MembershipActivities:
     """Shard side: the donor's half of a cluster move or a handover."""
 
-    def __init__(self, ctx: MembershipContext) -> None:
+    def __init__(self, ctx: MembershipContext, *, guard: ActiveGuard) -> None:
         self._ctx = ctx
+        self._guard = guard
 
     def _ensure_active(self) -> None:
         # Retryable, unlike a machine operation's: the next attempt may reach
         # the process that holds the lease now.
-        try:
-            self._ctx.check_active()
-        except ShardInactive as err:
-            raise ApplicationError(str(err), type=LEASE_LOST) from err
+        ensure_active(self._guard, retryable=True)
 
     @activity.defn(name=ms.RELEASE_CLUSTER)
     async def release_cluster(self, inp: ms.ReleaseClusterInput) -> ms.ReleaseClusterResult:

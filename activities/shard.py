@@ -15,7 +15,7 @@ from __future__ import annotations
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.context import ShardContext, ShardInactive
+from activities.context import ShardContext, ShardInactive, ensure_active
 from workflows import contracts as c
 from workflows.errors import LEASE_LOST
 
@@ -27,10 +27,7 @@ class ShardActivities:
         self._ctx = ctx
 
     def _ensure_active(self) -> None:
-        try:
-            self._ctx.check_active()
-        except ShardInactive as err:
-            raise ApplicationError(str(err), type=LEASE_LOST, non_retryable=True) from err
+        ensure_active(self._ctx)
 
     @activity.defn(name=c.NOTIFY_RECLAIM)
     async def notify_reclaim(self, inp: c.NotifyReclaimInput) -> c.ReclaimDelivery:

@@ -10,17 +10,13 @@ from __future__ import annotations
 from typing import Protocol
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
-from activities.context import ShardInactive
+from activities.context import ActiveGuard, ensure_active
 from workflows import coordinator as co
-from workflows.errors import LEASE_LOST
 
 
 class TransferContext(Protocol):
     """What the shard process offers for coordinator instructions."""
-
-    def check_active(self) -> None: ...
 
     async def release_machines(self, inp: co.ReleaseInput) -> co.ReleaseResult: ...
 
@@ -32,14 +28,14 @@ class TransferContext(Protocol):
 
 
 class TransferActivities:
-    def __init__(self, ctx: TransferContext) -> None:
+    """The shard's half of coordinator instructions, refused while the shard may not act."""
+
+    def __init__(self, ctx: TransferContext, *, guard: ActiveGuard) -> None:
         self._ctx = ctx
+        self._guard = guard
 
     def _ensure_active(self) -> None:
-        try:
-            self._ctx.check_active()
-        except ShardInactive as err:
-            raise ApplicationError(str(err), type=LEASE_LOST, non_retryable=True) from err
+        ensure_active(self._guard)
 
     @activity.defn(name=co.RELEASE_MACHINES)
     async def release_machines(self, inp: co.ReleaseInput) -> co.ReleaseResult:

@@ -23,10 +23,11 @@ machine in flight forever.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from temporalio.client import Client
 from temporalio.common import (
     SearchAttributePair,
     TypedSearchAttributes,
@@ -37,6 +38,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
 from bigfleet.shard.convert import requirement_specs
+from shard_engine.engine import ShardEngine
 from shard_engine.model import (
     Action,
     AssignIdle,
@@ -69,6 +71,7 @@ from workflows.contracts import (
     DeleteInput,
     DrainInput,
     MachineTarget,
+    PollPolicy,
     ProvisionInput,
     RecoverInput,
     VerifyInput,
@@ -80,12 +83,9 @@ from workflows.provision import ProvisionWorkflow
 from workflows.recover import RecoverWorkflow
 from workflows.verify import VERIFYING, VerifyWorkflow
 
-if TYPE_CHECKING:
-    from bigfleet.shard.process import ShardProcess
-
 log = logging.getLogger(__name__)
 
-__all__ = ["Executor", "workflow_id"]
+__all__ = ["Executor", "PlannedMachines", "SequenceSource", "claim_running", "workflow_id"]
 
 
 # Machines per ProvisionWorkflow: the paper's batched Create (64), and never more
@@ -110,19 +110,47 @@ class _Start:
     attrs: list[SearchAttributePair[Any]]
 
 
+class PlannedMachines(Protocol):
+    """What the executor needs of the engine: the planned machines, and giving them back."""
+
+    def machine(self, machine_id: str) -> MachineRecord | None: ...
+
+    def settle(self, machine_id: str, record: MachineRecord | None, *, now: float) -> None: ...
+
+
+class SequenceSource(Protocol):
+    """Hands out operation sequences (see :class:`bigfleet.shard.sequences.OperationSequences`)."""
+
+    def next(self, machine_ids: Iterable[str]) -> int: ...
+
+
 class Executor:
     """Turns engine actions into workflow starts on the shard's task queue."""
 
-    def __init__(self, shard: ShardProcess) -> None:
-        self._shard = shard
-
-    @property
-    def deadline_policy(self) -> DeadlinePolicy:
-        options = self._shard.options
-        return DeadlinePolicy(options.deadlines, dict(options.deadline_overrides))
+    def __init__(
+        self,
+        temporal: Client,
+        *,
+        shard_id: str,
+        task_queue: str,
+        engine: PlannedMachines,
+        sequences: SequenceSource,
+        deadlines: DeadlinePolicy,
+        poll: PollPolicy,
+        clock: Callable[[], float],
+    ) -> None:
+        self._temporal = temporal
+        self._shard_id = shard_id
+        self._task_queue = task_queue
+        self._engine = engine
+        self._sequences = sequences
+        self._deadlines = deadlines
+        self._poll = poll
+        self._clock = clock
 
     def deadlines_for(self, record: MachineRecord) -> Deadlines:
-        return self.deadline_policy.for_machine(record.provider, record.capacity_type.name)
+        """The deadlines of an operation on this machine (by provider and capacity type)."""
+        return self._deadlines.for_machine(record.provider, record.capacity_type.name)
 
     async def execute(self, plan: Plan) -> int:
         """Start a workflow for every action of ``plan``; returns how many were started."""
@@ -136,10 +164,10 @@ class Executor:
             return await self._provision(action.machine_ids, action)
         if isinstance(action, AssignIdle):
             return await self._provision((action.machine_id,), action)
-        record = self._shard.engine.machine(action.machine_id)
+        record = self._engine.machine(action.machine_id)
         if record is None:
             log.warning("machine %s vanished before its workflow started", action.machine_id)
-            self._shard.engine.settle(action.machine_id, None, now=self._shard.clock())
+            self._engine.settle(action.machine_id, None, now=self._clock())
             return 0
         if isinstance(action, (Preempt, Reclaim)):
             start = self._drain(action, record)
@@ -152,13 +180,12 @@ class Executor:
     # ----------------------------------------------------------- provisioning
 
     async def _provision(self, machine_ids: Sequence[str], action: Provision | AssignIdle) -> int:
-        shard = self._shard
         groups: dict[tuple[str, str], list[MachineRecord]] = {}
         for mid in machine_ids:
-            record = shard.engine.machine(mid)
+            record = self._engine.machine(mid)
             if record is None:
                 log.warning("planned machine %s vanished before its workflow started", mid)
-                shard.engine.settle(mid, None, now=shard.clock())
+                self._engine.settle(mid, None, now=self._clock())
                 continue
             groups.setdefault((record.provider, record.capacity_type.name), []).append(record)
         started = 0
@@ -172,13 +199,12 @@ class Executor:
     def _provision_batch(
         self, records: list[MachineRecord], action: Provision | AssignIdle
     ) -> _Start:
-        shard = self._shard
         create = isinstance(action, Provision)
         machines = [MachineTarget(r.id, r.provider) for r in records]
-        seq = shard.next_operation_seq([m.machine_id for m in machines])
+        seq = self._sequences.next([m.machine_id for m in machines])
         operation = OP_PROVISION if create else OP_CONFIGURE
         inp = ProvisionInput(
-            shard_id=shard.shard_id,
+            shard_id=self._shard_id,
             cluster_id=action.cluster_id,
             need_key=action.need_key,
             priority=action.priority,
@@ -187,7 +213,7 @@ class Executor:
             requirements=requirement_specs(action.requirements),
             create=create,
             deadlines=self.deadlines_for(records[0]),
-            poll=shard.options.poll,
+            poll=self._poll,
         )
         attrs: list[SearchAttributePair[Any]] = [
             SearchAttributePair(sa.CLUSTER_ID, action.cluster_id),
@@ -201,8 +227,7 @@ class Executor:
     # ------------------------------------------------------- per-machine work
 
     def _drain(self, action: Preempt | Reclaim, record: MachineRecord) -> _Start:
-        shard = self._shard
-        seq = shard.next_operation_seq([record.id])
+        seq = self._sequences.next([record.id])
         if isinstance(action, Preempt):
             cluster_id = action.victim_cluster_id
             waiter: Waiter | None = Waiter(
@@ -214,7 +239,7 @@ class Executor:
             cluster_id, waiter, reason, victim_priority = action.cluster_id, None, REASON_RECLAIM, 0
             priority = 0
         inp = DrainInput(
-            shard_id=shard.shard_id,
+            shard_id=self._shard_id,
             machine=MachineTarget(record.id, record.provider),
             cluster_id=cluster_id,
             grace_seconds=action.grace_seconds,
@@ -223,7 +248,7 @@ class Executor:
             victim_priority=victim_priority,
             waiter=waiter,
             deadlines=self.deadlines_for(record),
-            poll=shard.options.poll,
+            poll=self._poll,
         )
         attrs: list[SearchAttributePair[Any]] = [
             SearchAttributePair(sa.CLUSTER_ID, cluster_id),
@@ -234,14 +259,13 @@ class Executor:
         return _Start(DrainWorkflow.run, inp, OP_DRAIN, [record.id], seq, attrs)
 
     def _delete(self, record: MachineRecord) -> _Start:
-        shard = self._shard
-        seq = shard.next_operation_seq([record.id])
+        seq = self._sequences.next([record.id])
         inp = DeleteInput(
-            shard_id=shard.shard_id,
+            shard_id=self._shard_id,
             machine=MachineTarget(record.id, record.provider),
             operation_seq=seq,
             deadlines=self.deadlines_for(record),
-            poll=shard.options.poll,
+            poll=self._poll,
         )
         attrs: list[SearchAttributePair[Any]] = [
             SearchAttributePair(sa.PHASE, DELETING),
@@ -250,10 +274,9 @@ class Executor:
         return _Start(DeleteWorkflow.run, inp, OP_DELETE, [record.id], seq, attrs)
 
     def _verify(self, action: Verify, record: MachineRecord) -> _Start:
-        shard = self._shard
-        seq = shard.next_operation_seq([record.id])
+        seq = self._sequences.next([record.id])
         inp = VerifyInput(
-            shard_id=shard.shard_id,
+            shard_id=self._shard_id,
             machine=MachineTarget(record.id, record.provider),
             cluster_id=action.cluster_id,
             operation_seq=seq,
@@ -289,24 +312,23 @@ class Executor:
     # ----------------------------------------------------------------- start
 
     def _id(self, start: _Start) -> str:
-        return workflow_id(self._shard.shard_id, start.operation, start.machine_ids, start.seq)
+        return workflow_id(self._shard_id, start.operation, start.machine_ids, start.seq)
 
     async def _submit(self, start: _Start) -> None:
         """Start the workflow, or find the running one with the same id."""
-        shard = self._shard
         attrs: list[SearchAttributePair[Any]] = [
-            SearchAttributePair(sa.SHARD_ID, shard.shard_id),
+            SearchAttributePair(sa.SHARD_ID, self._shard_id),
             SearchAttributePair(sa.OPERATION, start.operation),
             SearchAttributePair(sa.MACHINE_IDS, list(start.machine_ids)),
             *start.attrs,
         ]
         if len(start.machine_ids) == 1:
             attrs.append(SearchAttributePair(sa.MACHINE_ID, start.machine_ids[0]))
-        await shard.temporal.start_workflow(
+        await self._temporal.start_workflow(
             start.run,
             start.arg,
             id=self._id(start),
-            task_queue=shard.task_queue,
+            task_queue=self._task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             search_attributes=TypedSearchAttributes(attrs),
@@ -314,7 +336,6 @@ class Executor:
 
     async def _start(self, start: _Start, *, records: list[MachineRecord]) -> int:
         """Submit a cycle's action; if Temporal refuses, give the machines back to the engine."""
-        shard = self._shard
         wf_id = self._id(start)
         try:
             await self._submit(start)
@@ -326,6 +347,53 @@ class Executor:
             # engine so a later cycle plans them again.
             log.error("could not start %s: %s; releasing its machines", wf_id, err)
             for record in records:
-                shard.engine.settle(record.id, shard.engine.machine(record.id), now=shard.clock())
+                self._engine.settle(record.id, self._engine.machine(record.id), now=self._clock())
             return 0
         return 1
+
+
+# Operations that bind their machines to the workflow's cluster.
+_BINDING_OPS = (OP_PROVISION, OP_CONFIGURE, OP_RECOVER)
+
+
+async def claim_running(
+    temporal: Client,
+    *,
+    shard_id: str,
+    engine: ShardEngine,
+    owned: Container[str],
+    clock: Callable[[], float],
+) -> int:
+    """Re-mark the machines of this shard's still-running workflows (restart recovery).
+
+    A restarted process rebuilds its engine from PostgreSQL and the
+    providers, but an operation its predecessor started may still be
+    running in Temporal. Its machines are claimed as in flight so the
+    first cycle neither plans on them nor provisions their cluster twice;
+    the workflows finish on this process's worker and settle them.
+    Visibility lags about a second; a workflow missed here is still safe,
+    because its deterministic id makes a re-planned start find it.
+    Returns how many machines were claimed.
+    """
+    query = f"{sa.SHARD_ID.name}='{shard_id}' AND ExecutionStatus='Running'"
+    claimed = 0
+    async for wf in temporal.list_workflows(query):
+        attrs = wf.typed_search_attributes
+        operation = attrs.get(sa.OPERATION) or ""
+        ids = list(attrs.get(sa.MACHINE_IDS) or [])
+        single = attrs.get(sa.MACHINE_ID)
+        if single and single not in ids:
+            ids.append(single)
+        target = (attrs.get(sa.CLUSTER_ID) or "") if operation in _BINDING_OPS else ""
+        for machine_id in ids:
+            if machine_id in owned and engine.claim(
+                machine_id,
+                operation=operation,
+                target_cluster=target,
+                now=clock(),
+                priority=attrs.get(sa.PRIORITY) or 0,
+            ):
+                claimed += 1
+    if claimed:
+        log.info("shard %s resumed %d machines of running workflows", shard_id, claimed)
+    return claimed

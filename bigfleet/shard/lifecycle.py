@@ -6,6 +6,10 @@
                     priority waits: reported to the coordinator as shortfalls
                     ("drain requested N min ago, still in progress, priority-X
                     preemptor waiting", paper §5) until the drain settles
+    declared failed machines an operation's outcome declared FAILED (it missed its
+                    deadline) while the provider still reports them in a
+                    transitional state: observations keep them FAILED in the
+                    engine until the provider's state settles
 
 Plain in-process state, no store: blocked drains are re-reported by their
 workflows every few minutes, so a restarted shard relearns them. Quarantine
@@ -35,6 +39,7 @@ class MachineLifecycle:
     def __init__(self) -> None:
         self.quarantined: dict[str, str] = {}
         self._blocked: dict[str, BlockedDrain] = {}
+        self._declared_failed: dict[str, str] = {}
 
     def quarantine(self, machine_id: str, reason: str) -> None:
         """Stop using a machine (the shard ignores its observations from now on)."""
@@ -50,6 +55,22 @@ class MachineLifecycle:
 
     def is_quarantined(self, machine_id: str) -> bool:
         return machine_id in self.quarantined
+
+    def declare_failed(self, machine_id: str, error: str) -> None:
+        """An outcome says the machine FAILED, whatever the provider reports meanwhile."""
+        self._declared_failed[machine_id] = error
+
+    def declared_failure(self, machine_id: str, *, transitional: bool) -> str | None:
+        """The declared error while the provider still reports a transitional state.
+
+        Once the provider reports a settled state the declaration has served
+        its purpose and is forgotten (``None``).
+        """
+        error = self._declared_failed.get(machine_id)
+        if error is not None and not transitional:
+            del self._declared_failed[machine_id]
+            return None
+        return error
 
     def report_blocked(self, report: BlockedDrain) -> None:
         """Keep (or refresh) a blocked preemption drain."""

@@ -20,17 +20,18 @@ only for ``defer_s`` after the last attempt.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
 
 from activities.membership import MachinesInMotion
-from bigfleet.shard.sessions import ClusterElsewhere
+from bigfleet.shard.holdings import Holdings
+from bigfleet.shard.sessions import ClusterElsewhere, SessionHub
+from bigfleet.shard.terms import CoordinatorTerms
+from bigfleet.store import Store
+from shard_engine.engine import ShardEngine
 from shard_engine.model import MachineRecord
 from workflows import coordinator as co
 from workflows import membership as ms
 from workflows.contracts import MachineTarget
-
-if TYPE_CHECKING:
-    from bigfleet.shard.process import ShardProcess
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +41,27 @@ __all__ = ["ShardMembership"]
 class ShardMembership:
     """Cluster moves and handovers for one shard process."""
 
-    def __init__(self, process: ShardProcess, *, defer_s: float = 60.0) -> None:
-        self._p = process
+    def __init__(
+        self,
+        store: Store,
+        *,
+        shard_id: str,
+        engine: ShardEngine,
+        holdings: Holdings,
+        hub: SessionHub,
+        terms: CoordinatorTerms,
+        adopt: Callable[[co.AdoptInput], Awaitable[co.AdoptResult]],
+        clock: Callable[[], float],
+        defer_s: float = 60.0,
+    ) -> None:
+        self._store = store
+        self._shard_id = shard_id
+        self._engine = engine
+        self._owned = holdings.owned
+        self._hub = hub
+        self._terms = terms
+        self._adopt = adopt
+        self._clock = clock
         self.defer_s = defer_s
         # cluster -> (receiver, clock value until which its roll-ups are deferred)
         self._leaving: dict[str, tuple[str, float]] = {}
@@ -52,40 +72,41 @@ class ShardMembership:
         if leaving is None:
             return ""
         receiver, until = leaving
-        if self._p.clock() > until:
+        if self._clock() > until:
             del self._leaving[cluster_id]
             return ""
         return f"cluster is moving to shard {receiver}"
 
     async def elsewhere(self, cluster_id: str, owner: str) -> ClusterElsewhere:
         """The refusal for an operator that dialled the wrong shard (with the right address)."""
-        row = await self._p.store.shard(owner)
+        row = await self._store.shard(owner)
         address = (row.address or "") if row is not None else ""
         return ClusterElsewhere(cluster_id, owner, address)
 
     async def _refusal(self) -> str:
         """'' when this shard may give things away (it is draining), else why not."""
-        row = await self._p.store.shard(self._p.shard_id)
+        row = await self._store.shard(self._shard_id)
         state = row.state if row else "unknown"
-        return "" if state == "draining" else f"shard {self._p.shard_id} is {state}, not draining"
+        return "" if state == "draining" else f"shard {self._shard_id} is {state}, not draining"
 
     # ------------------------------------------------------------- donor side
 
     async def release_cluster(self, inp: ms.ReleaseClusterInput) -> ms.ReleaseClusterResult:
         """Move a cluster and its bound machines to ``inp.receiver`` (see the module docstring).
 
-        Raises :class:`MachinesInMotion` while any of its machines is in motion.
+        Refused for a stale coordinator term. Raises :class:`MachinesInMotion`
+        while any of its machines is in motion.
         """
-        p, cid = self._p, inp.cluster_id
-        refused = await self._refusal()
+        cid = inp.cluster_id
+        refused = self._terms.check(inp.term) or await self._refusal()
         if refused:
             return ms.ReleaseClusterResult(refused=refused)
-        if cid not in {c.cluster_id for c in await p.store.clusters(p.shard_id)}:
+        if cid not in {c.cluster_id for c in await self._store.clusters(self._shard_id)}:
             return await self._already_moved(inp)
-        self._leaving[cid] = (inp.receiver, p.clock() + self.defer_s)
-        if p.engine.forget_cluster(cid):
-            log.info("shard %s: cluster %s is leaving for %s", p.shard_id, cid, inp.receiver)
-        bound = await p.store.machines(p.shard_id, cluster_id=cid)
+        self._leaving[cid] = (inp.receiver, self._clock() + self.defer_s)
+        if self._engine.forget_cluster(cid):
+            log.info("shard %s: cluster %s is leaving for %s", self._shard_id, cid, inp.receiver)
+        bound = await self._store.machines(self._shard_id, cluster_id=cid)
         # From here to the compare-and-set nothing awaits: no cycle can plan on these machines.
         busy = self._in_motion(cid)
         if busy:
@@ -94,14 +115,14 @@ class ShardMembership:
                 f"cluster {cid}: {len(busy)} machine(s) in motion ({shown}); "
                 "it moves once they settle"
             )
-        records = {r.id: r for r in p.engine.machines() if r.cluster == cid}
+        records = {r.id: r for r in self._engine.machines() if r.cluster == cid}
         providers = {mid: r.provider for mid, r in records.items()}
-        providers.update({r.machine_id: r.provider for r in bound if r.machine_id in p.owned})
+        providers.update({r.machine_id: r.provider for r in bound if r.machine_id in self._owned})
         self._take_out(providers)
         try:
-            result = await p.store.move_cluster(
+            result = await self._store.move_cluster(
                 cluster_id=cid,
-                donor=p.shard_id,
+                donor=self._shard_id,
                 receiver=inp.receiver,
                 machine_ids=sorted(providers),
                 term=inp.term,
@@ -114,7 +135,7 @@ class ShardMembership:
         self._put_back({m: prov for m, prov in providers.items() if m not in moved}, records)
         if not result.moved:
             self._leaving.pop(cid, None)
-            if result.owner and result.owner != p.shard_id:
+            if result.owner and result.owner != self._shard_id:
                 return await self._already_moved(inp)
             return ms.ReleaseClusterResult(
                 refused=f"the store refused to move {cid} to {inp.receiver} "
@@ -122,10 +143,10 @@ class ShardMembership:
             )
         self._leaving.pop(cid, None)
         reason = await self.elsewhere(cid, inp.receiver)
-        p.hub.evict(cid, reason)
+        self._hub.evict(cid, reason)
         log.info(
             "shard %s: cluster %s moved to %s with %d machine(s)",
-            p.shard_id,
+            self._shard_id,
             cid,
             inp.receiver,
             len(result.machines),
@@ -136,10 +157,9 @@ class ShardMembership:
 
     async def _already_moved(self, inp: ms.ReleaseClusterInput) -> ms.ReleaseClusterResult:
         """A retry after the move succeeded (or another move won): report where it went."""
-        p = self._p
-        result = await p.store.move_cluster(
+        result = await self._store.move_cluster(
             cluster_id=inp.cluster_id,
-            donor=p.shard_id,
+            donor=self._shard_id,
             receiver=inp.receiver,
             machine_ids=[],
             term=inp.term,
@@ -147,7 +167,7 @@ class ShardMembership:
         )
         if result.owner is None:
             return ms.ReleaseClusterResult(refused=f"cluster {inp.cluster_id} is unknown")
-        if result.owner == p.shard_id:
+        if result.owner == self._shard_id:
             return ms.ReleaseClusterResult(
                 refused=f"cluster {inp.cluster_id} stays: the store refused the move"
             )
@@ -157,7 +177,7 @@ class ShardMembership:
 
     def _in_motion(self, cluster_id: str) -> list[str]:
         """Machines of the cluster with an operation in flight, or toward it."""
-        engine = self._p.engine
+        engine = self._engine
         out = []
         for machine_id, target in engine.in_flight().items():
             record = engine.machine(machine_id)
@@ -171,28 +191,30 @@ class ShardMembership:
         return sorted(out)
 
     async def hand_over(self, inp: ms.HandOverInput) -> ms.HandOverResult:
-        """Give unbound, settled machines to ``inp.receiver``; the rest stay."""
-        p = self._p
-        refused = await self._refusal()
+        """Give unbound, settled machines to ``inp.receiver``; the rest stay.
+
+        Refused for a stale coordinator term, or while this shard is not draining.
+        """
+        refused = self._terms.check(inp.term) or await self._refusal()
         if refused:
             return ms.HandOverResult(refused=refused)
-        busy = set(p.engine.in_flight()) | set(p.engine.promised())
+        busy = set(self._engine.in_flight()) | set(self._engine.promised())
         providers: dict[str, str] = {}
         records: dict[str, MachineRecord] = {}
         for target in inp.machines:
-            if target.machine_id not in p.owned:
+            if target.machine_id not in self._owned:
                 continue
-            record = p.engine.machine(target.machine_id)
+            record = self._engine.machine(target.machine_id)
             if record is not None:
                 if record.id in busy or record.cluster or record.state.transitional:
                     continue
                 records[record.id] = record
-            providers[target.machine_id] = p.owned[target.machine_id]
+            providers[target.machine_id] = self._owned[target.machine_id]
         self._take_out(providers)
         try:
             moved = set(
-                await p.store.transfer(
-                    donor=p.shard_id,
+                await self._store.transfer(
+                    donor=self._shard_id,
                     receiver=inp.receiver,
                     machine_ids=sorted(providers),
                     term=inp.term,
@@ -207,31 +229,30 @@ class ShardMembership:
 
     def _take_out(self, providers: dict[str, str]) -> None:
         for machine_id in providers:
-            self._p.engine.remove_machine(machine_id)
-            self._p.owned.pop(machine_id, None)
+            self._engine.remove_machine(machine_id)
+            self._owned.pop(machine_id, None)
 
     def _put_back(self, providers: dict[str, str], records: dict[str, MachineRecord]) -> None:
         for machine_id, provider in providers.items():
-            self._p.owned[machine_id] = provider
+            self._owned[machine_id] = provider
             record = records.get(machine_id)
             if record is not None:
-                self._p.engine.upsert_machine(record, now=self._p.clock())
+                self._engine.upsert_machine(record, now=self._clock())
 
     # ---------------------------------------------------------- receiver side
 
     async def adopt_bound(self, cluster_id: str) -> int:
         """Own and observe every machine PostgreSQL binds to ``cluster_id`` on this shard."""
-        p = self._p
-        rows = await p.store.machines(p.shard_id, cluster_id=cluster_id)
+        rows = await self._store.machines(self._shard_id, cluster_id=cluster_id)
         missing = [
-            MachineTarget(r.machine_id, r.provider) for r in rows if r.machine_id not in p.owned
+            MachineTarget(r.machine_id, r.provider) for r in rows if r.machine_id not in self._owned
         ]
         if not missing:
             return 0
-        result = await p.adopt_machines(co.AdoptInput(p.highest_term, 0, missing))
+        result = await self._adopt(co.AdoptInput(self._terms.highest, 0, missing))
         log.info(
             "shard %s: adopted %d machine(s) of %s on connect",
-            p.shard_id,
+            self._shard_id,
             result.adopted,
             cluster_id,
         )

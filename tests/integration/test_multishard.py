@@ -131,7 +131,9 @@ async def test_an_instruction_from_an_older_term_is_refused(stack: DevStack) -> 
         priority=0,
     )
     before = dict(donor.owned)
-    result = await donor.release_machines(co.ReleaseInput(stack.coordinator.term - 1, 1, spec))
+    result = await donor.parts.transfers.release_machines(
+        co.ReleaseInput(stack.coordinator.term - 1, 1, spec)
+    )
     assert result.moved == [] and "stale coordinator term" in result.refused
     assert donor.owned == before
 
@@ -153,7 +155,9 @@ async def test_an_instruction_larger_than_the_sanity_limit_is_refused(stack: Dev
         need_key="greedy",
         priority=0,
     )
-    result = await donor.release_machines(co.ReleaseInput(stack.coordinator.term, 99, spec))
+    result = await donor.parts.transfers.release_machines(
+        co.ReleaseInput(stack.coordinator.term, 99, spec)
+    )
     assert result.moved == [] and "exceeds the limit of 3" in result.refused
 
 
@@ -178,7 +182,7 @@ async def test_a_shard_that_lost_its_lease_stops_acting_and_is_fenced(stack: Dev
     client = next(iter(stack.provider_clients.values()))
     await client.create(machine_id, FencingToken("shard-1", successor_epoch, 1))
     with pytest.raises(Fenced):
-        await client.create(machine_id, zombie.next_token())
+        await client.create(machine_id, zombie.lease.next_token())
 
 
 async def test_shards_keep_serving_while_the_coordinator_is_away(stack: DevStack) -> None:

@@ -49,7 +49,7 @@ def _shard(store: Store, epoch: int) -> ShardProcess:
         providers={},
         clock=lambda: 1_000.0,
     )
-    shard.epoch = epoch
+    shard.lease.epoch = epoch
     return shard
 
 
@@ -95,7 +95,7 @@ async def test_a_restarted_shard_still_ignores_its_quarantined_machine(url: str)
         store = Store(first.engine)
         epoch = await _machine(store, "m-bad")
         shard = _shard(store, epoch)
-        await shard.record_machine(
+        await shard.parts.outcomes.record_machine(
             RecordMachineInput(
                 shard_id=SHARD,
                 operation="create",

@@ -17,7 +17,8 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 from bigfleet.shard.executor import Executor
-from bigfleet.shard.process import ShardOptions
+from bigfleet.shard.options import ShardOptions
+from bigfleet.shard.sequences import OperationSequences
 from bigfleet.temporal import start_time_skipping
 from shard_engine.model import (
     CapacityType,
@@ -31,7 +32,13 @@ from shard_engine.model import (
     Verify,
 )
 from workflows import search_attributes as sa
-from workflows.contracts import DeleteInput, DrainInput, ProvisionInput, VerifyInput
+from workflows.contracts import (
+    DeadlinePolicy,
+    DeleteInput,
+    DrainInput,
+    ProvisionInput,
+    VerifyInput,
+)
 
 _RUN = itertools.count(1)
 
@@ -50,26 +57,13 @@ class StubEngine:
 
 @dataclass
 class StubShard:
-    """The slice of ShardProcess the executor uses."""
+    """What the executor is built from: a Temporal client, the engine, sequences."""
 
     temporal: Client
     engine: StubEngine
     shard_id: str = field(default_factory=lambda: f"shard-x{next(_RUN)}")
     options: ShardOptions = field(default_factory=ShardOptions)
-    seqs: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def task_queue(self) -> str:
-        return f"nobody-serves-{uuid.uuid4()}"
-
-    def clock(self) -> float:
-        return 1_000.0
-
-    def next_operation_seq(self, machine_ids: list[str]) -> int:
-        seq = max((self.seqs.get(m, 0) for m in machine_ids), default=0) + 1
-        for m in machine_ids:
-            self.seqs[m] = seq
-        return seq
+    seqs: OperationSequences = field(default_factory=OperationSequences)
 
 
 def _record(machine_id: str, capacity: CapacityType = CapacityType.ON_DEMAND) -> MachineRecord:
@@ -107,7 +101,16 @@ def shard(own_env: WorkflowEnvironment) -> StubShard:
 
 
 def _executor(shard: StubShard) -> Executor:
-    return Executor(shard)  # type: ignore[arg-type]
+    return Executor(
+        shard.temporal,
+        shard_id=shard.shard_id,
+        task_queue=f"nobody-serves-{uuid.uuid4()}",
+        engine=shard.engine,
+        sequences=shard.seqs,
+        deadlines=DeadlinePolicy(shard.options.deadlines, dict(shard.options.deadline_overrides)),
+        poll=shard.options.poll,
+        clock=lambda: 1_000.0,
+    )
 
 
 async def _started(
@@ -180,10 +183,9 @@ async def test_deadlines_follow_the_capacity_type(shard: StubShard) -> None:
 async def test_the_same_action_at_the_same_sequence_finds_the_running_workflow(
     shard: StubShard,
 ) -> None:
-    executor = _executor(shard)
-    await executor.execute(Plan(1_000.0, (Reclaim("m-2", "victim", 600),)))
-    shard.seqs.clear()  # a restarted shard that had not recorded the drain yet
-    await executor.execute(Plan(1_000.0, (Reclaim("m-2", "victim", 600),)))
+    await _executor(shard).execute(Plan(1_000.0, (Reclaim("m-2", "victim", 600),)))
+    shard.seqs = OperationSequences()  # a restarted shard that had not recorded the drain yet
+    await _executor(shard).execute(Plan(1_000.0, (Reclaim("m-2", "victim", 600),)))
     handle = shard.temporal.get_workflow_handle(f"{shard.shard_id}/drain/m-2/1")
     history = await handle.fetch_history()
     starts = [

@@ -132,8 +132,8 @@ def test_the_coordinator_report_carries_blocked_preemption_drains() -> None:
         providers={},
         clock=lambda: 1_000.0 + 5 * 60,
     )
-    process.report_blocked_drain(_blocked("m7", 900_000, requested=1_000.0))
-    report = process.build_report()
+    process.lifecycle.report_blocked(_blocked("m7", 900_000, requested=1_000.0))
+    report = process.parts.reporter.build_report()
     (shortfall,) = report.shortfalls
     assert (shortfall.cluster_id, shortfall.need_key, shortfall.priority) == (
         "urgent",

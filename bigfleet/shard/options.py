@@ -1,0 +1,42 @@
+"""Tunables of one shard process, and the name of its task queue."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shard_engine.engine import EngineConfig
+from workflows.contracts import Deadlines, PollPolicy, default_deadline_overrides
+
+__all__ = ["ShardOptions", "task_queue"]
+
+
+def task_queue(shard_id: str) -> str:
+    """The Temporal task queue served only by the holder of ``shard_id``'s lease."""
+    return f"shard-{shard_id}"
+
+
+@dataclass(frozen=True)
+class ShardOptions:
+    """Tunables of one shard process."""
+
+    shard_id: str = "shard-0"
+    listen: str = "127.0.0.1:0"
+    holder: str = "local"
+    lease_ttl_s: float = 30.0
+    cycle_interval_s: float = 5.0
+    observe_interval_s: float = 2.0
+    deadlines: Deadlines = field(default_factory=Deadlines)
+    poll: PollPolicy = field(default_factory=PollPolicy)
+    # Deadline overrides per provider and capacity type (see workflows.contracts.DeadlinePolicy).
+    deadline_overrides: dict[str, dict[str, float]] = field(
+        default_factory=default_deadline_overrides
+    )
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    # How often the shard reports to the coordinator (summary + shortfalls).
+    report_interval_s: float = 30.0
+    # No coordinator instruction may move more than this share of our machines.
+    max_instruction_share: float = 0.05
+
+    @property
+    def task_queue(self) -> str:
+        return task_queue(self.shard_id)

@@ -1,0 +1,135 @@
+"""The coordinator reporter: what this shard tells the coordinator every report interval.
+
+    engine machines (not in flight, not promised) -> ProfileReport per (provider,
+        instance type, zone, capacity type): idle, speculative, configured by priority
+    blocked preemption drains + the engine's shortfalls -> up to 100 ShortfallReports
+        (with the need's requirements and min_unit, from the last applied roll-up)
+    -> signal CoordinatorWorkflow.report
+
+When the coordinator is not running the shard carries on alone.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+
+from temporalio.client import Client
+from temporalio.service import RPCError
+
+from bigfleet.shard.convert import requirement_specs
+from bigfleet.shard.holdings import Holdings
+from bigfleet.shard.lease import LeaseKeeper
+from bigfleet.shard.lifecycle import MachineLifecycle
+from bigfleet.shard.terms import CoordinatorTerms
+from shard_engine.engine import ShardEngine
+from shard_engine.model import MachineState, Need, Rollup, Shortfall
+from workflows import coordinator as co
+
+log = logging.getLogger(__name__)
+
+__all__ = ["MAX_REPORTED_SHORTFALLS", "CoordinatorReporter"]
+
+MAX_REPORTED_SHORTFALLS = 100
+
+
+class CoordinatorReporter:
+    """Builds and sends this shard's periodic report to the coordinator."""
+
+    def __init__(
+        self,
+        temporal: Client,
+        *,
+        lease: LeaseKeeper,
+        engine: ShardEngine,
+        holdings: Holdings,
+        lifecycle: MachineLifecycle,
+        terms: CoordinatorTerms,
+        clock: Callable[[], float],
+    ) -> None:
+        self._temporal = temporal
+        self._lease = lease
+        self._engine = engine
+        self._holdings = holdings
+        self._lifecycle = lifecycle
+        self._terms = terms
+        self._clock = clock
+        # The needs of each cluster's last applied roll-up: a shortfall's requirements.
+        self._needs: dict[str, dict[str, Need]] = {}
+
+    def remember_needs(self, rollup: Rollup) -> None:
+        """Keep the needs of an applied roll-up (full replacement per cluster)."""
+        self._needs[rollup.cluster_id] = {n.key: n for n in rollup.needs}
+
+    def shortfalls(self) -> list[Shortfall]:
+        """Preemption drains blocked past their grace first, then the engine's shortfalls."""
+
+        def allocatable(machine_id: str) -> Mapping[str, float]:
+            record = self._engine.machine(machine_id)
+            return record.allocatable if record is not None else {}
+
+        blocked = self._lifecycle.shortfalls(now=self._clock(), deficit_of=allocatable)
+        return [*blocked, *self._engine.shortfalls()]
+
+    def build_report(self) -> co.ShardReport:
+        """Summary + up to 100 shortfalls for the coordinator."""
+        busy = set(self._engine.in_flight()) | set(self._engine.promised())
+        profiles: dict[tuple[str, str, str, int], co.ProfileReport] = {}
+        total = 0
+        for record in self._engine.machines():
+            total += 1
+            key = (record.provider, record.instance_type, record.zone, int(record.capacity_type))
+            prof = profiles.get(key)
+            if prof is None:
+                prof = profiles[key] = co.ProfileReport(
+                    provider=record.provider,
+                    instance_type=record.instance_type,
+                    zone=record.zone,
+                    capacity_type=int(record.capacity_type),
+                    labels=dict(record.labels),
+                    allocatable=dict(record.allocatable),
+                )
+            if record.id in busy:
+                continue
+            if record.state == MachineState.IDLE and not record.cluster:
+                prof.idle += 1
+            elif record.state == MachineState.SPECULATIVE:
+                prof.speculative += 1
+            elif record.state == MachineState.CONFIGURED:
+                prio = str(self._holdings.priority(record.id))
+                prof.configured_by_priority[prio] = prof.configured_by_priority.get(prio, 0) + 1
+        shortfalls = []
+        for sf in self.shortfalls()[:MAX_REPORTED_SHORTFALLS]:
+            need = self._needs.get(sf.cluster_id, {}).get(sf.need_key)
+            shortfalls.append(
+                co.ShortfallReport(
+                    cluster_id=sf.cluster_id,
+                    need_key=sf.need_key,
+                    priority=sf.priority,
+                    deficit=dict(sf.deficit),
+                    requirements=requirement_specs(need.requirements) if need else [],
+                    min_unit=dict(need.min_unit) if need else {},
+                    age_cycles=sf.age_cycles,
+                    escalated=sf.escalated,
+                    reason=sf.reason,
+                )
+            )
+        return co.ShardReport(
+            shard_id=self._lease.shard_id,
+            epoch=self._lease.epoch,
+            sent_at=self._clock(),
+            total_machines=total,
+            profiles=list(profiles.values()),
+            shortfalls=shortfalls,
+            highest_term_seen=self._terms.highest,
+        )
+
+    async def send_report(self) -> bool:
+        """Signal the coordinator; False when it is not running (shards carry on alone)."""
+        try:
+            handle = self._temporal.get_workflow_handle(co.COORDINATOR_ID)
+            await handle.signal(co.CoordinatorWorkflow.report, self.build_report())
+        except RPCError as err:
+            log.debug("coordinator unreachable (%s); carrying on alone", err)
+            return False
+        return True

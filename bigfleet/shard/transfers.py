@@ -1,0 +1,312 @@
+"""Cross-shard transfers: this shard's half of the coordinator's instructions.
+
+    release_machines    (donor)     unbound idle or speculative machines of one profile
+                                    leave the engine, then move by CAS in PostgreSQL
+    prepare_preemption  (donor)     victims for another shard's need leave the engine;
+                                    one DrainWorkflow each (started by the coordinator)
+    release_machines    (donor, kind "preempt") the drained victims that reached IDLE move
+    retire_machines     (any)       a decommissioned domain's machines are quarantined
+                                    for good (configured ones drained first)
+    adopt_machines      (receiver)  machines PostgreSQL now records as ours are owned,
+                                    observed, and continue above the donor's sequences
+
+Every instruction is checked against the highest coordinator term seen first
+(a zombie coordinator's instruction is refused), and against the share of
+this shard's machines one instruction may move. Machines are taken out of
+the engine with no await between choosing and removing them, so a cycle
+cannot plan on them meanwhile; any the store refuses come back unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from bigfleet.shard.executor import Executor, workflow_id
+from bigfleet.shard.holdings import Holdings
+from bigfleet.shard.lifecycle import MachineLifecycle
+from bigfleet.shard.observer import ProviderObserver
+from bigfleet.shard.sequences import OperationSequences
+from bigfleet.shard.terms import CoordinatorTerms
+from bigfleet.store import Store
+from bigfleet.v1alpha1 import provider_pb2
+from providers.errors import ProviderError
+from shard_engine.costs import drain_grace_seconds
+from shard_engine.engine import EngineConfig, ShardEngine
+from shard_engine.model import MachineRecord, MachineState, Plan, Reclaim
+from workflows import coordinator as co
+from workflows.contracts import OP_DRAIN, REASON_PREEMPT, DrainInput, MachineTarget, PollPolicy
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CrossShardTransfers"]
+
+
+class CrossShardTransfers:
+    """Carries out coordinator instructions that move machines between shards."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        shard_id: str,
+        engine: ShardEngine,
+        engine_config: EngineConfig,
+        holdings: Holdings,
+        sequences: OperationSequences,
+        observer: ProviderObserver,
+        executor: Executor,
+        lifecycle: MachineLifecycle,
+        terms: CoordinatorTerms,
+        poll: PollPolicy,
+        max_share: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self._store = store
+        self._shard_id = shard_id
+        self._engine = engine
+        self._config = engine_config
+        self._holdings = holdings
+        self._sequences = sequences
+        self._observer = observer
+        self._executor = executor
+        self._lifecycle = lifecycle
+        self._terms = terms
+        self._poll = poll
+        self._max_share = max_share
+        self._clock = clock
+
+    def _limit(self) -> int:
+        """The most machines one instruction may move: a share of what this shard owns."""
+        return max(1, int(len(self._holdings.owned) * self._max_share))
+
+    # --------------------------------------------------------------- donor side
+
+    async def release_machines(self, inp: co.ReleaseInput) -> co.ReleaseResult:
+        """Give up to ``count`` unbound machines of one profile to another shard.
+
+        Chosen synchronously (no await between choosing and removing them from
+        the engine, so the cycle cannot plan on them meanwhile), then moved by
+        compare-and-set in PostgreSQL; any the store refuses come back.
+        """
+        refused = self._terms.check(inp.term)
+        if refused:
+            return co.ReleaseResult([], refused)
+        spec = inp.spec
+        if spec.kind == "preempt":
+            return await self._hand_over_drained(inp)
+        limit = self._limit()
+        if spec.count > limit:
+            log.warning(
+                "refusing instruction %d/%d: %d machines > limit %d",
+                inp.term,
+                inp.seq,
+                spec.count,
+                limit,
+            )
+            return co.ReleaseResult(
+                [],
+                f"moving {spec.count} machines exceeds the limit of {limit} "
+                f"({self._max_share:.0%} of {len(self._holdings.owned)})",
+            )
+        wanted = MachineState.IDLE if spec.kind == "idle" else MachineState.SPECULATIVE
+        busy = set(self._engine.in_flight()) | set(self._engine.promised())
+        chosen: list[MachineRecord] = []
+        for record in self._engine.machines():
+            if len(chosen) >= spec.count:
+                break
+            if (
+                record.state == wanted
+                and record.id not in busy
+                and not record.cluster
+                and record.provider == spec.provider
+                and record.instance_type == spec.instance_type
+                and record.zone == spec.zone
+                and int(record.capacity_type) == spec.capacity_type
+            ):
+                chosen.append(record)
+        for record in chosen:
+            self._engine.remove_machine(record.id)
+            self._holdings.owned.pop(record.id, None)
+        moved_ids = set(
+            await self._store.transfer(
+                donor=self._shard_id,
+                receiver=spec.receiver,
+                machine_ids=[r.id for r in chosen],
+                term=inp.term,
+                seq=inp.seq,
+            )
+        )
+        for record in chosen:
+            if record.id not in moved_ids:
+                self._holdings.owned[record.id] = record.provider
+                self._engine.upsert_machine(record, now=self._clock())
+        return co.ReleaseResult(
+            [MachineTarget(r.id, r.provider) for r in chosen if r.id in moved_ids]
+        )
+
+    async def prepare_preemption(self, inp: co.ReleaseInput) -> co.PreemptionPlan:
+        """Choose victims for another shard's need and prepare one drain each.
+
+        Victims: configured machines of the instruction's profile serving a
+        priority strictly below ``below_priority``, lowest priority first,
+        none in flight. They leave this shard's engine at once (the victim
+        cluster sees the loss and may replace it) and are handed over once
+        drained. The grace follows the priority gap, as for a local preemption.
+        """
+        refused = self._terms.check(inp.term)
+        if refused:
+            return co.PreemptionPlan([], refused)
+        spec = inp.spec
+        limit = self._limit()
+        if spec.count > limit:
+            return co.PreemptionPlan(
+                [], f"preempting {spec.count} machines exceeds the limit of {limit}"
+            )
+        already = self._holdings.leaving_for(inp.term, inp.seq)
+        busy = set(self._engine.in_flight()) | set(self._engine.promised())
+        priority = self._holdings.priority
+        candidates = sorted(
+            (
+                r
+                for r in self._engine.machines()
+                if r.state == MachineState.CONFIGURED
+                and r.id not in busy
+                and r.provider == spec.provider
+                and r.instance_type == spec.instance_type
+                and r.zone == spec.zone
+                and int(r.capacity_type) == spec.capacity_type
+                and priority(r.id) < spec.below_priority
+            ),
+            key=lambda r: (priority(r.id), r.id),
+        )
+        chosen = candidates[: max(0, spec.count - len(already))]
+        drains: list[co.DrainStart] = []
+        for record in chosen:
+            victim_priority = priority(record.id)
+            grace = drain_grace_seconds(
+                spec.below_priority - victim_priority,
+                self._config.grace_thresholds,
+                self._config.grace_default_seconds,
+            )
+            seq = self._sequences.next([record.id])
+            self._holdings.leaving[record.id] = (inp.term, inp.seq)
+            self._engine.remove_machine(record.id)
+            drains.append(
+                co.DrainStart(
+                    workflow_id=workflow_id(self._shard_id, OP_DRAIN, [record.id], seq),
+                    input=DrainInput(
+                        shard_id=self._shard_id,
+                        machine=MachineTarget(record.id, record.provider),
+                        cluster_id=record.cluster,
+                        grace_seconds=grace,
+                        operation_seq=seq,
+                        reason=REASON_PREEMPT,
+                        victim_priority=victim_priority,
+                        deadlines=self._executor.deadlines_for(record),
+                        poll=self._poll,
+                    ),
+                )
+            )
+        log.info(
+            "preempting %d machines for shard %s (priority %d, instruction %d/%d)",
+            len(drains),
+            spec.receiver,
+            spec.below_priority,
+            inp.term,
+            inp.seq,
+        )
+        return co.PreemptionPlan(drains)
+
+    async def _hand_over_drained(self, inp: co.ReleaseInput) -> co.ReleaseResult:
+        """After a cross-shard preemption: move the victims that reached IDLE."""
+        mine = self._holdings.leaving_for(inp.term, inp.seq)
+        ready: list[MachineTarget] = []
+        for machine_id in mine:
+            provider = self._holdings.owned.get(machine_id, "")
+            machine: provider_pb2.Machine | None
+            try:
+                machine = await self._observer.provider(provider).get(machine_id)
+            except (ProviderError, KeyError) as err:
+                log.warning("handing over %s: %s", machine_id, err)
+                machine = None
+            if machine is not None and machine.state == provider_pb2.MACHINE_STATE_IDLE:
+                ready.append(MachineTarget(machine_id, provider))
+            else:
+                # The drain did not finish: the machine stays ours and rejoins the engine.
+                del self._holdings.leaving[machine_id]
+                if machine is not None:
+                    self._observer.observe(provider, machine)
+        moved = set(
+            await self._store.transfer(
+                donor=self._shard_id,
+                receiver=inp.spec.receiver,
+                machine_ids=[t.machine_id for t in ready],
+                term=inp.term,
+                seq=inp.seq,
+            )
+        )
+        for target in ready:
+            self._holdings.leaving.pop(target.machine_id, None)
+            if target.machine_id in moved:
+                self._holdings.owned.pop(target.machine_id, None)
+                self._holdings.priorities.pop(target.machine_id, None)
+        return co.ReleaseResult([t for t in ready if t.machine_id in moved])
+
+    async def retire_machines(self, inp: co.RetireInput) -> co.RetireResult:
+        """Take machines of a decommissioned domain out of use for good.
+
+        Each is quarantined durably first (a restart keeps it out). An unbound
+        machine simply leaves the engine; a configured one is drained first
+        with the default grace, and its cluster sees the loss and replaces
+        it. A machine in the middle of an operation is left for the next
+        decommission round (it is not counted as retired).
+        """
+        retired = draining = 0
+        busy = set(self._engine.in_flight())
+        for machine_id in inp.machine_ids:
+            if machine_id not in self._holdings.owned or machine_id in busy:
+                continue
+            if not await self._store.quarantine(machine_id, self._shard_id, inp.reason):
+                continue
+            record = self._engine.machine(machine_id)
+            if record is not None and record.state == MachineState.CONFIGURED and record.cluster:
+                grace = self._config.grace_default_seconds
+                await self._executor.execute(
+                    Plan(now=self._clock(), actions=(Reclaim(machine_id, record.cluster, grace),))
+                )
+                draining += 1
+            self._lifecycle.quarantine(machine_id, inp.reason)
+            self._engine.remove_machine(machine_id)
+            retired += 1
+        log.info("retired %d machines (%d draining first): %s", retired, draining, inp.reason)
+        return co.RetireResult(retired, draining)
+
+    # ------------------------------------------------------------ receiver side
+
+    async def adopt_machines(self, inp: co.AdoptInput) -> co.AdoptResult:
+        """Start acting on machines that PostgreSQL now records as ours."""
+        refused = self._terms.check(inp.term)
+        if refused:
+            return co.AdoptResult(0, refused)
+        rows = {
+            r.machine_id: r
+            for r in await self._store.machines_by_id([m.machine_id for m in inp.machines])
+        }
+        adopted = 0
+        for target in inp.machines:
+            row = rows.get(target.machine_id)
+            if row is None or row.shard_id != self._shard_id:
+                continue
+            # Continue above the previous owner's operation sequence, or our outcomes
+            # would be discarded as stale by record_operation's compare-and-set.
+            self._sequences.advance_to(target.machine_id, row.operation_seq)
+            self._holdings.owned[target.machine_id] = target.provider
+            try:
+                machine = await self._observer.provider(target.provider).get(target.machine_id)
+            except ProviderError as err:
+                log.warning("adopting %s: %s (will load on next List)", target.machine_id, err)
+                continue
+            self._observer.observe(target.provider, machine)
+            adopted += 1
+        return co.AdoptResult(adopted)
