@@ -1,7 +1,8 @@
 """``python -m bench NAME``: run a benchmark suite; each prints JSON lines.
 
 Suites: ``cycle`` (the shard engine), ``lifecycle`` (machine transitions
-through Temporal), ``packing`` (vector bin packing heuristics), ``all``
+through Temporal), ``packing`` (vector bin packing heuristics), ``simulate``
+(the simulator's speed at fleet scale), ``all``
 (every suite in turn). Each line is
 ``{"bench": ..., "metric": ..., "value": ..., "unit": ...}``.
 """
@@ -15,6 +16,7 @@ SUITES = {
     "cycle": "bench.cycle",
     "lifecycle": "bench.lifecycle",
     "packing": "bench.packing",
+    "simulate": "bench.simulate",
 }
 
 

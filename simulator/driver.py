@@ -115,6 +115,7 @@ def run_policy(
     policy = _policy(policy_name, fleet, clusters, options)
     policy.start(0.0)
     fleet.drain_changes()
+    setup = time.perf_counter() - started
     recorder = Recorder(sample_s=options.sample_s)
     events = trace.events
     index = 0
@@ -155,6 +156,7 @@ def run_policy(
     fleet.close()
     wall = time.perf_counter() - started
     summary["wall_seconds"] = round(wall, 2)
+    summary["setup_seconds"] = round(setup, 2)
     summary["speedup"] = round(trace.duration / wall, 1) if wall > 0 else 0.0
     return PolicyResult(policy_name, summary, recorder.series, wall)
 
