@@ -57,6 +57,15 @@ def _mount_simulate_command() -> None:
 _mount_simulate_command()
 
 
+def _mount_nanook_commands() -> None:
+    from nanook.cli import app as nanook_app
+
+    app.add_typer(nanook_app, name="nanook", help="Serve a Polars Nanook worker pool.")
+
+
+_mount_nanook_commands()
+
+
 def _logging(verbose: bool) -> None:
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,

@@ -7,6 +7,7 @@
     CrossShardTransfers    store, observer, executor      coordinator instructions (donor, receiver)
     ShardMembership        store, hub, transfers          cluster moves and handovers
     CoordinatorReporter    Temporal, lease                periodic report to the coordinator
+    CapacityHints          hub, engine                    AvailableCapacityUpdate to each cluster
     ShardActivityContext   lease, observer, outcomes, …   what the activities see
 
 Shared state, each piece owned by one object and handed to those that read it:
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from temporalio.client import Client
 
 from activities.context import ProviderCalls
+from bigfleet.shard.capacity_hints import CapacityHints
 from bigfleet.shard.context import ShardActivityContext
 from bigfleet.shard.executor import Executor
 from bigfleet.shard.holdings import Holdings
@@ -65,6 +67,7 @@ class ShardParts:
     membership: ShardMembership
     reporter: CoordinatorReporter
     context: ShardActivityContext
+    capacity_hints: CapacityHints
 
 
 def assemble(
@@ -165,4 +168,5 @@ def assemble(
         membership=membership,
         reporter=reporter,
         context=context,
+        capacity_hints=CapacityHints(hub, engine),
     )

@@ -210,6 +210,7 @@ class ShardProcess:
 
     async def _report(self) -> None:
         if self.active:
+            self.parts.capacity_hints.publish()
             await self.parts.reporter.send_report()
 
     async def run_cycle(self) -> int:

@@ -181,6 +181,10 @@ class SessionHub:
     def clusters(self) -> list[str]:
         return sorted(self._sessions)
 
+    def sessions(self) -> list[OperatorSession]:
+        """The open sessions (one per connected cluster)."""
+        return list(self._sessions.values())
+
     def send(self, cluster_id: str, frame: shard_pb2.ShardMessage, key: str = "") -> bool:
         """Queue a frame for a cluster; False if it has no open session."""
         session = self._sessions.get(cluster_id)
