@@ -115,6 +115,7 @@ class WorkerPool:
         # Whether the shard said (Hello ack) it honours the release extension.
         self.shard_honours_release = shard_honours_release
         self.connected = False
+        self.reclaimed_total = 0  # workers named by reclaim instructions (preemption)
 
     # -- what the scheduler sees -----------------------------------------------------------
     def live(self) -> list[Worker]:
@@ -211,17 +212,19 @@ class WorkerPool:
         ours = 0
         for node in nodes:
             worker = self.workers.get(node)
-            if worker is not None:
+            if worker is not None and not worker.leaving:
                 worker.leaving = True
                 ours += 1
+        self.reclaimed_total += ours
         return ours
 
     def supply_hint(self, key: str, hint: SupplyHint) -> None:
-        """An AvailableCapacityUpdate (coalesced by its ``supersedes_key``)."""
-        if hint.count <= 0:
-            self.hints.pop(key, None)
-        else:
-            self.hints[key] = hint
+        """An AvailableCapacityUpdate (coalesced by its ``supersedes_key``).
+
+        A count of zero is kept: "none free" bounds ``max``, where no hint
+        at all leaves it to the pool's own limit.
+        """
+        self.hints[key] = hint
 
     # -- what the shard is asked -----------------------------------------------------------
     def demand(self) -> Demand:
