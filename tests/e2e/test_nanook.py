@@ -310,7 +310,7 @@ async def test_over_grpc_a_higher_priority_cluster_preempts_the_pool_and_the_str
         await client.scale_to(4)
         await back
         assert client.attempts - attempts_before >= 2
-        assert seen[-1].desired == 4
+        await eventually(lambda: seen[-1].desired == 4, within=5, what="desired 4 streamed")
     finally:
         follower.cancel()
         await asyncio.gather(follower, return_exceptions=True)
