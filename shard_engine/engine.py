@@ -501,3 +501,8 @@ class ShardEngine:
         if index is None:
             return MappingProxyType({})
         return MappingProxyType(dict(self._memory.why_not.get(index, {})))
+
+    def drain_estimates(self) -> Mapping[str, float]:
+        """cluster_id -> smoothed drain time learned from its settled drains (seconds)."""
+        names = self._clusters.name
+        return MappingProxyType({names(c): t for c, t in self._memory.drain_seconds.items()})

@@ -45,7 +45,15 @@ from shard_engine.selection import cover_in_order, cover_with_spread, settle_def
 from shard_engine.topology import SpreadState, choose_gang_domain, domain_codes
 from shard_engine.worksheet import Mark, MarkKind, Worksheet
 
-__all__ = ["EXCESS_PRIORITY", "VictimGroups", "preempt", "saturation", "victim_order"]
+__all__ = [
+    "EXCESS_PRIORITY",
+    "VictimGroups",
+    "blend_weights",
+    "preempt",
+    "saturation",
+    "victim_order",
+    "victim_scores",
+]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -157,7 +165,9 @@ def saturation(sheet: Worksheet) -> float:
     return float(min(1.0, max(0.0, 1.0 - free / total)))
 
 
-def _blend(normal: VictimWeights, saturated: VictimWeights, level: float) -> VictimWeights:
+def blend_weights(normal: VictimWeights, saturated: VictimWeights, level: float) -> VictimWeights:
+    """The victim weights at saturation ``level``: linear between normal (0) and saturated (1)."""
+
     def mix(a: float, b: float) -> float:
         return (1.0 - level) * a + level * b
 
@@ -234,7 +244,7 @@ def preempt(
     if len(groups) == 0:
         return pending
     alloc = catalog.alloc
-    weights = _blend(
+    weights = blend_weights(
         config.victim_weights_normal, config.victim_weights_saturated, saturation(sheet)
     )
     for item in pending:

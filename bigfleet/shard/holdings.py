@@ -5,6 +5,7 @@
                 shard is invisible here)
     priorities  machine -> the priority of the workload it serves, read back from the
                 ``bigfleet.io/priority`` key the provider echoes in ``shard_metadata``
+    serving     machine -> the key of the need it was configured for (``bigfleet.io/need``)
     leaving     machines being drained for another shard's need, by the coordinator
                 instruction (term, seq) that asked; they are out of the engine and are
                 handed over once idle
@@ -27,6 +28,7 @@ class Holdings:
 
     owned: dict[str, str] = field(default_factory=dict)
     priorities: dict[str, int] = field(default_factory=dict)
+    serving: dict[str, str] = field(default_factory=dict)
     leaving: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def priority(self, machine_id: str) -> int:

@@ -4,7 +4,7 @@
                   or in full) -> observe each machine this shard owns
     observe       one provider Machine -> MachineRecord -> engine.upsert_machine,
                   NodeView.push; also reads back the workload priority the provider
-                  echoes in shard_metadata
+                  echoes in shard_metadata, and the need it serves
 
 Machine state is observed, not stored (DESIGN §5): after a restart or a new
 lease the shard rebuilds its engine from a full List. Quarantined machines
@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from activities.context import ProviderCalls
-from activities.machines import META_PRIORITY
+from activities.machines import META_NEED, META_PRIORITY
 from bigfleet.shard.convert import InvalidMachine, machine_record
 from bigfleet.shard.holdings import Holdings
 from bigfleet.shard.lifecycle import MachineLifecycle
@@ -111,5 +111,10 @@ class ProviderObserver:
             self._holdings.priorities[record.id] = int(priority)
         elif not record.cluster:
             self._holdings.priorities.pop(record.id, None)
+        need_key = machine.shard_metadata.get(META_NEED)
+        if need_key and record.cluster:
+            self._holdings.serving[record.id] = need_key
+        else:
+            self._holdings.serving.pop(record.id, None)
         self._engine.upsert_machine(record, now=self._clock())
         self._nodes.push(record)

@@ -12,7 +12,8 @@
 
 Shared state, each piece owned by one object and handed to those that read it:
 the engine (machines, needs, in-flight marks), :class:`Holdings` (ownership,
-workload priorities, machines leaving), :class:`MachineLifecycle`
+workload priorities, machines leaving), :class:`AppliedNeeds` (the needs of
+each cluster's last applied roll-up), :class:`MachineLifecycle`
 (quarantine, blocked drains, declared failures), :class:`OperationSequences`
 and :class:`CoordinatorTerms`.
 """
@@ -27,6 +28,7 @@ from temporalio.client import Client
 from activities.context import ProviderCalls
 from bigfleet.shard.capacity_hints import CapacityHints
 from bigfleet.shard.context import ShardActivityContext
+from bigfleet.shard.demand import AppliedNeeds
 from bigfleet.shard.executor import Executor
 from bigfleet.shard.holdings import Holdings
 from bigfleet.shard.lease import LeaseKeeper
@@ -56,6 +58,7 @@ class ShardParts:
     hub: SessionHub
     lifecycle: MachineLifecycle
     holdings: Holdings
+    needs: AppliedNeeds
     terms: CoordinatorTerms
     sequences: OperationSequences
     lease: LeaseKeeper
@@ -84,6 +87,7 @@ def assemble(
     hub = SessionHub()
     lifecycle = MachineLifecycle()
     holdings = Holdings()
+    needs = AppliedNeeds()
     terms = CoordinatorTerms()
     sequences = OperationSequences()
     lease = LeaseKeeper(store, shard_id=shard_id, holder=options.holder, ttl_s=options.lease_ttl_s)
@@ -116,6 +120,7 @@ def assemble(
         engine=engine,
         engine_config=options.engine,
         holdings=holdings,
+        needs=needs,
         sequences=sequences,
         observer=observer,
         executor=executor,
@@ -140,6 +145,7 @@ def assemble(
         lease=lease,
         engine=engine,
         holdings=holdings,
+        needs=needs,
         lifecycle=lifecycle,
         terms=terms,
         clock=clock,
@@ -157,6 +163,7 @@ def assemble(
         hub=hub,
         lifecycle=lifecycle,
         holdings=holdings,
+        needs=needs,
         terms=terms,
         sequences=sequences,
         lease=lease,

@@ -259,7 +259,7 @@ class ShardProcess:
             return f"rollup-deferred: {deferred}"
         result = self.engine.apply_rollup(rollup, now=self.clock())
         if result.status == "applied":
-            self.parts.reporter.remember_needs(rollup)
+            self.parts.needs.remember(rollup)
             return "rollup"
         return f"rollup-{result.status}" + (f": {result.detail}" if result.detail else "")
 

@@ -18,12 +18,13 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 
 from bigfleet.shard.convert import requirement_specs
+from bigfleet.shard.demand import AppliedNeeds
 from bigfleet.shard.holdings import Holdings
 from bigfleet.shard.lease import LeaseKeeper
 from bigfleet.shard.lifecycle import MachineLifecycle
 from bigfleet.shard.terms import CoordinatorTerms
 from shard_engine.engine import ShardEngine
-from shard_engine.model import MachineState, Need, Rollup, Shortfall
+from shard_engine.model import MachineState, Shortfall
 from workflows import coordinator as co
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ class CoordinatorReporter:
         lease: LeaseKeeper,
         engine: ShardEngine,
         holdings: Holdings,
+        needs: AppliedNeeds,
         lifecycle: MachineLifecycle,
         terms: CoordinatorTerms,
         clock: Callable[[], float],
@@ -54,12 +56,7 @@ class CoordinatorReporter:
         self._lifecycle = lifecycle
         self._terms = terms
         self._clock = clock
-        # The needs of each cluster's last applied roll-up: a shortfall's requirements.
-        self._needs: dict[str, dict[str, Need]] = {}
-
-    def remember_needs(self, rollup: Rollup) -> None:
-        """Keep the needs of an applied roll-up (full replacement per cluster)."""
-        self._needs[rollup.cluster_id] = {n.key: n for n in rollup.needs}
+        self._needs = needs
 
     def shortfalls(self) -> list[Shortfall]:
         """Preemption drains blocked past their grace first, then the engine's shortfalls."""
@@ -100,7 +97,7 @@ class CoordinatorReporter:
                 prof.configured_by_priority[prio] = prof.configured_by_priority.get(prio, 0) + 1
         shortfalls = []
         for sf in self.shortfalls()[:MAX_REPORTED_SHORTFALLS]:
-            need = self._needs.get(sf.cluster_id, {}).get(sf.need_key)
+            need = self._needs.need(sf.cluster_id, sf.need_key)
             shortfalls.append(
                 co.ShortfallReport(
                     cluster_id=sf.cluster_id,

@@ -10,6 +10,11 @@
     adopt_machines      (receiver)  machines PostgreSQL now records as ours are owned,
                                     observed, and continue above the donor's sequences
 
+Which machines move is decided by pure functions of the engine
+(``shard_engine.transfers``: ``choose_donations`` and
+``choose_cross_shard_victims``, which uses local preemption's victim score);
+this module only gathers their inputs and carries the choice out.
+
 Every instruction is checked against the highest coordinator term seen first
 (a zombie coordinator's instruction is refused), and against the share of
 this shard's machines one instruction may move. Machines are taken out of
@@ -22,6 +27,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from bigfleet.shard.demand import AppliedNeeds
 from bigfleet.shard.executor import Executor, workflow_id
 from bigfleet.shard.holdings import Holdings
 from bigfleet.shard.lifecycle import MachineLifecycle
@@ -31,9 +37,15 @@ from bigfleet.shard.terms import CoordinatorTerms
 from bigfleet.store import Store
 from bigfleet.v1alpha1 import provider_pb2
 from providers.errors import ProviderError
-from shard_engine.costs import drain_grace_seconds
 from shard_engine.engine import EngineConfig, ShardEngine
-from shard_engine.model import MachineRecord, MachineState, Plan, Reclaim
+from shard_engine.model import MachineState, Plan, Reclaim
+from shard_engine.transfers import (
+    TransferProfile,
+    VictimTerms,
+    choose_cross_shard_victims,
+    choose_donations,
+    saturation_of,
+)
 from workflows import coordinator as co
 from workflows.contracts import OP_DRAIN, REASON_PREEMPT, DrainInput, MachineTarget, PollPolicy
 
@@ -53,6 +65,7 @@ class CrossShardTransfers:
         engine: ShardEngine,
         engine_config: EngineConfig,
         holdings: Holdings,
+        needs: AppliedNeeds,
         sequences: OperationSequences,
         observer: ProviderObserver,
         executor: Executor,
@@ -67,6 +80,7 @@ class CrossShardTransfers:
         self._engine = engine
         self._config = engine_config
         self._holdings = holdings
+        self._needs = needs
         self._sequences = sequences
         self._observer = observer
         self._executor = executor
@@ -75,6 +89,22 @@ class CrossShardTransfers:
         self._poll = poll
         self._max_share = max_share
         self._clock = clock
+
+    def _busy(self) -> set[str]:
+        """Machines no instruction may take: in flight, or promised to a preemptor."""
+        return set(self._engine.in_flight()) | set(self._engine.promised())
+
+    def _victim_terms(self) -> dict[str, VictimTerms]:
+        """Per configured machine: the penalties and app class of the need it serves."""
+        out: dict[str, VictimTerms] = {}
+        for record in self._engine.machines():
+            key = self._holdings.serving.get(record.id)
+            need = self._needs.need(record.cluster, key) if key and record.cluster else None
+            if need is not None:
+                out[record.id] = VictimTerms(
+                    need.interruption_penalty, need.reclamation_penalty, need.app_class
+                )
+        return out
 
     def _limit(self) -> int:
         """The most machines one instruction may move: a share of what this shard owns."""
@@ -109,22 +139,13 @@ class CrossShardTransfers:
                 f"moving {spec.count} machines exceeds the limit of {limit} "
                 f"({self._max_share:.0%} of {len(self._holdings.owned)})",
             )
-        wanted = MachineState.IDLE if spec.kind == "idle" else MachineState.SPECULATIVE
-        busy = set(self._engine.in_flight()) | set(self._engine.promised())
-        chosen: list[MachineRecord] = []
-        for record in self._engine.machines():
-            if len(chosen) >= spec.count:
-                break
-            if (
-                record.state == wanted
-                and record.id not in busy
-                and not record.cluster
-                and record.provider == spec.provider
-                and record.instance_type == spec.instance_type
-                and record.zone == spec.zone
-                and int(record.capacity_type) == spec.capacity_type
-            ):
-                chosen.append(record)
+        chosen = choose_donations(
+            self._engine.machines(),
+            profile=_profile(spec),
+            state=MachineState.IDLE if spec.kind == "idle" else MachineState.SPECULATIVE,
+            count=spec.count,
+            busy=self._busy(),
+        )
         for record in chosen:
             self._engine.remove_machine(record.id)
             self._holdings.owned.pop(record.id, None)
@@ -149,10 +170,11 @@ class CrossShardTransfers:
         """Choose victims for another shard's need and prepare one drain each.
 
         Victims: configured machines of the instruction's profile serving a
-        priority strictly below ``below_priority``, lowest priority first,
-        none in flight. They leave this shard's engine at once (the victim
-        cluster sees the loss and may replace it) and are handed over once
-        drained. The grace follows the priority gap, as for a local preemption.
+        priority strictly below ``below_priority``, none in flight, best first
+        by the local preemption's victim score (``choose_cross_shard_victims``).
+        They leave this shard's engine at once (the victim cluster sees the
+        loss and may replace it) and are handed over once drained. The grace
+        follows the priority gap, as for a local preemption.
         """
         refused = self._terms.check(inp.term)
         if refused:
@@ -164,31 +186,24 @@ class CrossShardTransfers:
                 [], f"preempting {spec.count} machines exceeds the limit of {limit}"
             )
         already = self._holdings.leaving_for(inp.term, inp.seq)
-        busy = set(self._engine.in_flight()) | set(self._engine.promised())
-        priority = self._holdings.priority
-        candidates = sorted(
-            (
-                r
-                for r in self._engine.machines()
-                if r.state == MachineState.CONFIGURED
-                and r.id not in busy
-                and r.provider == spec.provider
-                and r.instance_type == spec.instance_type
-                and r.zone == spec.zone
-                and int(r.capacity_type) == spec.capacity_type
-                and priority(r.id) < spec.below_priority
-            ),
-            key=lambda r: (priority(r.id), r.id),
+        busy = self._busy()
+        victims = choose_cross_shard_victims(
+            self._engine.machines(),
+            profile=_profile(spec),
+            preemptor_priority=spec.below_priority,
+            count=spec.count - len(already),
+            busy=busy,
+            priorities=self._holdings.priorities,
+            terms=self._victim_terms(),
+            drain_seconds=self._engine.drain_estimates(),
+            saturation=saturation_of(self._engine.machines(), busy=busy),
+            config=self._config,
         )
-        chosen = candidates[: max(0, spec.count - len(already))]
         drains: list[co.DrainStart] = []
-        for record in chosen:
-            victim_priority = priority(record.id)
-            grace = drain_grace_seconds(
-                spec.below_priority - victim_priority,
-                self._config.grace_thresholds,
-                self._config.grace_default_seconds,
-            )
+        for victim in victims:
+            record = self._engine.machine(victim.machine_id)
+            if record is None:  # chosen from the engine with no await since: cannot happen
+                continue
             seq = self._sequences.next([record.id])
             self._holdings.leaving[record.id] = (inp.term, inp.seq)
             self._engine.remove_machine(record.id)
@@ -199,10 +214,10 @@ class CrossShardTransfers:
                         shard_id=self._shard_id,
                         machine=MachineTarget(record.id, record.provider),
                         cluster_id=record.cluster,
-                        grace_seconds=grace,
+                        grace_seconds=victim.grace_seconds,
                         operation_seq=seq,
                         reason=REASON_PREEMPT,
-                        victim_priority=victim_priority,
+                        victim_priority=victim.priority,
                         deadlines=self._executor.deadlines_for(record),
                         poll=self._poll,
                     ),
@@ -251,6 +266,7 @@ class CrossShardTransfers:
             if target.machine_id in moved:
                 self._holdings.owned.pop(target.machine_id, None)
                 self._holdings.priorities.pop(target.machine_id, None)
+                self._holdings.serving.pop(target.machine_id, None)
         return co.ReleaseResult([t for t in ready if t.machine_id in moved])
 
     async def retire_machines(self, inp: co.RetireInput) -> co.RetireResult:
@@ -310,3 +326,7 @@ class CrossShardTransfers:
             self._observer.observe(target.provider, machine)
             adopted += 1
         return co.AdoptResult(adopted)
+
+
+def _profile(spec: co.TransferSpec) -> TransferProfile:
+    return TransferProfile(spec.provider, spec.instance_type, spec.zone, spec.capacity_type)
