@@ -98,3 +98,11 @@ def test_an_unreadable_or_invalid_yaml_file_names_the_file(tmp_path: Path) -> No
     bad.write_text("worker: [unclosed")
     with pytest.raises(PoolConfigError, match="not valid YAML"):
         load_pool_config(bad)
+
+
+def test_the_documented_example_pool_file_loads() -> None:
+    example = Path(__file__).resolve().parents[3] / "docs" / "examples" / "nanook-pool.yaml"
+    cfg = load_pool_config(example)
+    assert (
+        cfg.max == 32 and cfg.requirements and b"polars-nanook-compute" in cfg.bootstrap_blob("c")
+    )
