@@ -38,6 +38,11 @@ class ClusterIndex:
         """Index of ``cluster_id`` or None when never seen."""
         return self._index.get(cluster_id)
 
+    @property
+    def names(self) -> list[str]:
+        """Every cluster ID by index. Only ever appended to; callers must not change it."""
+        return self._names
+
     def name(self, index: int) -> str:
         """Cluster ID of ``index`` ("" for ``NO_CLUSTER``)."""
         return "" if index < 0 else self._names[index]

@@ -22,6 +22,7 @@ from types import MappingProxyType
 import numpy as np
 
 from shard_engine import health, phase1, preemption, reclaim, shortfalls
+from shard_engine.actions import ActionKind, ActionLog, ActionTable
 from shard_engine.catalog import ProfileCatalog
 from shard_engine.clusters import NO_CLUSTER, ClusterIndex
 from shard_engine.config import EngineConfig, VictimWeights
@@ -32,11 +33,11 @@ from shard_engine.inventory import (
     Inventory,
     validate_record,
 )
-from shard_engine.model import AssignIdle, MachineRecord, MachineState, Plan, Rollup, Shortfall
+from shard_engine.model import MachineRecord, MachineState, Plan, Rollup, Shortfall
 from shard_engine.needs import Demand, NeedsTable, RollupOutcome, RollupRejected
 from shard_engine.pending import REASON_PAUSED
 from shard_engine.requirements import RELATIVE_TOLERANCE, RequirementMasks
-from shard_engine.worksheet import ClusterMemo, Mark, MarkKind, Worksheet
+from shard_engine.worksheet import ClusterMemo, Worksheet
 
 __all__ = [
     "EngineConfig",
@@ -69,7 +70,7 @@ class EngineSummary:
 class _Flight:
     """Why a machine is in flight: the action kind, where it goes, since when."""
 
-    kind: MarkKind
+    kind: ActionKind
     target: int
     started: float
     source: int = NO_CLUSTER
@@ -96,14 +97,26 @@ class _Memory:
     drain_seconds: dict[int, float] = field(default_factory=dict)
 
 
+def _flight_target(kind: ActionKind, cluster: int) -> int:
+    """Where a machine of an action is headed while in flight (whose "have" it counts for).
+
+    Assigned, provisioned and preempted machines count for the cluster they
+    go to; a verified machine stays its cluster's; a reclaimed or released
+    machine counts for no one.
+    """
+    if kind in (ActionKind.RECLAIM, ActionKind.RELEASE):
+        return NO_CLUSTER
+    return cluster
+
+
 # How a restarted shard's still-running workflows are re-marked (see ``claim``).
 _CLAIM_KINDS = {
-    "provision": MarkKind.PROVISION,
-    "configure": MarkKind.ASSIGN,
-    "drain": MarkKind.RECLAIM,
-    "delete": MarkKind.RELEASE,
-    "verify": MarkKind.VERIFY,
-    "recover": MarkKind.RECLAIM,
+    "provision": ActionKind.PROVISION,
+    "configure": ActionKind.ASSIGN_IDLE,
+    "drain": ActionKind.RECLAIM,
+    "delete": ActionKind.RELEASE,
+    "verify": ActionKind.VERIFY,
+    "recover": ActionKind.RECLAIM,
 }
 
 
@@ -268,26 +281,28 @@ class ShardEngine:
             ages=ages,
             config=config,
         )
+        log = sheet.log
         if self.paused:
-            for mark in sheet.marks:
-                if mark.need_key and mark.target >= 0:
-                    why_not.setdefault(mark.target, {}).setdefault(mark.need_key, REASON_PAUSED)
+            for s, need in enumerate(log.need):
+                if need >= 0 and log.cluster[s] >= 0:
+                    why_not.setdefault(log.cluster[s], {}).setdefault(
+                        log.needs[need][0], REASON_PAUSED
+                    )
         if not dry_run:
             self._memory.why_not = why_not
             self._memory.shortfalls = found
-        actions = tuple(sheet.actions)
         if self.paused:
-            actions = ()
-        elif not dry_run:
-            self._commit(sheet, now)
+            table = ActionTable.empty()
+        else:
+            table = ActionTable.build(log, ids=inventory.ids.strings, names=self._clusters.names)
+            if not dry_run:
+                self._commit(sheet, now)
         plan_why_not = {
             (self._clusters.name(c), key): reason
             for c, reasons in why_not.items()
             for key, reason in reasons.items()
         }
-        return Plan(
-            now=now, actions=actions, shortfalls=found, why_not=plan_why_not, dry_run=dry_run
-        )
+        return Plan(now=now, table=table, shortfalls=found, why_not=plan_why_not, dry_run=dry_run)
 
     def _assign_promises(self, sheet: Worksheet, demands: Mapping[int, Demand]) -> None:
         """Stage 0: a machine freed by preemption goes to its preemptor before anyone else."""
@@ -296,61 +311,90 @@ class ShardEngine:
             demand = demands.get(promise.cluster)
             still_wanted = demand is not None and promise.need_key in demand.keys
             if int(inventory.state[row]) != int(MachineState.IDLE) or not still_wanted:
-                sheet.marks.append(Mark(MarkKind.DROP_PROMISE, [row], NO_CLUSTER))
+                sheet.dropped.append(row)
                 continue
+            assert demand is not None
             sheet.taken.add(row)
-            sheet.record(
-                AssignIdle(
-                    machine_id=inventory.ids.id_of(row),
-                    cluster_id=self._clusters.name(promise.cluster),
-                    need_key=promise.need_key,
-                    priority=promise.priority,
-                    requirements=demand.needs[demand.keys.index(promise.need_key)].requirements
-                    if demand is not None
-                    else (),
-                ),
-                Mark(MarkKind.ASSIGN, [row], promise.cluster, promise.need_key, promise.priority),
+            need = demand.needs[demand.keys.index(promise.need_key)]
+            sheet.log.add(
+                ActionKind.ASSIGN_IDLE,
+                np.array([row], dtype=np.int64),
+                cluster=promise.cluster,
+                need=(promise.need_key, need.requirements),
+                priority=promise.priority,
             )
 
     def _commit(self, sheet: Worksheet, now: float) -> None:
-        """Apply the plan's marks: every machine named becomes in flight."""
+        """Apply the plan: every machine named becomes in flight.
+
+        Pools see exactly the plan's order. Promises dropped in stage 0 go
+        back to their pools first; then segments follow in plan order. A
+        run of segments taken from the tails of pools nothing else touched
+        this commit leaves them at once (each pool shortens, every count
+        moves in a few vectorised steps); any other segment — released or
+        named machines picked from inside a pool, verifications, takes from
+        a pool a dropped promise re-entered — goes machine by machine.
+        Flights are recorded in plan order.
+        """
         inventory = self._inventory
-        bound = inventory.cluster
+        inventory.ensure_tables()
+        pools = inventory.pools
         promises = self._promises
         suspects = self._suspects
         flights = self._flights
-        for mark in sheet.marks:
-            kind = mark.kind
-            if kind is MarkKind.DROP_PROMISE:
-                for row in mark.rows:
-                    promises.pop(row, None)
-                    inventory.set_flags(row, flags=0, target=NO_CLUSTER)
+        log = sheet.log
+        disturbed: set[int] = set()
+        for row in sheet.dropped:
+            promises.pop(row, None)
+            inventory.set_flags(row, flags=0, target=NO_CLUSTER)
+            entered = inventory.pool_key(row)
+            if entered is not None:
+                found = pools.find(entered)
+                if found is not None:
+                    disturbed.add(found)
+        targets = [
+            _flight_target(ActionKind(k), c) for k, c in zip(log.kind, log.cluster, strict=True)
+        ]
+        run: list[int] = []
+        for s, kind in enumerate(log.kind):
+            pool = log.pool[s]
+            if log.tail[s] and pool not in disturbed:
+                run.append(s)
                 continue
-            if kind is not MarkKind.VERIFY:
-                inventory.mark_in_flight(mark.rows, mark.target)
-            shared: dict[int, _Flight] = {}  # rows of one mark from one source share a record
-            for row in mark.rows:
-                if promises:
+            self._commit_taken(log, run, targets)
+            run = []
+            if pool >= 0:
+                disturbed.add(pool)
+            rows: list[int] = log.rows[s].tolist()
+            if kind == ActionKind.VERIFY:
+                for row in rows:
+                    inventory.set_flags(row, flags=FLAG_IN_FLIGHT, target=log.cluster[s])
+            else:
+                inventory.mark_in_flight(rows, targets[s])
+        self._commit_taken(log, run, targets)
+        for s, kind in enumerate(log.kind):
+            rows = log.rows[s].tolist()
+            action = ActionKind(kind)
+            if action is ActionKind.PREEMPT:
+                source = log.source[s]
+            elif action in (ActionKind.RECLAIM, ActionKind.VERIFY):
+                source = log.cluster[s]
+            else:
+                source = NO_CLUSTER
+            flight = _Flight(
+                kind=action,
+                target=targets[s],
+                started=now,
+                source=source,
+                need_key=log.need_key(s),
+                priority=log.priority[s],
+            )
+            flights.update(dict.fromkeys(rows, flight))
+            if promises:
+                for row in rows:
                     promises.pop(row, None)
-                source = int(bound[row])
-                target = mark.target
-                if kind is MarkKind.VERIFY:
-                    target = source
-                    inventory.set_flags(row, flags=FLAG_IN_FLIGHT, target=target)
-                if suspects:
-                    suspects.discard(row)
-                flight = shared.get(source)
-                if flight is None:
-                    flight = _Flight(
-                        kind=kind,
-                        target=target,
-                        started=now,
-                        source=source,
-                        need_key=mark.need_key,
-                        priority=mark.priority,
-                    )
-                    shared[source] = flight
-                flights[row] = flight
+            if suspects:
+                suspects.difference_update(rows)
         for (cluster, key), domain in sheet.gang_choices.items():
             entry = self._table.entry(cluster)
             if entry is not None and key in entry.arrival:
@@ -359,6 +403,17 @@ class ShardEngine:
         if sheet.drawn:
             recent = self._recent_draw_view()
             recent[list(sheet.drawn)] = now
+
+    def _commit_taken(self, log: ActionLog, segments: list[int], targets: list[int]) -> None:
+        """Commit the segments taken from intact pool tails in one vectorised step."""
+        if not segments:
+            return
+        self._inventory.mark_taken_in_flight(
+            rows=np.concatenate([log.rows[s] for s in segments]),
+            pools=np.array([log.pool[s] for s in segments], dtype=np.int64),
+            counts=np.array([len(log.rows[s]) for s in segments], dtype=np.int64),
+            targets=np.array([targets[s] for s in segments], dtype=np.int64),
+        )
 
     def _recent_draw_view(self) -> np.ndarray:
         total = len(self._catalog)
@@ -390,14 +445,14 @@ class ShardEngine:
         self._inventory.upsert(record, now=now)
         if flight is None:
             return
-        if flight.kind in (MarkKind.PREEMPT, MarkKind.RECLAIM) and flight.source >= 0:
+        if flight.kind in (ActionKind.PREEMPT, ActionKind.RECLAIM) and flight.source >= 0:
             self._learn_drain(flight.source, now - flight.started)
-        if flight.kind is MarkKind.PREEMPT and record.state == MachineState.IDLE:
+        if flight.kind is ActionKind.PREEMPT and record.state == MachineState.IDLE:
             self._promises[row] = _Promise(flight.target, flight.need_key, flight.priority)
             self._inventory.set_flags(row, flags=FLAG_PROMISED, target=flight.target)
         else:
             self._inventory.set_flags(row, flags=0, target=NO_CLUSTER)
-        if flight.kind is MarkKind.VERIFY:
+        if flight.kind is ActionKind.VERIFY:
             self._inventory.set_missed(row, 0)
 
     def claim(
@@ -422,7 +477,7 @@ class ShardEngine:
         row = self._inventory.row(machine_id)
         if row is None:
             return False
-        kind = _CLAIM_KINDS.get(operation, MarkKind.RECLAIM)
+        kind = _CLAIM_KINDS.get(operation, ActionKind.RECLAIM)
         target = self._clusters.index_of(target_cluster) if target_cluster else NO_CLUSTER
         source = int(self._inventory.cluster[row])
         self._promises.pop(row, None)

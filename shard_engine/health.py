@@ -3,7 +3,7 @@
 BigFleet never discovers machines; the cluster's node list is only a second
 opinion. A configured machine missing from ``threshold`` consecutive
 roll-ups that report nodes becomes a *suspect*; the next cycle asks the
-provider about it (:class:`~shard_engine.model.Verify`). If the provider says
+provider about it (a ``Verify`` action). If the provider says
 it is dead the settled record is FAILED (or gone), it stops counting as
 supply, and Phase 1 replaces it like any other deficit.
 """
@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from shard_engine.actions import ActionKind
 from shard_engine.inventory import Inventory
-from shard_engine.model import MachineState, Verify
-from shard_engine.worksheet import Mark, MarkKind, Worksheet
+from shard_engine.model import MachineState
+from shard_engine.worksheet import Worksheet
 
 __all__ = ["observe_rollup", "verify"]
 
@@ -63,10 +64,4 @@ def verify(*, sheet: Worksheet, suspects: set[int], in_flight: set[int] | None =
             continue
         cluster = int(inventory.cluster[row])
         sheet.taken.add(row)
-        sheet.record(
-            Verify(
-                machine_id=inventory.ids.id_of(row),
-                cluster_id=inventory.clusters.name(cluster),
-            ),
-            Mark(MarkKind.VERIFY, [row], cluster),
-        )
+        sheet.log.add(ActionKind.VERIFY, np.array([row], dtype=np.int64), cluster=cluster)

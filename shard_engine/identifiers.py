@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["CompactStrings", "IdTable"]
+__all__ = ["CompactStrings", "IdTable", "StringsSnapshot"]
 
 _LOWER = frozenset("0123456789abcdef")
 _UPPER = frozenset("0123456789ABCDEF")
@@ -171,6 +171,19 @@ class CompactStrings:
         """True when ``row`` holds exactly the encoded string."""
         return int(self.fmt[row]) == code and self.number(row) == number
 
+    def snapshot(self, rows: npt.NDArray[np.int64]) -> StringsSnapshot:
+        """The strings on ``rows`` as they are now, decodable later (copies two small columns).
+
+        Formats are only ever appended, so the snapshot keeps decoding to
+        the same text however the rows change afterwards.
+        """
+        return StringsSnapshot(
+            self._formats,
+            self.fmt[rows].astype(np.int64),
+            self.lo[rows].astype(np.uint64),
+            None if self.hi is None else self.hi[rows].astype(np.uint64),
+        )
+
     def hashes(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]:
         """:func:`_mix` of the strings on ``rows``, vectorised."""
         fmt = self.fmt[rows].astype(np.uint64)
@@ -181,6 +194,65 @@ class CompactStrings:
             else np.zeros(len(rows), dtype=np.uint64)
         )
         return _mix_array(fmt, lo, hi)
+
+
+class StringsSnapshot:
+    """Encoded strings copied out of a :class:`CompactStrings`, decoded on demand.
+
+    A plan names its machines this way: taking the snapshot costs two
+    fancy-indexing copies in the cycle, and only a consumer that wants the
+    text pays for building it.
+    """
+
+    __slots__ = ("_formats", "_hi", "_lo", "code")
+
+    def __init__(
+        self,
+        formats: list[Format],
+        code: npt.NDArray[np.int64],
+        lo: npt.NDArray[np.uint64],
+        hi: npt.NDArray[np.uint64] | None,
+    ) -> None:
+        self._formats = formats
+        self.code = code
+        self._lo = lo
+        self._hi = hi
+
+    def __len__(self) -> int:
+        return len(self.code)
+
+    def number(self, index: int) -> int:
+        """The integer part of string ``index``."""
+        value = int(self._lo[index])
+        if self._hi is not None:
+            value |= int(self._hi[index]) << 64
+        return value
+
+    def get(self, index: int) -> str:
+        """String ``index``."""
+        prefix, width, kind = self._formats[int(self.code[index])]
+        if not kind:
+            return prefix
+        return prefix + format(self.number(index), f"0{width}{kind}")
+
+    def decode(self, start: int = 0, stop: int | None = None) -> list[str]:
+        """Strings ``start`` to ``stop``, in order (one format lookup per distinct format)."""
+        stop = len(self.code) if stop is None else stop
+        codes = self.code[start:stop].tolist()
+        numbers = self._lo[start:stop].tolist()
+        if self._hi is not None:
+            numbers = [
+                n | (h << 64) for n, h in zip(numbers, self._hi[start:stop].tolist(), strict=True)
+            ]
+        specs: dict[int, tuple[str, str]] = {}
+        out: list[str] = []
+        for code, number in zip(codes, numbers, strict=True):
+            spec = specs.get(code)
+            if spec is None:
+                prefix, width, kind = self._formats[code]
+                spec = specs[code] = (prefix, f"0{width}{kind}" if kind else "")
+            out.append(spec[0] + format(number, spec[1]) if spec[1] else spec[0])
+        return out
 
 
 _A = TypeVar("_A", bound=np.generic)

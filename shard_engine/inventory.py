@@ -521,6 +521,55 @@ class Inventory:
         for cluster, count in bumped.items():
             self._versions[cluster] += count
 
+    def mark_taken_in_flight(
+        self,
+        *,
+        rows: npt.NDArray[np.int64],
+        pools: npt.NDArray[np.int64],
+        counts: npt.NDArray[np.int64],
+        targets: npt.NDArray[np.int64],
+    ) -> None:
+        """:meth:`mark_in_flight` for machines a cycle took from the tails of their pools.
+
+        ``rows`` is a run of segments: ``counts[i]`` rows taken from pool
+        ``pools[i]`` and headed for ``targets[i]``. Every pool's rows named
+        here must be exactly its tail, as ``Worksheet.take`` handed them
+        out, with nothing added to the pool since; then the pool simply
+        shortens. Such rows are settled and in no flight, so their pool,
+        supply owner and free tier follow from the pool alone, and every
+        count moves in a handful of vectorised steps however many machines
+        there are. The clusters whose version changes are the ones
+        :meth:`mark_in_flight` would change: the clusters the machines are
+        bound to, and the ones they are headed for.
+        """
+        if len(rows) == 0:
+            return
+        if int(targets.max()) >= self._supply.shape[0]:
+            self.ensure_tables()
+        all_pools = self.pools
+        tier = all_pools.tier[pools].astype(np.int64)
+        cluster = all_pools.cluster[pools].astype(np.int64)
+        profile = all_pools.profile[pools].astype(np.int64)
+        np.subtract.at(all_pools.counts, pools, counts)
+        free = tier != TIER_BOUND
+        bound = ~free
+        heading = targets >= 0
+        supply = self._supply
+        np.subtract.at(supply, (cluster[bound], profile[bound]), counts[bound].astype(supply.dtype))
+        np.add.at(
+            supply, (targets[heading], profile[heading]), counts[heading].astype(supply.dtype)
+        )
+        touched = [cluster[bound], targets[heading]]
+        if free.any():
+            np.subtract.at(self._free, (tier[free], profile[free]), counts[free])
+            # Idle machines may still name the cluster they last served.
+            named = self.cluster[rows[np.repeat(free, counts)]]
+            touched.append(named[named >= 0].astype(np.int64))
+        self._versions[np.unique(np.concatenate(touched))] += 1
+        flags = self.flags
+        flags[rows] = (flags[rows] & ~np.uint8(FLAG_CREATING_FOR)) | np.uint8(FLAG_IN_FLIGHT)
+        self._targets.update(zip(rows.tolist(), np.repeat(targets, counts).tolist(), strict=True))
+
     # -- reading ----------------------------------------------------------------------
     def row(self, machine_id: str) -> int | None:
         """Row of ``machine_id`` or None."""

@@ -12,6 +12,10 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from shard_engine.actions import ActionTable
 
 __all__ = [
     "Action",
@@ -303,13 +307,88 @@ class Shortfall:
     interruption_penalty: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
 class Plan:
-    """Everything one cycle decided. Carrying it out is the caller's job."""
+    """Everything one cycle decided. Carrying it out is the caller's job.
+
+    ``actions`` is the tuple of action values. A plan made by the engine
+    carries them as columns (``table``, an
+    :class:`~shard_engine.actions.ActionTable`) and builds the values the
+    first time ``actions`` is read, so the cycle itself never constructs
+    them; consumers that want speed read the table instead. A plan can also
+    be made from values directly (``Plan(now=..., actions=(...))``), and
+    then has no table. Plans are immutable.
+    """
+
+    __slots__ = ("_actions", "_table", "dry_run", "now", "shortfalls", "why_not")
 
     now: float
-    actions: tuple[Action, ...]
-    shortfalls: tuple[Shortfall, ...] = ()
+    shortfalls: tuple[Shortfall, ...]
     # (cluster_id, need_key) -> why that need is not satisfied.
-    why_not: Mapping[tuple[str, str], str] = field(default_factory=dict)
-    dry_run: bool = False
+    why_not: Mapping[tuple[str, str], str]
+    dry_run: bool
+    _actions: tuple[Action, ...] | None
+    _table: ActionTable | None
+
+    def __init__(
+        self,
+        now: float,
+        actions: tuple[Action, ...] | None = None,
+        shortfalls: tuple[Shortfall, ...] = (),
+        why_not: Mapping[tuple[str, str], str] | None = None,
+        dry_run: bool = False,
+        *,
+        table: ActionTable | None = None,
+    ) -> None:
+        if actions is not None and table is not None:
+            raise ValueError("a plan takes its actions either as values or as a table, not both")
+        setter = object.__setattr__
+        setter(self, "now", now)
+        setter(self, "_actions", () if actions is None and table is None else actions)
+        setter(self, "_table", table)
+        setter(self, "shortfalls", shortfalls)
+        setter(self, "why_not", {} if why_not is None else why_not)
+        setter(self, "dry_run", dry_run)
+
+    @property
+    def actions(self) -> tuple[Action, ...]:
+        """The actions, in plan order (built from the table on first use)."""
+        if self._actions is None:
+            assert self._table is not None
+            object.__setattr__(self, "_actions", self._table.actions())
+        assert self._actions is not None
+        return self._actions
+
+    @property
+    def table(self) -> ActionTable | None:
+        """The actions as columns, when the engine made this plan (None for a hand-made one)."""
+        return self._table
+
+    @property
+    def action_count(self) -> int:
+        """``len(plan.actions)`` without building the values."""
+        if self._actions is not None:
+            return len(self._actions)
+        assert self._table is not None
+        return self._table.actions_count
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Plan is immutable: cannot set {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Plan):
+            return NotImplemented
+        return (
+            self.now == other.now
+            and self.actions == other.actions
+            and self.shortfalls == other.shortfalls
+            and dict(self.why_not) == dict(other.why_not)
+            and self.dry_run == other.dry_run
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (
+            f"Plan(now={self.now!r}, actions={self.actions!r}, shortfalls={self.shortfalls!r}, "
+            f"why_not={self.why_not!r}, dry_run={self.dry_run!r})"
+        )

@@ -18,7 +18,8 @@ For every need, in priority order then arrival:
    every shape must hold ``min_unit`` on its own (the mask says so).
 
 Idle picks become one :class:`AssignIdle` per machine; speculative picks for
-one need become one batched :class:`Provision`.
+one need become one batched :class:`Provision` (recorded as segments of an
+:class:`~shard_engine.actions.ActionLog`, see ``actions``).
 """
 
 from __future__ import annotations
@@ -26,16 +27,16 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from shard_engine.actions import ActionKind
 from shard_engine.catalog import ProfileCatalog
 from shard_engine.costs import dominant_dimension, effective_cost
-from shard_engine.model import AssignIdle, Provision
 from shard_engine.needs import Demand, NeedsTable
 from shard_engine.pending import PendingNeed
 from shard_engine.pools import TIER_IDLE, TIER_SPECULATIVE, PoolKey
 from shard_engine.requirements import RequirementMasks
 from shard_engine.selection import cover_by_cost, cover_with_spread, settle_deficit
 from shard_engine.topology import SpreadState, choose_gang_domain, domain_codes
-from shard_engine.worksheet import Mark, MarkKind, Starved, Worksheet
+from shard_engine.worksheet import Starved, Worksheet
 
 __all__ = ["assign", "cluster_have", "demand_supply", "memo_key", "shortages"]
 
@@ -300,43 +301,31 @@ def _emit(
     candidates: npt.NDArray[np.intp],
     picks: list[tuple[int, int]],
 ) -> None:
-    """Turn picks into rows taken from the pools, supply moved, and actions."""
+    """Turn picks into rows taken from the pools, supply moved, and actions.
+
+    Idle picks are one AssignIdle per machine; speculative picks for one
+    need are one batched Provision (its segments after the first join it).
+    """
     cluster = demand.cluster
-    cluster_id = sheet.inventory.clusters.name(cluster)
     need = demand.needs[index]
-    key = demand.keys[index]
-    batch: list[int] = []
+    ref = (demand.keys[index], need.requirements)
+    priority = need.priority
+    kind = ActionKind.ASSIGN_IDLE if tier == TIER_IDLE else ActionKind.PROVISION
+    opened = False
     for group, machines in picks:
         profile = int(candidates[group])
-        rows = sheet.take(PoolKey(tier, -1, profile), machines)
+        rows, pool = sheet.take(PoolKey(tier, -1, profile), machines)
         sheet.move_supply(cluster, profile, len(rows))
         sheet.drawn.add(profile)
-        if tier == TIER_IDLE:
-            if not rows:
-                continue
-            requirements = need.requirements
-            priority = need.priority
-            sheet.actions.extend(
-                AssignIdle(
-                    machine_id=machine_id,
-                    cluster_id=cluster_id,
-                    need_key=key,
-                    priority=priority,
-                    requirements=requirements,
-                )
-                for machine_id in sheet.inventory.ids.ids_of(rows)
-            )
-            sheet.marks.append(Mark(MarkKind.ASSIGN, rows, cluster, key, priority))
-        else:
-            batch.extend(rows)
-    if batch:
-        sheet.record(
-            Provision(
-                machine_ids=tuple(sheet.inventory.ids.ids_of(batch)),
-                cluster_id=cluster_id,
-                need_key=key,
-                priority=need.priority,
-                requirements=need.requirements,
-            ),
-            Mark(MarkKind.PROVISION, batch, cluster, key, need.priority),
+        if not len(rows):
+            continue
+        sheet.log.add(
+            kind,
+            rows,
+            cluster=cluster,
+            pool=pool,
+            need=ref,
+            priority=priority,
+            opens=tier == TIER_IDLE or not opened,
         )
+        opened = True

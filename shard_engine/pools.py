@@ -103,11 +103,11 @@ class Pools:
         """Rows in the pool (a view; do not keep across mutations)."""
         return self._stacks[pool][: int(self.counts[pool])]
 
-    def tail(self, pool: int, skip: int, take: int) -> IntArray:
+    def tail(self, pool: int, skip: int, take: int) -> npt.NDArray[np.int64]:
         """``take`` rows from the end of the pool after skipping ``skip`` already taken."""
         end = int(self.counts[pool]) - skip
         start = max(0, end - take)
-        return self._stacks[pool][start:end][::-1].copy()
+        return self._stacks[pool][start:end][::-1].astype(np.int64)
 
     # -- membership ---------------------------------------------------------------
     def add(self, row: int, pool: int) -> None:

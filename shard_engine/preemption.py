@@ -34,16 +34,17 @@ from collections.abc import Mapping
 import numpy as np
 import numpy.typing as npt
 
+from shard_engine.actions import ActionKind
 from shard_engine.catalog import ProfileCatalog
 from shard_engine.config import EngineConfig, VictimWeights
 from shard_engine.costs import drain_grace_seconds
-from shard_engine.model import MachineState, Preempt
+from shard_engine.model import MachineState
 from shard_engine.needs import Demand
 from shard_engine.pending import PendingNeed
 from shard_engine.pools import TIER_BOUND, TIER_IDLE, TIER_SPECULATIVE, PoolKey
 from shard_engine.selection import cover_in_order, cover_with_spread, settle_deficit
 from shard_engine.topology import SpreadState, choose_gang_domain, domain_codes
-from shard_engine.worksheet import Mark, MarkKind, Worksheet
+from shard_engine.worksheet import Worksheet
 
 __all__ = [
     "EXCESS_PRIORITY",
@@ -336,12 +337,12 @@ def _preempt_for(
             order=order,
             tolerance=tolerance,
         )
-    cluster_id = sheet.inventory.clusters.name(item.cluster)
+    ref = (item.key, need.requirements)
     for position, machines in picks:
         g = int(at[position])
         victim = int(groups.cluster[g])
         profile = int(groups.profile[g])
-        rows = sheet.take(PoolKey(TIER_BOUND, victim, profile), machines)
+        rows, pool = sheet.take(PoolKey(TIER_BOUND, victim, profile), machines)
         groups.available[g] -= len(rows)
         sheet.move_supply(victim, profile, -len(rows))
         sheet.move_supply(item.cluster, profile, len(rows))
@@ -350,22 +351,17 @@ def _preempt_for(
         grace = drain_grace_seconds(
             priority - victim_priority, config.grace_thresholds, config.grace_default_seconds
         )
-        victim_id = sheet.inventory.clusters.name(victim)
-        if not rows:
-            continue
-        sheet.actions.extend(
-            Preempt(
-                machine_id=machine_id,
-                victim_cluster_id=victim_id,
-                victim_priority=max(victim_priority, -(2**31)),
-                preemptor_cluster_id=cluster_id,
-                preemptor_need_key=item.key,
-                preemptor_priority=priority,
-                grace_seconds=grace,
-            )
-            for machine_id in sheet.inventory.ids.ids_of(rows)
+        sheet.log.add(
+            ActionKind.PREEMPT,
+            rows,
+            cluster=item.cluster,
+            pool=pool,
+            source=victim,
+            need=ref,
+            priority=priority,
+            victim_priority=max(victim_priority, -(2**31)),
+            grace=grace,
         )
-        sheet.marks.append(Mark(MarkKind.PREEMPT, rows, item.cluster, item.key, priority))
     if gang and item.victims_taken:
         item.topology_block = ""
     item.deficit = np.maximum(item.deficit - (deficit - residual), 0.0)

@@ -35,13 +35,15 @@ from collections.abc import Mapping
 import numpy as np
 import numpy.typing as npt
 
+from shard_engine.actions import ActionKind
 from shard_engine.catalog import ProfileCatalog
+from shard_engine.clusters import NO_CLUSTER
 from shard_engine.config import EngineConfig
-from shard_engine.model import CapacityType, Reclaim, Release
+from shard_engine.model import CapacityType
 from shard_engine.needs import Demand
 from shard_engine.phase1 import cluster_have, memo_key
 from shard_engine.pools import TIER_BOUND, TIER_IDLE, PoolKey
-from shard_engine.worksheet import Mark, MarkKind, Worksheet
+from shard_engine.worksheet import Worksheet
 
 __all__ = ["excess_groups", "reclaim_excess", "release_idle"]
 
@@ -165,7 +167,6 @@ def reclaim_excess(
             else np.zeros(len(profiles))
         )
         order = np.lexsort((profiles, penalty, -price[profiles]))
-        cluster_id = inventory.clusters.name(cluster)
         named = _named_rows(sheet, release.get(cluster)) if release else None
         changed = False
         for position in order.tolist():
@@ -180,12 +181,12 @@ def reclaim_excess(
             if machines <= 0:
                 continue
             key = PoolKey(TIER_BOUND, cluster, profile)
-            rows = (
-                sheet.take(key, machines)
-                if named is None
-                else sheet.take_named(key, named, machines)
-            )
-            if not rows:
+            tail = named is None
+            if named is None:
+                rows, pool = sheet.take(key, machines)
+            else:
+                rows, pool = sheet.take_named(key, named, machines), pools.find(key)
+            if not len(rows):
                 continue
             budget -= len(rows)
             changed = True
@@ -193,12 +194,14 @@ def reclaim_excess(
             if demand.needs:
                 matches = demand.matrix[:, profile]
                 surplus[matches] -= len(rows) * alloc[profile]
-            grace = config.reclaim_grace_seconds
-            sheet.actions.extend(
-                Reclaim(machine_id=machine_id, cluster_id=cluster_id, grace_seconds=grace)
-                for machine_id in inventory.ids.ids_of(rows)
+            sheet.log.add(
+                ActionKind.RECLAIM,
+                rows,
+                cluster=cluster,
+                pool=-1 if pool is None else pool,
+                tail=tail,
+                grace=config.reclaim_grace_seconds,
             )
-            sheet.marks.append(Mark(MarkKind.RECLAIM, rows, -1))
 
 
 def _named_rows(sheet: Worksheet, ids: frozenset[str] | None) -> set[int] | None:
@@ -267,7 +270,10 @@ def release_idle(
             continue
         sheet.taken.update(chosen)
         budget -= len(chosen)
-        sheet.actions.extend(
-            Release(machine_id=machine_id) for machine_id in inventory.ids.ids_of(chosen)
+        sheet.log.add(
+            ActionKind.RELEASE,
+            np.array(chosen, dtype=np.int64),
+            cluster=NO_CLUSTER,
+            pool=pool,
+            tail=False,
         )
-        sheet.marks.append(Mark(MarkKind.RELEASE, chosen, -1))

@@ -5,50 +5,27 @@ took: a machine assigned in Phase 1 is not a victim in Phase 2, a victim
 taken for one need is not taken again for the next, and supply moved toward
 a cluster counts for its later needs. None of that touches the inventory
 while the cycle runs. The worksheet records it as overlays (per-pool counts
-taken from the tail, per-cluster supply rows, free counts) plus the list of
-*marks* to apply if — and only if — the plan is committed. A dry run simply
-throws the worksheet away.
+taken from the tail, per-cluster supply rows, free counts) plus the
+actions it plans, recorded as segments in an
+:class:`~shard_engine.actions.ActionLog` that the engine commits if — and
+only if — the plan is committed. A dry run simply throws the worksheet away.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from shard_engine.actions import ActionLog
 from shard_engine.inventory import Inventory
-from shard_engine.model import Action
 from shard_engine.pools import TIER_BOUND, TIER_IDLE, TIER_SPECULATIVE, PoolKey
 
-__all__ = ["ClusterMemo", "Mark", "MarkKind", "Starved", "Worksheet"]
+__all__ = ["ClusterMemo", "Starved", "Worksheet"]
 
-IntArray = npt.NDArray[np.int32]
-
-
-class MarkKind(Enum):
-    """What committing a mark does to its machines."""
-
-    ASSIGN = "assign"
-    PROVISION = "provision"
-    PREEMPT = "preempt"
-    RECLAIM = "reclaim"
-    RELEASE = "release"
-    VERIFY = "verify"
-    DROP_PROMISE = "drop-promise"
-
-
-@dataclass(slots=True)
-class Mark:
-    """Machines an action names, and where they are headed once committed."""
-
-    kind: MarkKind
-    rows: list[int]
-    target: int
-    need_key: str = ""
-    priority: int = 0
+IntArray = npt.NDArray[np.int64]
 
 
 MemoKey = tuple[int, int, int, int]
@@ -104,8 +81,8 @@ class Worksheet:
     consumed: dict[int, int] = field(default_factory=dict)
     supply: dict[int, npt.NDArray[np.int64]] = field(default_factory=dict)
     free: dict[int, npt.NDArray[np.int64]] = field(default_factory=dict)
-    actions: list[Action] = field(default_factory=list)
-    marks: list[Mark] = field(default_factory=list)
+    log: ActionLog = field(default_factory=ActionLog)
+    dropped: list[int] = field(default_factory=list)
     taken: set[int] = field(default_factory=set)
     drawn: set[int] = field(default_factory=set)
     gang_choices: dict[tuple[int, str], int] = field(default_factory=dict)
@@ -143,21 +120,27 @@ class Worksheet:
             return 0
         return self.inventory.pools.count(pool) - self.consumed.get(pool, 0)
 
-    def take(self, key: PoolKey, machines: int) -> list[int]:
-        """Take up to ``machines`` rows from the tail of pool ``key``."""
+    def take(self, key: PoolKey, machines: int) -> tuple[IntArray, int]:
+        """Take up to ``machines`` rows from the tail of pool ``key``; returns them and the pool.
+
+        Rows are taken in the order committing removes them (the pool's
+        tail, last first), so a commit can shorten each pool by what the
+        cycle consumed from it.
+        """
         pools = self.inventory.pools
         pool = pools.find(key)
         if pool is None or machines <= 0:
-            return []
+            return _NO_ROWS, -1
         skip = self.consumed.get(pool, 0)
-        rows: list[int] = pools.tail(pool, skip, machines).tolist()
-        self.consumed[pool] = skip + len(rows)
+        rows = pools.tail(pool, skip, machines)
+        taken = len(rows)
+        self.consumed[pool] = skip + taken
         if key.tier != TIER_BOUND:
-            self.free[key.tier][key.profile] -= len(rows)
-        self.taken.update(rows)
-        return rows
+            self.free[key.tier][key.profile] -= taken
+        self.taken.update(rows.tolist())
+        return rows, pool
 
-    def take_named(self, key: PoolKey, named: set[int], machines: int) -> list[int]:
+    def take_named(self, key: PoolKey, named: set[int], machines: int) -> IntArray:
         """Take up to ``machines`` rows of pool ``key`` that are in ``named``.
 
         Unlike :meth:`take` the rows need not sit at the pool's tail, so they
@@ -169,14 +152,13 @@ class Worksheet:
         pools = self.inventory.pools
         pool = pools.find(key)
         if pool is None or machines <= 0 or not named:
-            return []
+            return _NO_ROWS
         members = pools.members(pool)[: pools.count(pool) - self.consumed.get(pool, 0)]
         rows = [row for row in members.tolist() if row in named and row not in self.taken]
         rows = rows[:machines]
         self.taken.update(rows)
-        return rows
+        return np.array(rows, dtype=np.int64)
 
-    def record(self, action: Action, mark: Mark) -> None:
-        """Add an action to the plan and the mark that commits it."""
-        self.actions.append(action)
-        self.marks.append(mark)
+
+_NO_ROWS: IntArray = np.zeros(0, dtype=np.int64)
+_NO_ROWS.flags.writeable = False

@@ -193,6 +193,7 @@ class History:
     pending: list[Action] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
     kinds: Counter[str] = field(default_factory=Counter)
+    plans: list[Plan] | None = None  # every plan, when a test wants to look at them
     now: float = 0.0
     ts: int = 0
     serial: int = 0
@@ -252,6 +253,8 @@ class History:
     def cycle(self, *, dry_run: bool) -> None:
         self.now += 1
         plan = self.engine.cycle(now=self.now, dry_run=dry_run)
+        if self.plans is not None:
+            self.plans.append(plan)
         self.lines.extend(describe(plan))
         if not dry_run:
             self.pending.extend(plan.actions)
