@@ -5,11 +5,12 @@ zones, racks and capacity types; half a dozen clusters whose needs use
 zone and instance-type requirements, ``NotIn``, gangs in one rack, zone
 spreads and ``min_unit``) and then takes random steps: roll-ups that grow,
 shrink, add or drop needs (some stale, some reporting nodes so machines get
-verified), committing and dry-run cycles, settles (some failed, some with
-the machine gone), fresh observations, removals, pauses, forgotten clusters
-and claims. Everything that comes out of the engine — every plan's actions,
-shortfalls and why-not reasons, and what is in flight or promised after
-each committed cycle — is written as one line of text per fact.
+verified, some naming the machines their cluster gives up), committing and
+dry-run cycles, settles (some failed, some with the machine gone), fresh
+observations, removals, pauses, forgotten clusters and claims. Everything
+that comes out of the engine — every plan's actions, shortfalls and
+why-not reasons, and what is in flight or promised after each committed
+cycle — is written as one line of text per fact.
 
 The digest of that text, per seed, is recorded in ``plan_digests.json``.
 It was produced by the engine before actions became arrays and must not
@@ -189,6 +190,7 @@ class History:
     engine: ShardEngine = field(default_factory=ShardEngine)
     needs: dict[str, list[Need]] = field(default_factory=dict)
     reporting: set[str] = field(default_factory=set)
+    naming: set[str] = field(default_factory=set)
     lost: set[str] = field(default_factory=set)
     pending: list[Action] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
@@ -215,6 +217,8 @@ class History:
         for cluster in CLUSTERS:
             if self.rng.random() < 0.5:
                 self.reporting.add(cluster)
+            if self.rng.random() < 0.3:
+                self.naming.add(cluster)
             self.needs[cluster] = [_random_need(self.rng) for _ in range(self.rng.randint(0, 6))]
             self.send(cluster)
 
@@ -229,7 +233,12 @@ class History:
                 for r in self.engine.machines()
                 if r.cluster == cluster and r.id not in self.lost
             )
-        rollup = Rollup(cluster, stamp, tuple(self.needs[cluster]), reported)
+        release = None
+        if cluster in self.naming:
+            # A cluster that names what it gives up offers some of its machines.
+            ours = sorted(r.id for r in self.engine.machines() if r.cluster == cluster)
+            release = frozenset(m for m in ours if self.rng.random() < 0.4)
+        rollup = Rollup(cluster, stamp, tuple(self.needs[cluster]), reported, release)
         try:
             outcome = self.engine.apply_rollup(rollup, now=self.now)
             self.lines.append(f"rollup {cluster} {outcome.status}")
