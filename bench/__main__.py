@@ -2,7 +2,8 @@
 
 Suites: ``cycle`` (the shard engine), ``lifecycle`` (machine transitions
 through Temporal), ``packing`` (vector bin packing heuristics), ``simulate``
-(the simulator's speed at fleet scale), ``all``
+(the simulator's speed at fleet scale), ``nanook`` (the Nanook adapter's
+answers), ``all``
 (every suite in turn). Each line is
 ``{"bench": ..., "metric": ..., "value": ..., "unit": ...}``.
 """
@@ -17,6 +18,7 @@ SUITES = {
     "lifecycle": "bench.lifecycle",
     "packing": "bench.packing",
     "simulate": "bench.simulate",
+    "nanook": "bench.nanook",
 }
 
 
