@@ -368,17 +368,14 @@ class ClusterModel:
     def releasable(self) -> list[str]:
         """Nodes the cluster can give up with the least disruption (wire extension 1001).
 
-        Empty nodes and nodes holding only best-effort pods. Naming them
-        keeps the shard's Phase 3 off nodes whose pods would be evicted
-        only because the sum of requests leaves packing slack (ADR 0081).
+        Empty nodes only. Naming them keeps the shard's Phase 3 off nodes
+        whose pods would be evicted only because the sum of requests leaves
+        packing slack (ADR 0081); a node lent to best-effort pods keeps
+        them until it empties (naming it made the gap flap).
         The list is always sent, empty when nothing can go: present and
         empty means "reclaim none of my nodes for excess" (ADR 0070).
         """
-        return [
-            mid
-            for mid, on in zip(self._ids, self._on_node, strict=True)
-            if all(self.pods[n].borrowing for n in on)
-        ]
+        return [mid for mid, on in zip(self._ids, self._on_node, strict=True) if not on]
 
     # -- reading ----------------------------------------------------------------------
     def usage(self) -> tuple[FloatArray, FloatArray, FloatArray]:
