@@ -115,6 +115,9 @@ class WorkerPool:
         # Whether the shard said (Hello ack) it honours the release extension.
         self.shard_honours_release = shard_honours_release
         self.connected = False
+        # Until the scheduler's first ScaleTo the pool adopts the workers it finds
+        # (an adapter restarted under a running cluster must not shed them).
+        self.adopting = True
         self.reclaimed_total = 0  # workers named by reclaim instructions (preemption)
 
     # -- what the scheduler sees -----------------------------------------------------------
@@ -140,9 +143,15 @@ class WorkerPool:
             bound = max(bound, self.config.min)
         return bound
 
+    def target(self) -> int:
+        """The workers the pool holds on to: ``desired``, or while adopting, every live one."""
+        if self.adopting:
+            return max(self.desired, len(self.live()))
+        return self.desired
+
     def scale_config(self) -> ScaleConfig:
         return ScaleConfig(
-            desired=self.desired, available=self.available(), min=self.config.min, max=self.max()
+            desired=self.target(), available=self.available(), min=self.config.min, max=self.max()
         )
 
     # -- the scheduler's requests ------------------------------------------------------------
@@ -182,6 +191,7 @@ class WorkerPool:
                     "ask again when fewer queries run",
                 )
         self.desired = amount
+        self.adopting = False
         self.keep = keep_set
         self.delete = tuple(dict.fromkeys(delete or ()))
 
@@ -239,18 +249,19 @@ class WorkerPool:
         never offered.
         """
         live = self.live()
+        target = self.target()
         doomed = [w for w in live if w.machine_id in set(self.delete) - self.keep]
         doomed_ids = {w.machine_id for w in doomed}
         others = [w for w in live if w.machine_id not in doomed_ids]
-        if len(others) < self.desired:
-            return Demand(self.desired + len(doomed), frozenset())
-        surplus = len(others) - self.desired
+        if len(others) < target:
+            return Demand(target + len(doomed), frozenset())
+        surplus = len(others) - target
         spare = sorted(
             (w for w in others if w.machine_id not in self.keep),
             key=lambda w: (w.state != _CONFIGURED, w.machine_id),
         )
         release = doomed_ids | {w.machine_id for w in spare[:surplus]}
-        return Demand(self.desired, frozenset(release))
+        return Demand(target, frozenset(release))
 
     def _fits(self, hint: SupplyHint) -> bool:
         """True when a machine of ``hint`` can run a worker of this pool."""

@@ -173,3 +173,12 @@ def test_a_kept_worker_is_never_offered_for_release(
     demand = p.demand()
     assert not demand.release & set(keep_ids)
     assert len(states) - len(demand.release) >= min(amount, len(states))
+
+
+def test_until_the_first_scale_to_the_pool_adopts_the_workers_it_finds() -> None:
+    p = pool()
+    with_workers(p, 5)
+    assert p.scale_config().desired == 5
+    assert p.demand().workers == 5 and p.demand().release == frozenset()
+    p.scale_to(2)
+    assert p.scale_config().desired == 2 and len(p.demand().release) == 3
