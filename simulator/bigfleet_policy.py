@@ -15,7 +15,8 @@ and for the fleet the coordinator's planner, ``shard_engine.coordination.plan_tr
 every report interval, over each shard's supply and shortfalls: idle and
 speculative machines move between engines (bookkeeping); a cross-shard
 preemption drains the donor's victims and hands them to the receiver once
-idle, as ``bigfleet/shard/process.py`` does.
+idle, as ``bigfleet/shard/process.py`` does; which machines a donor gives is
+chosen by the pure functions of ``shard_engine.transfers``, as there.
 
 Nothing here decides what the engine or the planner would decide; it only
 carries the decisions out after the providers' simulated latency and reports
@@ -43,7 +44,6 @@ from shard_engine.coordination import (
     distribute_evenly,
     plan_transfers,
 )
-from shard_engine.costs import drain_grace_seconds
 from shard_engine.engine import EngineConfig, RollupRejected, ShardEngine
 from shard_engine.model import (
     AssignIdle,
@@ -56,6 +56,13 @@ from shard_engine.model import (
     Reclaim,
     Release,
     Verify,
+)
+from shard_engine.transfers import (
+    TransferProfile,
+    VictimTerms,
+    choose_cross_shard_victims,
+    choose_donations,
+    saturation_of,
 )
 from simulator.cluster import ClusterModel
 from simulator.fleet import Fleet
@@ -119,6 +126,7 @@ class BigFleetPolicy:
         self.cluster_shard: dict[str, str] = {}
         self.needs: dict[tuple[str, str], Need] = {}
         self.priority_of: dict[str, int] = {}  # configured machine -> priority it serves
+        self.need_of: dict[str, tuple[str, str]] = {}  # configured machine -> (cluster, need)
         self.state_of: dict[str, MachineState] = {}
         self.profile_of: dict[str, ProfileKey] = {}
         self.profiles: dict[ProfileKey, MachineRecord] = {}
@@ -228,6 +236,7 @@ class BigFleetPolicy:
         if cluster is not None:
             cluster.remove_node(mid, now, reason=reason)
         self.priority_of.pop(mid, None)
+        self.need_of.pop(mid, None)
 
     def _call(self, shard: _Shard, mid: str, op: _Op, now: float, *, grace: int = 0) -> None:
         provider = shard.owned.get(mid)
@@ -317,6 +326,7 @@ class BigFleetPolicy:
         shard.engine.settle(mid, record, now=now)
         if state is MachineState.CONFIGURED and op.kind in ("assign", "provision"):
             self.priority_of[mid] = op.priority
+            self.need_of[mid] = (op.cluster, op.need_key)
             cluster = self.clusters.get(record.cluster)
             if cluster is not None:
                 cluster.add_node(mid, record.allocatable, record.labels, now)
@@ -384,36 +394,30 @@ class BigFleetPolicy:
             shortfalls=tuple(shortfalls),
         )
 
-    def _matches(self, mid: str, instruction: Instruction) -> bool:
-        key = self.profile_of[mid]
-        return key == (
-            instruction.provider,
-            instruction.instance_type,
-            instruction.zone,
-            instruction.capacity_type,
-        )
-
     def _transfer(self, instruction: Instruction, now: float) -> None:
+        """Carry out one instruction; the donor chooses with ``shard_engine.transfers``."""
         donor = self.shards[instruction.donor]
         receiver = self.shards[instruction.receiver]
-        busy = donor.engine.in_flight().keys() | donor.engine.promised().keys()
+        busy = set(donor.engine.in_flight()) | set(donor.engine.promised()) | set(donor.ops)
+        profile = TransferProfile(
+            provider=instruction.provider,
+            instance_type=instruction.instance_type,
+            zone=instruction.zone,
+            capacity_type=instruction.capacity_type,
+        )
         if instruction.kind == "preempt":
-            self._preempt_for(instruction, donor, busy, now)
+            self._preempt_for(instruction, donor, profile, busy, now)
             return
         wanted = MachineState.IDLE if instruction.kind == "idle" else MachineState.SPECULATIVE
-        moved = 0
-        for mid in list(donor.owned):
-            if moved >= instruction.count:
-                break
-            if mid in busy or mid in donor.ops or self.state_of.get(mid) is not wanted:
-                continue
-            if not self._matches(mid, instruction):
-                continue
-            record = self._record(donor, mid)
-            if record is None or record.cluster:
-                continue
+        chosen = choose_donations(
+            donor.engine.machines(),
+            profile=profile,
+            state=wanted,
+            count=instruction.count,
+            busy=busy,
+        )
+        for record in chosen:
             self._move(donor, receiver, record, now)
-            moved += 1
 
     def _move(self, donor: _Shard, receiver: _Shard, record: MachineRecord, now: float) -> None:
         donor.engine.remove_machine(record.id)
@@ -423,36 +427,47 @@ class BigFleetPolicy:
         self.owner[record.id] = receiver.shard_id
 
     def _preempt_for(
-        self, instruction: Instruction, donor: _Shard, busy: set[str], now: float
+        self,
+        instruction: Instruction,
+        donor: _Shard,
+        profile: TransferProfile,
+        busy: set[str],
+        now: float,
     ) -> None:
-        """Victims of the profile below the priority, lowest first (the shard process's rule)."""
-        candidates = sorted(
-            (
-                mid
-                for mid in donor.owned
-                if self.state_of.get(mid) is MachineState.CONFIGURED
-                and mid not in busy
-                and mid not in donor.ops
-                and self._matches(mid, instruction)
-                and self.priority_of.get(mid, 0) < instruction.below_priority
-            ),
-            key=lambda m: (self.priority_of.get(m, 0), m),
+        """Drain the donor's victims (``choose_cross_shard_victims``) and hand them over idle."""
+        machines = list(donor.engine.machines())
+        terms: dict[str, VictimTerms] = {}
+        for record in machines:
+            need = self.needs.get(self.need_of.get(record.id, ("", "")))
+            if need is not None:
+                terms[record.id] = VictimTerms(
+                    interruption_penalty=need.interruption_penalty,
+                    reclamation_penalty=need.reclamation_penalty,
+                    app_class=need.app_class,
+                )
+        victims = choose_cross_shard_victims(
+            machines,
+            profile=profile,
+            preemptor_priority=instruction.below_priority,
+            count=instruction.count,
+            busy=busy,
+            priorities=self.priority_of,
+            terms=terms,
+            drain_seconds={},
+            saturation=saturation_of(machines, busy=busy),
+            config=self.options.engine,
         )
-        config = self.options.engine
-        for mid in candidates[: instruction.count]:
-            record = self._record(donor, mid)
-            if record is None:
-                continue
-            victim_priority = self.priority_of.get(mid, 0)
-            grace = drain_grace_seconds(
-                instruction.below_priority - victim_priority,
-                config.grace_thresholds,
-                config.grace_default_seconds,
-            )
-            donor.engine.remove_machine(mid)
+        for victim in victims:
+            donor.engine.remove_machine(victim.machine_id)
             self.stats["preemptions_cross_shard"] += 1
-            self._drain(donor, mid, record.cluster, now, "preempt")
-            self._call(donor, mid, _Op("handover", receiver=instruction.receiver), now, grace=grace)
+            self._drain(donor, victim.machine_id, victim.cluster_id, now, "preempt")
+            self._call(
+                donor,
+                victim.machine_id,
+                _Op("handover", receiver=instruction.receiver),
+                now,
+                grace=victim.grace_seconds,
+            )
 
     def _hand_over(self, donor: _Shard, record: MachineRecord, op: _Op, now: float) -> None:
         donor.ops.pop(record.id, None)
