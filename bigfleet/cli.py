@@ -756,6 +756,16 @@ def _signal_machine(
             after = await _view(handle)
             if after is None or before is None or _changed(before, after):
                 break
+        # A reaction can take several steps (an error noted, an outcome recorded,
+        # then the new phase): report the view once two reads a moment apart agree.
+        for _ in range(50):
+            if after is None or before is None or not _changed(before, after):
+                break
+            await asyncio.sleep(0.2)
+            again = await _view(handle)
+            if again is None or again == after:
+                break
+            after = again
         if before is None or after is None:
             typer.echo("  (the workflow did not answer its view query; is its shard running?)")
             return
