@@ -42,10 +42,12 @@ test-e2e: install
 bench: install
 	$(PY) -m bench all
 
+## ruff, mypy --strict (packages and tests), and the layering contracts (import-linter).
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 proto: install
 	$(PY) scripts/gen_proto.py

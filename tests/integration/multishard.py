@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, overload
 
 from bigfleet.devstack import DevStack, DevStackOptions
 from bigfleet.shard.process import ShardProcess
@@ -56,9 +56,25 @@ def options(tmp: Path, db_url: str, **kw: object) -> DevStackOptions:
     return DevStackOptions(**base)  # type: ignore[arg-type]
 
 
+@overload
 async def eventually(
-    check: Callable[[], Awaitable[T] | T], *, within: float = 60.0, what: str = "condition"
+    check: Callable[[], Awaitable[T | None]], *, within: float = ..., what: str = ...
+) -> T: ...
+
+
+@overload
+async def eventually(
+    check: Callable[[], T | None], *, within: float = ..., what: str = ...
+) -> T: ...
+
+
+async def eventually(
+    check: Callable[[], Awaitable[T | None] | T | None],
+    *,
+    within: float = 60.0,
+    what: str = "condition",
 ) -> T:
+    """Poll ``check`` (a value or a coroutine) until it is truthy; return that value."""
     deadline = time.monotonic() + within
     while True:
         result = check()

@@ -17,6 +17,7 @@ import pytest
 from temporalio.client import WorkflowExecutionStatus
 
 from bigfleet.devstack import DevStack
+from bigfleet.v1alpha1 import provider_pb2
 from clusters.operator import SimulatedCluster
 from tests.integration.multishard import configured_for, eventually, gpu_demand, options, shard
 from workflows import search_attributes as sa
@@ -34,7 +35,7 @@ async def stack(tmp_path: Path, empty_database_url: str) -> AsyncIterator[DevSta
         await dev.stop()
 
 
-async def _at_least(stack: DevStack, cluster: str, n: int) -> list[object] | None:
+async def _at_least(stack: DevStack, cluster: str, n: int) -> list[provider_pb2.Machine] | None:
     found = await configured_for(stack, cluster)
     return list(found) if len(found) >= n else None
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 import pytest
 from temporalio.client import WorkflowFailureError
+from temporalio.exceptions import ActivityError
 
 from bigfleet.devstack import DevStack
+from bigfleet.shard.process import ShardProcess
 from tests.integration.multishard import eventually, options
 from workflows import coordinator as co
 
@@ -44,10 +46,11 @@ async def test_a_decommission_takes_the_same_share_from_each_shard(stack: DevSta
         in_engine = {m.id for m in process.engine.machines()}
         assert not (set(quarantined) & in_engine), "a retired machine is still planned with"
         # Nothing of the retired machines comes back on the next observations.
-        await eventually(
-            lambda p=process, q=quarantined: not (set(q) & {m.id for m in p.engine.machines()}),
-            what="retired machines to stay out",
-        )
+
+        def stays_out(p: ShardProcess = process, q: Mapping[str, str] = quarantined) -> bool:
+            return not (set(q) & {m.id for m in p.engine.machines()})
+
+        await eventually(stays_out, what="retired machines to stay out")
 
 
 async def test_a_decommission_of_an_unknown_provider_is_refused_by_name(stack: DevStack) -> None:
@@ -57,7 +60,7 @@ async def test_a_decommission_of_an_unknown_provider_is_refused_by_name(stack: D
             co.DecommissionInput(provider="nope", label="x", value="y", count=1)
         )
     activity_error = caught.value.cause
-    assert activity_error is not None
+    assert isinstance(activity_error, ActivityError)
     assert "provider: 'nope' is not configured" in str(activity_error.cause)
     for process in stack.shards:
         assert await stack.store.quarantined(process.shard_id) == {}

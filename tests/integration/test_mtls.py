@@ -13,7 +13,6 @@ from pathlib import Path
 import grpc
 import pytest
 from cryptography import x509
-from pki import Pki
 from prometheus_client import REGISTRY
 
 from bigfleet.identity import (
@@ -27,13 +26,15 @@ from bigfleet.identity import (
     server_credentials,
 )
 from bigfleet.shard.sessions import SHARD_SERVICE, SessionHub, ShardServicer
-from bigfleet.v1alpha1 import capacity_pb2, provider_pb2, shard_pb2, shard_pb2_grpc
+from bigfleet.v1alpha1 import capacity_pb2, shard_pb2, shard_pb2_grpc
 from providers.client import FencingToken, ProviderClient
 from providers.config import ProviderConfig
 from providers.errors import ProviderError
+from providers.model import State
 from providers.server import RunningProvider, start_provider_server
 from shard_engine.engine import ShardEngine
 from shard_engine.model import Rollup
+from tests.integration.pki import Pki
 
 CLUSTER = Identity(Role.CLUSTER, "c1")
 OTHER_CLUSTER = Identity(Role.CLUSTER, "c2")
@@ -316,7 +317,7 @@ async def provider(tmp_path: Path) -> AsyncIterator[tuple[Pki, RunningProvider]]
 
 def _speculative(running: RunningProvider) -> str:
     for machine_id in running.provider.machine_ids():
-        if running.provider.get(machine_id).state == provider_pb2.MACHINE_STATE_SPECULATIVE:
+        if running.provider.get(machine_id).state == State.SPECULATIVE:
             return machine_id
     raise AssertionError("the simulated cloud has no speculative slot")
 
@@ -342,7 +343,7 @@ async def test_a_shard_cannot_use_another_shards_fencing_token(
         with pytest.raises(ProviderError, match="may act only as"):
             await client.create(machine, FencingToken("s1", 1, 1))
     assert refusals(PROVIDER_SERVICE, "name-mismatch") == before + 1
-    assert running.provider.get(machine).state == provider_pb2.MACHINE_STATE_SPECULATIVE
+    assert running.provider.get(machine).state == State.SPECULATIVE
 
 
 async def test_readonly_may_list_but_not_mutate(provider: tuple[Pki, RunningProvider]) -> None:

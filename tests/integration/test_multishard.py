@@ -8,7 +8,7 @@ for four GPU machines can only be served with help from the other shard.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 
 import pytest
@@ -76,8 +76,10 @@ async def test_a_shortfall_is_met_with_speculative_quota_from_another_shard(
     assert any(i.kind == "speculative" and i.receiver_shard == receiver for i in applied)
 
 
-async def _four(machines: object) -> object:
-    found = await machines  # type: ignore[misc]
+async def _four(
+    machines: Awaitable[list[provider_pb2.Machine]],
+) -> list[provider_pb2.Machine] | None:
+    found = await machines
     return found if len(found) >= 4 else None
 
 
@@ -217,6 +219,8 @@ async def test_shards_keep_serving_while_the_coordinator_is_away(stack: DevStack
     assert len(await configured_for(stack, "gpu-c")) == 4
 
 
-async def _two(machines: object) -> object:
-    found = await machines  # type: ignore[misc]
+async def _two(
+    machines: Awaitable[list[provider_pb2.Machine]],
+) -> list[provider_pb2.Machine] | None:
+    found = await machines
     return found if len(found) >= 2 else None

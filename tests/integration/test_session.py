@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from bigfleet.shard.sessions import SessionHub, SessionUnavailable, ShardServicer
-from bigfleet.v1alpha1 import capacity_pb2, shard_pb2, shard_pb2_grpc
+from bigfleet.v1alpha1 import capacity_pb2, provider_pb2, shard_pb2, shard_pb2_grpc
 from shard_engine.engine import ShardEngine
 from shard_engine.model import Rollup
 from workflows.contracts import RequirementSpec
@@ -39,7 +39,7 @@ class EngineSink:
 class Served:
     hub: SessionHub
     sink: EngineSink
-    stub: shard_pb2_grpc.ShardStub
+    stub: shard_pb2_grpc.ShardAsyncStub
 
 
 @pytest.fixture
@@ -53,14 +53,14 @@ async def served() -> AsyncIterator[Served]:
     try:
         yield Served(hub, sink, shard_pb2_grpc.ShardStub(channel))
     finally:
-        await channel.close()
+        await channel.close(None)
         await server.stop(None)
 
 
 class Operator:
     """A scripted operator end of one session."""
 
-    def __init__(self, stub: shard_pb2_grpc.ShardStub) -> None:
+    def __init__(self, stub: shard_pb2_grpc.ShardAsyncStub) -> None:
         self.queue: asyncio.Queue[shard_pb2.OperatorMessage | None] = asyncio.Queue()
         self.call = stub.Session(self._requests())
 
@@ -213,7 +213,10 @@ async def test_node_updates_reach_the_operator(served: Served) -> None:
     await op.hello()
     frame = shard_pb2.ShardMessage(
         node_state_update=shard_pb2.NodeStateUpdate(
-            supersedes_key="node:m1", machine_id="m1", cluster_id="c1", state=5
+            supersedes_key="node:m1",
+            machine_id="m1",
+            cluster_id="c1",
+            state=provider_pb2.MACHINE_STATE_CONFIGURED,
         )
     )
     assert served.hub.send("c1", frame, key="node:m1")

@@ -10,7 +10,7 @@ away, leave no machine owned twice, and empty shard-1 so that it can be removed.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 
 import pytest
@@ -18,6 +18,7 @@ import pytest
 from bigfleet.devstack import DevStack
 from bigfleet.shard.process import ShardOptions, ShardProcess
 from bigfleet.store.repository import ShardNotEmpty, ShardRemoved
+from bigfleet.v1alpha1 import provider_pb2
 from clusters.operator import DemandPattern, SimulatedCluster
 from providers.model import FencingToken
 from tests.integration.multishard import configured_for, eventually, options, shard
@@ -152,8 +153,10 @@ async def test_a_drained_shard_hands_over_its_cluster_and_machines_and_is_remove
         await late.start()
 
 
-async def _at_least(machines: object, n: int) -> object:
-    found = await machines  # type: ignore[misc]
+async def _at_least(
+    machines: Awaitable[list[provider_pb2.Machine]], n: int
+) -> list[provider_pb2.Machine] | None:
+    found = await machines
     return found if len(found) >= n else None
 
 

@@ -49,21 +49,44 @@ def test_an_empty_rollup_is_valid_and_means_no_demand() -> None:
         (_need(aggregate_resources={}), "needs[0].aggregate_resources"),
         (_need(min_unit={"cpu": "16"}), "needs[0].min_unit[cpu]"),
         (
-            _need(requirements=[capacity_pb2.NodeSelectorRequirement(key="", operator=1)]),
+            _need(
+                requirements=[
+                    capacity_pb2.NodeSelectorRequirement(
+                        key="", operator=capacity_pb2.NodeSelectorRequirement.OPERATOR_IN
+                    )
+                ]
+            ),
             "needs[0].requirements[0].key",
         ),
         (
-            _need(requirements=[capacity_pb2.NodeSelectorRequirement(key="zone", operator=0)]),
+            _need(
+                requirements=[
+                    capacity_pb2.NodeSelectorRequirement(
+                        key="zone",
+                        operator=capacity_pb2.NodeSelectorRequirement.OPERATOR_UNSPECIFIED,
+                    )
+                ]
+            ),
             "needs[0].requirements[0].operator",
         ),
         (
-            _need(requirements=[capacity_pb2.NodeSelectorRequirement(key="zone", operator=1)]),
+            _need(
+                requirements=[
+                    capacity_pb2.NodeSelectorRequirement(
+                        key="zone", operator=capacity_pb2.NodeSelectorRequirement.OPERATOR_IN
+                    )
+                ]
+            ),
             "needs[0].requirements[0].values",
         ),
         (
             _need(
                 requirements=[
-                    capacity_pb2.NodeSelectorRequirement(key="gpu", operator=3, values=["x"])
+                    capacity_pb2.NodeSelectorRequirement(
+                        key="gpu",
+                        operator=capacity_pb2.NodeSelectorRequirement.OPERATOR_EXISTS,
+                        values=["x"],
+                    )
                 ]
             ),
             "needs[0].requirements[0].values",

@@ -4,7 +4,9 @@ registered under the real activity names on the real task queues."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from temporalio import activity
@@ -30,7 +32,7 @@ class Recorder:
     adopted: list[tuple[str, list[str]]] = field(default_factory=list)
     release_attempts: int = 0
 
-    def activities(self, queue: str) -> list[object]:
+    def activities(self, queue: str) -> list[Callable[..., Any]]:
         @activity.defn(name=ms.RELEASE_CLUSTER)
         async def release_cluster(inp: ms.ReleaseClusterInput) -> ms.ReleaseClusterResult:
             self.release_attempts += 1

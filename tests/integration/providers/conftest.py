@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from provider_harness import KINDS, Harness, serve
 
 from providers.client import ProviderClient
+from tests.integration.providers.provider_harness import KINDS, Harness, serve
 
 
 @pytest.fixture(scope="session", params=KINDS)

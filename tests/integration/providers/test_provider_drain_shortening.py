@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from provider_harness import KINDS, Harness, Shard, serve
 
 from bigfleet.v1alpha1 import provider_pb2 as pb
 from providers.client import ProviderClient
@@ -19,6 +18,7 @@ from providers.core import ProviderCore
 from providers.kinds import build_provider
 from providers.model import State
 from providers.store import StateStore
+from tests.integration.providers.provider_harness import KINDS, Harness, Shard, serve
 
 #: Workloads that take a million simulated seconds to leave: about 17 real
 #: minutes at the suite's time factor, far beyond any wait in these tests, so

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from provider_harness import KINDS, TIME_FACTOR, Harness, serve
 
 from bigfleet.v1alpha1 import provider_pb2 as pb
 from providers.client import FencingToken, ProviderClient
 from providers.config import LatencyRange
 from providers.errors import Fenced
+from tests.integration.providers.provider_harness import KINDS, TIME_FACTOR, Harness, serve
 
 REPO = Path(__file__).resolve().parents[3]
 TRANSITIONAL = {

@@ -8,7 +8,6 @@ from collections.abc import Awaitable
 
 import grpc
 import pytest
-from provider_harness import Harness
 
 from bigfleet.v1alpha1 import provider_pb2 as pb
 from bigfleet.v1alpha1 import provider_pb2_grpc
@@ -20,6 +19,7 @@ from providers.validation import (
     MAX_METADATA_BYTES,
     MAX_METADATA_ENTRIES,
 )
+from tests.integration.providers.provider_harness import Harness
 
 
 async def test_empty_machine_ids_are_invalid_arguments(harness: Harness) -> None:

@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import pytest
-from provider_harness import KINDS, Harness, serve
 
 from bigfleet.v1alpha1 import provider_pb2 as pb
 from providers.client import ProviderClient
 from providers.errors import Fenced, InvalidTransition, ProviderError, Unimplemented
+from tests.integration.providers.provider_harness import KINDS, Harness, serve
 
 
 @asynccontextmanager

@@ -11,11 +11,11 @@ import itertools
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from provider_harness import Harness, Shard
 
 from bigfleet.v1alpha1 import provider_pb2 as pb
 from providers.client import FencingToken
 from providers.errors import Fenced, InvalidTransition, NotFound
+from tests.integration.providers.provider_harness import Harness, Shard
 
 _ghosts = itertools.count()
 

@@ -8,10 +8,10 @@ import math
 import re
 
 import pytest
-from provider_harness import Harness, serve
 
 from bigfleet.v1alpha1 import provider_pb2 as pb
 from providers.client import ProviderClient
+from tests.integration.providers.provider_harness import Harness, serve
 
 HOSTLESS = {pb.MACHINE_STATE_SPECULATIVE, pb.MACHINE_STATE_CREATING}
 BOUND = {pb.MACHINE_STATE_CONFIGURING, pb.MACHINE_STATE_CONFIGURED, pb.MACHINE_STATE_DRAINING}

@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from provider_harness import Harness
 
 from bigfleet.v1alpha1 import provider_pb2 as pb
 from providers.client import FencingToken, ProviderClient
 from providers.errors import Fenced, InvalidTransition
+from tests.integration.providers.provider_harness import Harness
 
 RETRIES = 16
 

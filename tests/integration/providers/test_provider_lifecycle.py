@@ -3,10 +3,9 @@ field-shape rules holding at each stable stop."""
 
 from __future__ import annotations
 
-from provider_harness import Harness
-
 from bigfleet.v1alpha1 import provider_pb2 as pb
 from providers.errors import Unimplemented
+from tests.integration.providers.provider_harness import Harness
 
 
 async def test_create_configure_drain_round_trip_returns_to_idle_unbound(

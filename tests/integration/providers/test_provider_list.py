@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from provider_harness import KINDS, Harness, serve
 
 from bigfleet.v1alpha1 import provider_pb2 as pb
 from providers.client import ProviderClient
+from tests.integration.providers.provider_harness import KINDS, Harness, serve
 
 
 @pytest.fixture(scope="module", params=KINDS)

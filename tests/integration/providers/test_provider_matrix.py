@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
-from provider_harness import KINDS, Harness, Shard, serve
 
 from bigfleet.v1alpha1 import provider_pb2 as pb
 from providers.client import ProviderClient
 from providers.errors import Fenced, InvalidTransition, ProviderError, Unimplemented
+from tests.integration.providers.provider_harness import KINDS, Harness, Shard, serve
 
 Call = Callable[[Harness, str, Shard], Awaitable[pb.TransitionAck]]
 

@@ -4,13 +4,13 @@ shows the machine, and cleared together with the cluster when a drain ends."""
 from __future__ import annotations
 
 import pytest
-from provider_harness import Harness
 
 from bigfleet.v1alpha1 import provider_pb2 as pb
 from providers.clock import ManualScheduler
 from providers.config import ProviderConfig
 from providers.kinds import build_provider
 from providers.model import State
+from tests.integration.providers.provider_harness import Harness
 
 
 def awkward_metadata() -> dict[str, str]:

@@ -9,7 +9,6 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from provider_harness import Harness, serve
 from typer.testing import CliRunner
 
 from bigfleet.v1alpha1 import provider_pb2_grpc
@@ -26,6 +25,7 @@ from providers.errors import (
 )
 from providers.server import SERVICE_NAME
 from providers.wire import ERROR_CODES, error_from_status, status_code
+from tests.integration.providers.provider_harness import Harness, serve
 
 
 async def test_health_reports_serving_for_the_provider_service(harness: Harness) -> None:

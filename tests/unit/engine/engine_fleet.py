@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from shard_engine.engine import ShardEngine
 from shard_engine.model import (
@@ -33,6 +34,8 @@ from shard_engine.model import (
 )
 
 GI = 2.0**30
+
+A = TypeVar("A", AssignIdle, Provision, Preempt, Reclaim, Release, Verify)
 
 
 def machine(
@@ -141,7 +144,7 @@ def machine_ids(actions: Iterable[Action]) -> list[str]:
     return out
 
 
-def of_kind(plan: Plan, kind: type) -> list[Action]:
+def of_kind(plan: Plan, kind: type[A]) -> list[A]:
     """The plan's actions of one type."""
     return [a for a in plan.actions if isinstance(a, kind)]
 

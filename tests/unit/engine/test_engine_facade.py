@@ -6,10 +6,10 @@ import math
 from dataclasses import replace
 
 import pytest
-from engine_fleet import fleet, machine, machine_ids, need, rollup
 
 from shard_engine.engine import EngineConfig, RollupRejected, ShardEngine
 from shard_engine.model import MachineState, Need, Operator, Requirement, TopologySpread
+from tests.unit.engine.engine_fleet import fleet, machine, machine_ids, need, rollup
 
 
 def test_an_older_roll_up_is_stale_and_changes_nothing() -> None:
@@ -117,7 +117,7 @@ def test_a_poisonous_machine_observation_is_refused_naming_the_field(
     field: str, value: float
 ) -> None:
     engine = ShardEngine()
-    bad = replace(machine("m1"), **{field: value})
+    bad = replace(machine("m1"), **{field: value})  # type: ignore[arg-type]
 
     with pytest.raises(ValueError, match=field):
         engine.upsert_machine(bad, now=0)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from engine_fleet import fleet, machine_ids, need, rollup
-
 from shard_engine.engine import ShardEngine
 from shard_engine.model import MachineState
+from tests.unit.engine.engine_fleet import fleet, machine_ids, need, rollup
 
 
 def test_a_forgotten_cluster_is_no_longer_provisioned_for() -> None:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from engine_fleet import Carrier, fleet, machine_ids, need, of_kind, rollup
-
 from shard_engine.engine import ShardEngine
 from shard_engine.model import MachineState, Provision, Verify
+from tests.unit.engine.engine_fleet import Carrier, fleet, machine_ids, need, of_kind, rollup
 
 
 def setup() -> tuple[ShardEngine, list[str]]:

@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from engine_fleet import Carrier, fleet, machine_ids, need, of_kind, rollup
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shard_engine.engine import ShardEngine
 from shard_engine.model import MachineState, Preempt, Reclaim, Rollup
 from shard_engine.needs import RollupRejected
+from tests.unit.engine.engine_fleet import Carrier, fleet, machine_ids, need, of_kind, rollup
 
 
 def releasing(base: Rollup, *machine_ids: str) -> Rollup:

@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from engine_fleet import (
+
+from shard_engine.engine import ShardEngine
+from shard_engine.model import AssignIdle, CapacityType, MachineState, Provision
+from tests.unit.engine.engine_fleet import (
     Carrier,
     fleet,
     machine,
@@ -15,9 +18,6 @@ from engine_fleet import (
     rollup,
     zone_in,
 )
-
-from shard_engine.engine import ShardEngine
-from shard_engine.model import AssignIdle, CapacityType, MachineState, Provision
 
 
 def test_a_need_is_covered_from_idle_machines_before_speculative_ones() -> None:
@@ -201,7 +201,7 @@ def test_higher_priority_needs_are_served_first_when_supply_is_short() -> None:
 
     plan = engine.cycle(now=1)
 
-    assert {a.cluster_id for a in of_kind(plan, AssignIdle)} == {"high"}  # type: ignore[attr-defined]
+    assert {a.cluster_id for a in of_kind(plan, AssignIdle)} == {"high"}
     assert [s.cluster_id for s in plan.shortfalls] == ["low"]
 
 
@@ -213,7 +213,7 @@ def test_at_equal_priority_the_earlier_arrival_is_served_first() -> None:
 
     plan = engine.cycle(now=1)
 
-    assert {a.cluster_id for a in of_kind(plan, AssignIdle)} == {"first"}  # type: ignore[attr-defined]
+    assert {a.cluster_id for a in of_kind(plan, AssignIdle)} == {"first"}
 
 
 def test_transitional_and_failed_machines_are_never_picked() -> None:

@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from engine_fleet import Carrier, fleet, machine, machine_ids, need, of_kind, rollup, zone_in
 
 from shard_engine.config import EngineConfig, VictimWeights
 from shard_engine.costs import drain_grace_seconds
 from shard_engine.engine import ShardEngine
 from shard_engine.model import AppClass, AssignIdle, MachineState, Preempt
 from shard_engine.preemption import victim_order, victim_scores
+from tests.unit.engine.engine_fleet import (
+    Carrier,
+    fleet,
+    machine,
+    machine_ids,
+    need,
+    of_kind,
+    rollup,
+    zone_in,
+)
 
 GPU = "nvidia.com/gpu"
 
@@ -56,7 +65,7 @@ def test_the_paper_story_preempts_a_with_the_tables_grace_and_gives_b_the_machin
 
     assigns = of_kind(following, AssignIdle)
     assert len(assigns) == 64
-    assert {a.cluster_id for a in assigns} == {"B"}  # type: ignore[attr-defined]
+    assert {a.cluster_id for a in assigns} == {"B"}
     assert engine.promised() == {}
 
 
@@ -106,7 +115,7 @@ def test_a_promised_machine_goes_to_its_preemptor_even_if_someone_higher_arrives
     plan = engine.cycle(now=4)
 
     assigns = of_kind(plan, AssignIdle)
-    assert {a.cluster_id for a in assigns} == {"B"}  # type: ignore[attr-defined]
+    assert {a.cluster_id for a in assigns} == {"B"}
     assert len(assigns) == 2
 
 
@@ -122,7 +131,7 @@ def test_a_promise_is_dropped_when_the_preemptor_stops_asking() -> None:
 
     assert engine.promised() == {}
     later = engine.cycle(now=5)
-    assert {a.cluster_id for a in of_kind(later, AssignIdle)} == {"A"}  # type: ignore[attr-defined]
+    assert {a.cluster_id for a in of_kind(later, AssignIdle)} == {"A"}
 
 
 def test_a_preemption_that_fails_to_drain_frees_no_promise() -> None:
@@ -182,7 +191,7 @@ def test_the_lowest_priority_victim_is_taken_first_under_normal_conditions() -> 
 
     plan = engine.cycle(now=1)
 
-    assert {a.victim_cluster_id for a in of_kind(plan, Preempt)} == {"low"}  # type: ignore[attr-defined]
+    assert {a.victim_cluster_id for a in of_kind(plan, Preempt)} == {"low"}
 
 
 def test_among_equal_priorities_best_effort_goes_before_batch_before_latency_sensitive() -> None:
@@ -198,7 +207,7 @@ def test_among_equal_priorities_best_effort_goes_before_batch_before_latency_sen
 
     plan = engine.cycle(now=1)
 
-    victims = sorted(a.victim_cluster_id for a in of_kind(plan, Preempt))  # type: ignore[attr-defined]
+    victims = sorted(a.victim_cluster_id for a in of_kind(plan, Preempt))
     assert victims == ["batch", "besteffort"]
 
 

@@ -15,7 +15,6 @@ from collections import Counter
 from dataclasses import replace
 
 import numpy as np
-from engine_fleet import Carrier, machine, machine_ids, need, rollup, spread_over
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -44,6 +43,7 @@ from shard_engine.model import (
     Requirement,
     Verify,
 )
+from tests.unit.engine.engine_fleet import Carrier, machine, machine_ids, need, rollup, spread_over
 
 CLUSTERS = ("c0", "c1", "c2", "c3")
 ZONES = ("z0", "z1", "z2")

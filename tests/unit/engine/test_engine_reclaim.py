@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import pytest
-from engine_fleet import Carrier, fleet, machine, machine_ids, need, of_kind, rollup, zone_in
 
 from shard_engine.engine import EngineConfig, ShardEngine
 from shard_engine.model import CapacityType, MachineState, Reclaim, Release
+from tests.unit.engine.engine_fleet import (
+    Carrier,
+    fleet,
+    machine,
+    machine_ids,
+    need,
+    of_kind,
+    rollup,
+    zone_in,
+)
 
 
 def test_excess_machines_are_reclaimed_most_expensive_first() -> None:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from engine_fleet import fleet, need, rollup, same, spread_over
 
 from shard_engine.engine import EngineConfig, ShardEngine
 from shard_engine.model import MachineState
+from tests.unit.engine.engine_fleet import fleet, need, rollup, same, spread_over
 
 
 def test_a_shortfall_carries_the_residual_deficit_priority_and_penalty() -> None:

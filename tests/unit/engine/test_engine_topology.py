@@ -4,10 +4,17 @@ from __future__ import annotations
 
 from collections import Counter
 
-from engine_fleet import Carrier, fleet, machine_ids, need, rollup, same, spread_over
-
 from shard_engine.engine import ShardEngine
 from shard_engine.model import MachineState
+from tests.unit.engine.engine_fleet import (
+    Carrier,
+    fleet,
+    machine_ids,
+    need,
+    rollup,
+    same,
+    spread_over,
+)
 
 ZONE = "topology.kubernetes.io/zone"
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from providers.model import State
@@ -45,7 +47,7 @@ def test_nodes_match_the_providers_and_no_machine_has_two_owners() -> None:
             if hasattr(event.pod, "name"):
                 cluster.arrive(event.pod, now)  # type: ignore[arg-type]
             else:
-                cluster.leave(event.pod, now)  # type: ignore[arg-type]
+                cluster.leave(event.pod, now)
         policy.on_changes(fleet.drain_changes(), now)
         for c in list(touched):
             clusters[c].schedule(now)
@@ -74,5 +76,8 @@ def test_the_baseline_and_bigfleet_replay_the_same_trace() -> None:
     fleet = run_policy(scenario.trace, "bigfleet", options).summary
     assert base["actions"]["launches"] > 0
     assert fleet["actions"]["rollups"] > 0
-    total = lambda s: sum(t["placed"] + t["never_placed"] for t in s["time_to_capacity"].values())  # noqa: E731
+
+    def total(s: dict[str, Any]) -> int:
+        return sum(t["placed"] + t["never_placed"] for t in s["time_to_capacity"].values())
+
     assert total(base) == total(fleet), "both policies saw the same pods"
