@@ -244,7 +244,11 @@ async def test_without_a_shard_session_scale_to_is_unavailable_and_the_config_st
 
         # Malformed bytes are INVALID_ARGUMENT, not the framework's INTERNAL.
         async with grpc.aio.insecure_channel(servers.grpc_address) as channel:
-            raw = channel.unary_unary("/compute_scaling.client.v1.ScalingService/ScaleTo")
+            raw = channel.unary_unary(
+                "/compute_scaling.client.v1.ScalingService/ScaleTo",
+                request_serializer=None,
+                response_deserializer=None,
+            )
             with pytest.raises(grpc.aio.AioRpcError) as bad:
                 await raw(b"\xff\xff\xff", timeout=5)
             assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT

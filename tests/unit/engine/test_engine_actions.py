@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from engine_fleet import Carrier, fleet, machine, machine_ids, need, rollup
 from hypothesis import given
 from hypothesis import strategies as st
-from plan_history import History
 
 from shard_engine.actions import ActionKind, ActionTable
 from shard_engine.engine import ShardEngine
@@ -32,6 +30,8 @@ from shard_engine.model import (
     Verify,
 )
 from shard_engine.pools import TIER_IDLE, PoolKey
+from tests.unit.engine.engine_fleet import Carrier, fleet, machine, machine_ids, need, rollup
+from tests.unit.engine.plan_history import History
 
 TYPES: dict[ActionKind, type] = {
     ActionKind.ASSIGN_IDLE: AssignIdle,
@@ -123,7 +123,7 @@ def test_a_plan_cannot_be_changed() -> None:
     plan = ShardEngine().cycle(now=1)
 
     with pytest.raises(AttributeError, match="immutable"):
-        plan.now = 2.0  # type: ignore[misc]
+        plan.now = 2.0
     assert plan.actions == ()
     assert plan.table is not None and len(plan.table) == 0
 

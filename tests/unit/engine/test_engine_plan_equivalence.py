@@ -14,7 +14,8 @@ import json
 from collections import Counter
 
 import pytest
-from plan_history import DIGESTS, SEEDS, digest
+
+from tests.unit.engine.plan_history import DIGESTS, SEEDS, digest
 
 RECORDED: dict[str, str] = json.loads(DIGESTS.read_text())
 
