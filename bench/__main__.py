@@ -3,8 +3,8 @@
 Suites: ``cycle`` (the shard engine), ``lifecycle`` (machine transitions
 through Temporal), ``packing`` (vector bin packing heuristics), ``simulate``
 (the simulator's speed at fleet scale), ``nanook`` (the Nanook adapter's
-answers), ``all``
-(every suite in turn). Each line is
+answers), ``ingest`` (roll-up acks and sessions on one shard process),
+``all`` (every suite in turn). Each line is
 ``{"bench": ..., "metric": ..., "value": ..., "unit": ...}``.
 """
 
@@ -19,6 +19,7 @@ SUITES = {
     "packing": "bench.packing",
     "simulate": "bench.simulate",
     "nanook": "bench.nanook",
+    "ingest": "bench.ingest",
 }
 
 

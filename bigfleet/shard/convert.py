@@ -7,6 +7,7 @@ naming the offending field path (``needs[2].min_unit[cpu]``) and the reason.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 
@@ -59,13 +60,18 @@ _VALUED = (Operator.IN, Operator.NOT_IN)
 _UNVALUED = (Operator.EXISTS, Operator.DOES_NOT_EXIST)
 
 
+#: Quantity strings repeat across roll-ups ("4", "16Gi"): parse each once. Bounded;
+#: an invalid string raises every time (exceptions are not cached).
+_quantity = functools.lru_cache(maxsize=16384)(parse_quantity)
+
+
 def _resources(raw: Mapping[str, str], field: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for name, text in raw.items():
         if not name:
             raise InvalidRollup(field, "resource name must not be empty")
         try:
-            out[name] = parse_quantity(text)
+            out[name] = _quantity(text)
         except InvalidQuantity as err:
             raise InvalidRollup(
                 f"{field}[{name}]", f"invalid quantity {text!r}: {err.reason}"
@@ -111,11 +117,25 @@ def _penalty(bucket: int, field: str) -> float:
         raise InvalidRollup(field, f"unknown penalty bucket {bucket}") from None
 
 
-def _need(need: capacity_pb2.CapacityNeed, field: str) -> Need:
+_PENALTIES: dict[int, float] = {}
+
+
+def _penalty_of(bucket: int, field: str) -> float:
+    cached = _PENALTIES.get(bucket)
+    if cached is not None:
+        return cached
+    value = _penalty(bucket, field)
+    _PENALTIES[bucket] = value
+    return value
+
+
+def _need(need: capacity_pb2.CapacityNeed, i: int) -> Need:
+    """One need; field paths (``needs[i].min_unit[cpu]``) are built only for an error."""
+    field = f"needs[{i}]"
     aggregate = _resources(need.aggregate_resources, f"{field}.aggregate_resources")
     if not aggregate:
         raise InvalidRollup(f"{field}.aggregate_resources", "must name at least one resource")
-    min_unit = _resources(need.min_unit, f"{field}.min_unit")
+    min_unit = _resources(need.min_unit, f"{field}.min_unit") if need.min_unit else {}
     for name, unit in min_unit.items():
         if unit > aggregate.get(name, 0.0):
             raise InvalidRollup(
@@ -125,23 +145,35 @@ def _need(need: capacity_pb2.CapacityNeed, field: str) -> Need:
             )
     return Need(
         requirements=tuple(
-            _requirement(r, f"{field}.requirements[{i}]") for i, r in enumerate(need.requirements)
+            _requirement(r, f"{field}.requirements[{k}]") for k, r in enumerate(need.requirements)
         ),
         aggregate=aggregate,
         priority=need.priority,
         min_unit=min_unit,
-        spread=tuple(_spread(s, f"{field}.spread[{i}]") for i, s in enumerate(need.spread)),
-        interruption_penalty=_penalty(
+        spread=tuple(_spread(s, f"{field}.spread[{k}]") for k, s in enumerate(need.spread)),
+        interruption_penalty=_penalty_of(
             need.interruption_penalty_bucket, f"{field}.interruption_penalty_bucket"
         ),
-        reclamation_penalty=_penalty(
+        reclamation_penalty=_penalty_of(
             need.reclamation_penalty_bucket, f"{field}.reclamation_penalty_bucket"
         ),
     )
 
 
-def rollup_from_wire(msg: capacity_pb2.ClusterCapacityNeeds, *, session_cluster: str) -> Rollup:
-    """Validate and convert one roll-up received on ``session_cluster``'s session."""
+def rollup_from_wire(
+    msg: capacity_pb2.ClusterCapacityNeeds,
+    *,
+    session_cluster: str,
+    known: dict[bytes, Need] | None = None,
+) -> Rollup:
+    """Validate and convert one roll-up received on ``session_cluster``'s session.
+
+    ``known`` maps the wire bytes of the needs of the session's previous
+    roll-up to their converted values. A need sent again unchanged (most of
+    them, every ten seconds) is then reused instead of converted again; the
+    engine also recognises a reused value at once. The map is replaced, in
+    place, by this roll-up's needs — so it never holds more than one roll-up.
+    """
     if msg.cluster_id and msg.cluster_id != session_cluster:
         raise InvalidRollup(
             "cluster_id", f"{msg.cluster_id!r} does not match the session's {session_cluster!r}"
@@ -150,8 +182,23 @@ def rollup_from_wire(msg: capacity_pb2.ClusterCapacityNeeds, *, session_cluster:
         raise InvalidRollup("timestamp_unix_nanos", "must not be negative")
     if len(msg.needs) > _MAX_NEEDS:
         raise InvalidRollup("needs", f"{len(msg.needs)} needs exceed the limit of {_MAX_NEEDS}")
-    needs = tuple(_need(n, f"needs[{i}]") for i, n in enumerate(msg.needs))
+    if known is None:
+        needs = tuple(_need(n, i) for i, n in enumerate(msg.needs))
+    else:
+        current: dict[bytes, Need] = {}
+        converted = []
+        for i, n in enumerate(msg.needs):
+            wire = n.SerializeToString(deterministic=True)
+            need = known.get(wire)
+            if need is None:
+                need = _need(n, i)
+            current[wire] = need
+            converted.append(need)
+        needs = tuple(converted)
     release = _release(msg.release.machine_ids) if msg.HasField("release") else None
+    if known is not None:
+        known.clear()
+        known.update(current)
     return Rollup(session_cluster, msg.timestamp_unix_nanos, needs, release=release)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from bigfleet.shard.sessions import SessionLimits
 from shard_engine.engine import EngineConfig
 from workflows.contracts import Deadlines, PollPolicy, default_deadline_overrides
 
@@ -36,6 +37,10 @@ class ShardOptions:
     report_interval_s: float = 30.0
     # No coordinator instruction may move more than this share of our machines.
     max_instruction_share: float = 0.05
+    # When the Session port sheds load (RESOURCE_EXHAUSTED with a retry hint).
+    session_limits: SessionLimits = field(default_factory=SessionLimits)
+    # Staged roll-ups are applied in slices of at most this long, between other work.
+    apply_slice_s: float = 0.002
 
     @property
     def task_queue(self) -> str:

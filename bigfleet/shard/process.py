@@ -2,8 +2,9 @@
 
     lease loop     LeaseKeeper renews every ttl/3   -> the epoch on every fencing token
     observe loop   ProviderObserver lists providers -> engine.upsert_machine, NodeView
-    sessions       operator roll-ups                -> engine.apply_rollup (this class is
-                                                       the sessions' RollupSink)
+    sessions       operator roll-ups, on their own  -> Intake (this class is the
+                   thread (server.IngestServer)        sessions' RollupSink), acked at once
+    apply loop     Intake, a few ms at a time        -> engine.apply_rollup
     cycle loop     engine.cycle -> Executor          -> workflows on task queue shard-<id>
     report loop    CoordinatorReporter              -> signal to the coordinator
     worker         activities (ShardActivityContext, CrossShardTransfers, ShardMembership)
@@ -24,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
 
-import grpc
+from prometheus_client import Counter
 from temporalio.client import Client
 from temporalio.worker import Worker
 
@@ -32,14 +33,21 @@ from activities.context import ProviderCalls
 from activities.registry import shard_activities
 from bigfleet.identity import KeyPairSource
 from bigfleet.shard.executor import claim_running
+from bigfleet.shard.intake import Intake
 from bigfleet.shard.options import ShardOptions, task_queue
 from bigfleet.shard.parts import assemble
-from bigfleet.shard.server import serve_sessions
+from bigfleet.shard.server import IngestOptions, IngestServer
 from bigfleet.store import Store
 from shard_engine.model import Rollup
 from workflows.registry import ALL_WORKFLOWS, workflow_runner
 
 log = logging.getLogger(__name__)
+
+ROLLUPS = Counter(
+    "bigfleet_shard_rollups_total",
+    "Acknowledged roll-ups by the engine's verdict (applied, stale, quarantined, rejected)",
+    ["outcome"],
+)
 
 __all__ = ["ShardOptions", "ShardProcess", "task_queue"]
 
@@ -67,7 +75,10 @@ class ShardProcess:
         self.cycles = 0
         self.last_plan_actions = 0
         self._tasks: list[asyncio.Task[None]] = []
-        self._server: grpc.aio.Server | None = None
+        self._server: IngestServer | None = None
+        # Roll-ups acknowledged on the sessions thread, applied on this loop (intake.py).
+        self.intake = Intake()
+        self._staged = asyncio.Event()
         self._worker: Worker | None = None
         self._stopping = False
         self.parts = assemble(
@@ -127,9 +138,14 @@ class ShardProcess:
             owned=self.owned,
             clock=self.clock,
         )
-        self._server, self.address = await serve_sessions(
-            self.hub, self, self.options.listen, tls=self.tls
+        # The Session port runs on its own thread: acks never wait for the cycle.
+        self._server = IngestServer(
+            self.hub,
+            self,
+            IngestOptions(listen=self.options.listen, limits=self.options.session_limits),
+            tls=self.tls,
         )
+        self.address = await self._server.start()
         # Where a moved cluster's operator is sent: the lease row carries our address.
         await self.lease.publish_address(self.address)
         self._worker = Worker(
@@ -150,6 +166,7 @@ class ShardProcess:
             asyncio.create_task(self.lease.keep(self._after_retake), name="lease"),
             self._every(self.options.observe_interval_s, self._observe, name="observe"),
             self._every(self.options.cycle_interval_s, self._cycle, name="cycle"),
+            asyncio.create_task(self._apply_loop(), name="apply-rollups"),
             self._every(self.options.report_interval_s, self._report, name="report"),
         ]
         log.info(
@@ -174,7 +191,6 @@ class ShardProcess:
         if self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._tasks[0]
-        self.hub.close_all()
         if self._server is not None:
             await self._server.stop(grace=1.0)
         await self.lease.release()
@@ -221,6 +237,7 @@ class ShardProcess:
         """
         if not self.active:
             return 0
+        self.apply_staged()  # every roll-up acknowledged so far counts in this cycle
         plan = self.engine.cycle(now=self.clock())
         self.cycles += 1
         self.last_plan_actions = len(plan.actions)
@@ -254,14 +271,61 @@ class ShardProcess:
         await self.parts.membership.adopt_bound(cluster_id)
 
     def apply_rollup(self, rollup: Rollup) -> str:
+        """Stage a validated roll-up for the engine (called on the sessions thread).
+
+        The acknowledgement does not wait for the engine: the roll-up is
+        applied within milliseconds by ``_apply_loop``, and in any case before
+        the next cycle (ADR 0066). The engine's verdict is logged and counted.
+        """
         deferred = self.parts.membership.deferral(rollup.cluster_id)
         if deferred:
             return f"rollup-deferred: {deferred}"
-        result = self.engine.apply_rollup(rollup, now=self.clock())
+        return self.intake.offer(rollup)
+
+    def _apply(self, rollup: Rollup) -> None:
+        """Apply one staged roll-up to the engine (on the shard's loop)."""
+        if self.parts.membership.deferral(rollup.cluster_id):
+            return  # the cluster started leaving after the ack; its needs go with it
+        try:
+            result = self.engine.apply_rollup(rollup, now=self.clock())
+        except ValueError as err:
+            ROLLUPS.labels("rejected").inc()
+            log.warning("cluster %s: roll-up refused by the engine: %s", rollup.cluster_id, err)
+            return
+        ROLLUPS.labels(result.status).inc()
         if result.status == "applied":
             self.parts.needs.remember(rollup)
-            return "rollup"
-        return f"rollup-{result.status}" + (f": {result.detail}" if result.detail else "")
+        elif result.status == "quarantined":
+            log.info("cluster %s: roll-up quarantined: %s", rollup.cluster_id, result.detail)
+
+    def apply_staged(self) -> int:
+        """Apply every staged roll-up now (before a cycle). Returns how many."""
+        staged = self.intake.take_all()
+        for rollup in staged:
+            self._apply(rollup)
+        return len(staged)
+
+    async def _apply_loop(self) -> None:
+        """Apply staged roll-ups as they come, a few milliseconds at a time."""
+        loop = asyncio.get_running_loop()
+
+        def ready() -> None:
+            loop.call_soon_threadsafe(self._staged.set)
+
+        self.intake.set_on_ready(ready)
+        budget = self.options.apply_slice_s
+        while True:
+            await self._staged.wait()
+            self._staged.clear()
+            while len(self.intake):
+                deadline = time.monotonic() + budget
+                while time.monotonic() < deadline:
+                    batch = self.intake.take(16)
+                    if not batch:
+                        break
+                    for rollup in batch:
+                        self._apply(rollup)
+                await asyncio.sleep(0)
 
     def ack_fields(self) -> tuple[int, int]:
         return 0, self.epoch

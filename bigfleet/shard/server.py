@@ -1,6 +1,38 @@
-"""The shard's gRPC server: ``bigfleet.v1alpha1.Shard/Session``, health and reflection."""
+"""The shard's gRPC server (``Shard/Session``, health, reflection) on its own thread.
+
+It runs on its own event loop so that acknowledgements never wait for the cycle.
+
+    sessions thread (its own asyncio loop)           shard loop (everything else)
+    ─────────────────────────────────────           ──────────────────────────────
+    grpc.aio server: Shard, Health, Reflection
+    Hello ── admit_cluster ─────────────────────▶   store.assign_cluster (awaited there)
+    roll-up ── validate ── Intake.offer ── ack
+                                  └─ staged ────▶   apply in slices of a few ms
+    outbox ◀── hub.send / bootstrap requests ───    node updates, activities
+                                                     decision cycle (may take 100s of ms)
+
+The decision cycle and the engine stay on the shard's loop, untouched by
+this thread (no locks around the engine). Python's GIL still serialises the
+two threads, but it is handed over every few milliseconds
+(``sys.getswitchinterval``), so a long cycle delays an ack by a slice, not
+by the whole cycle (ADR 0066).
+
+Keepalives: the server pings an idle connection every ``keepalive_s`` and
+drops it when the ping is not answered within ``keepalive_timeout_s``, so a
+dead operator's session ends (and its bootstrap waiters fail over) within
+about ``keepalive_s + keepalive_timeout_s``.
+"""
 
 from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -8,32 +40,170 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from bigfleet.identity import KeyPairSource, server_credentials
-from bigfleet.shard.sessions import RollupSink, SessionHub, ShardServicer
+from bigfleet.shard.sessions import RollupSink, SessionHub, SessionLimits, ShardServicer
 from bigfleet.v1alpha1 import shard_pb2, shard_pb2_grpc
+from shard_engine.model import Rollup
 
-__all__ = ["serve_sessions"]
+log = logging.getLogger(__name__)
+
+__all__ = ["IngestOptions", "IngestServer", "LoopLag"]
 
 
-async def serve_sessions(
-    hub: SessionHub, sink: RollupSink, listen: str, *, tls: KeyPairSource | None = None
-) -> tuple[grpc.aio.Server, str]:
-    """Start serving operator sessions on ``listen`` (port 0: any free port).
+@dataclass(frozen=True)
+class IngestOptions:
+    """The Session port's transport settings."""
 
-    With ``tls`` the port requires mutual TLS (see ``bigfleet.identity``).
-    Returns the running server and the ``host:port`` it listens on.
+    listen: str = "127.0.0.1:0"
+    limits: SessionLimits = field(default_factory=SessionLimits)
+    keepalive_s: float = 30.0
+    keepalive_timeout_s: float = 10.0
+    # Operators may ping this often (a Go operator pings every 30 s by default).
+    min_client_ping_s: float = 10.0
+
+    def server_options(self) -> list[tuple[str, Any]]:
+        return [
+            ("grpc.keepalive_time_ms", int(self.keepalive_s * 1000)),
+            ("grpc.keepalive_timeout_ms", int(self.keepalive_timeout_s * 1000)),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", int(self.min_client_ping_s * 1000)),
+            ("grpc.http2.max_pings_without_data", 0),
+            # No bandwidth-delay probing: flow-control windows stay at their small
+            # defaults, which keeps an idle session's buffers small.
+            ("grpc.http2.bdp_probe", 0),
+            ("grpc.max_receive_message_length", 16 * 1024 * 1024),
+            ("grpc.so_reuseport", 0),
+        ]
+
+
+class LoopLag:
+    """How far an event loop runs behind, smoothed: sampled every ``interval_s``."""
+
+    def __init__(self, interval_s: float = 0.01) -> None:
+        self.interval_s = interval_s
+        self.value = 0.0
+        self.worst = 0.0
+
+    async def run(self) -> None:
+        while True:
+            started = time.monotonic()
+            await asyncio.sleep(self.interval_s)
+            late = max(0.0, time.monotonic() - started - self.interval_s)
+            self.worst = max(self.worst, late)
+            # A single stall counts a little; a sustained one converges to its size.
+            self.value = 0.7 * self.value + 0.3 * late
+
+    def __call__(self) -> float:
+        return self.value
+
+
+class _Bridge:
+    """The shard's RollupSink, as seen from the sessions thread.
+
+    ``admit_cluster`` runs on the shard's loop (it uses the store) and is
+    awaited from here; ``apply_rollup`` and ``ack_fields`` are thread-safe by
+    contract and called directly.
     """
-    server = grpc.aio.server()
-    shard_pb2_grpc.add_ShardServicer_to_server(ShardServicer(hub, sink), server)
-    health = HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    await health.set("bigfleet.v1alpha1.Shard", health_pb2.HealthCheckResponse.SERVING)
-    reflection.enable_server_reflection(
-        (shard_pb2.DESCRIPTOR.services_by_name["Shard"].full_name, reflection.SERVICE_NAME),
-        server,
-    )
-    if tls is None:
-        port = server.add_insecure_port(listen)
-    else:
-        port = server.add_secure_port(listen, server_credentials(tls))
-    await server.start()
-    return server, f"{listen.rsplit(':', 1)[0]}:{port}"
+
+    def __init__(self, sink: RollupSink, loop: asyncio.AbstractEventLoop) -> None:
+        self._sink = sink
+        self._loop = loop
+
+    async def admit_cluster(self, cluster_id: str) -> None:
+        done = asyncio.run_coroutine_threadsafe(self._sink.admit_cluster(cluster_id), self._loop)
+        await asyncio.wrap_future(done)
+
+    def apply_rollup(self, rollup: Rollup) -> str:
+        return self._sink.apply_rollup(rollup)
+
+    def ack_fields(self) -> tuple[int, int]:
+        return self._sink.ack_fields()
+
+
+class IngestServer:
+    """Serves ``bigfleet.v1alpha1.Shard`` (with health and reflection) on its own thread."""
+
+    def __init__(
+        self,
+        hub: SessionHub,
+        sink: RollupSink,
+        options: IngestOptions,
+        *,
+        tls: KeyPairSource | None = None,
+    ) -> None:
+        self.hub = hub
+        self.options = options
+        self.tls = tls
+        self.lag = LoopLag()
+        self.address = ""
+        self._sink = sink
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._grace = 1.0
+
+    async def start(self) -> str:
+        """Start the thread and its server; returns ``host:port`` once it listens."""
+        ready: concurrent.futures.Future[str] = concurrent.futures.Future()
+        bridge = _Bridge(self._sink, asyncio.get_running_loop())
+        self._thread = threading.Thread(
+            target=self._run, args=(bridge, ready), name="shard-sessions", daemon=True
+        )
+        self._thread.start()
+        self.address = await asyncio.wrap_future(ready)
+        return self.address
+
+    def _run(self, bridge: _Bridge, ready: concurrent.futures.Future[str]) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._serve(bridge, ready))
+        except BaseException as err:  # surface start-up failures to start()
+            if not ready.done():
+                ready.set_exception(err)
+            else:
+                log.exception("the sessions thread failed")
+        finally:
+            with contextlib.suppress(Exception):
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+    async def _serve(self, bridge: _Bridge, ready: concurrent.futures.Future[str]) -> None:
+        self._stop = asyncio.Event()
+        self.hub.bind(asyncio.get_running_loop())
+        server = grpc.aio.server(options=self.options.server_options())
+        servicer = ShardServicer(self.hub, bridge, limits=self.options.limits, lag=self.lag)
+        shard_pb2_grpc.add_ShardServicer_to_server(servicer, server)
+        health = HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        reflection.enable_server_reflection(
+            (shard_pb2.DESCRIPTOR.services_by_name["Shard"].full_name, reflection.SERVICE_NAME),
+            server,
+        )
+        listen = self.options.listen
+        if self.tls is None:
+            port = server.add_insecure_port(listen)
+        else:
+            port = server.add_secure_port(listen, server_credentials(self.tls))
+        if port == 0:
+            raise OSError(f"cannot listen on {listen}")
+        await server.start()
+        await health.set("bigfleet.v1alpha1.Shard", health_pb2.HealthCheckResponse.SERVING)
+        sampler = asyncio.create_task(self.lag.run(), name="session-loop-lag")
+        ready.set_result(f"{listen.rsplit(':', 1)[0]}:{port}")
+        try:
+            await self._stop.wait()
+        finally:
+            sampler.cancel()
+            self.hub.close_all()
+            await server.stop(self._grace)
+
+    async def stop(self, grace: float = 1.0) -> None:
+        """Close every session and stop serving (in-flight calls get ``grace`` seconds)."""
+        if self._thread is None:
+            return
+        self._grace = grace
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(stop.set)
+        await asyncio.to_thread(self._thread.join, grace + 10.0)
+        self._thread = None

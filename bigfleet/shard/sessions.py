@@ -4,6 +4,15 @@ One :class:`OperatorSession` per connected cluster. The servicer is thin: it che
 the Hello, converts roll-ups at the edge and hands them to a
 :class:`RollupSink`; the :class:`SessionHub` lets the rest of the shard send
 frames to a cluster (node state updates) and pull bootstrap blobs from it.
+
+The sessions may run on their own thread and event loop (``bigfleet.shard.server``)
+while the rest of the shard runs on another: the hub's methods can be called
+from either thread, and hand work to the sessions' loop when needed.
+
+Overload is explicit: a Hello beyond ``max_sessions``, a session whose operator
+stops reading its acknowledgements, and a roll-up arriving while the sessions'
+loop is behind by more than ``shed_lag_s`` end with RESOURCE_EXHAUSTED and a
+retry hint (trailing metadata ``bigfleet-retry-after-ms``, and in the message).
 """
 
 from __future__ import annotations
@@ -11,18 +20,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import secrets
+import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
-from typing import Protocol
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import grpc
+from prometheus_client import Counter
 
 from activities.context import BootstrapBlob
 from bigfleet.identity import Guard, Role
 from bigfleet.shard.convert import InvalidRollup, requirements_to_wire, rollup_from_wire
 from bigfleet.v1alpha1 import shard_pb2, shard_pb2_grpc
-from shard_engine.model import Rollup
+from shard_engine.model import Need, Rollup
 from workflows.contracts import RequirementSpec
 
 log = logging.getLogger(__name__)
@@ -31,6 +44,7 @@ SESSION_EXTENSIONS = ("release",)
 """Wire extensions this shard honours, listed on the Hello acknowledgement (ADR 0070)."""
 
 __all__ = [
+    "RETRY_AFTER_KEY",
     "SESSION_EXTENSIONS",
     "SHARD_SERVICE",
     "ClusterElsewhere",
@@ -38,6 +52,7 @@ __all__ = [
     "Outbox",
     "RollupSink",
     "SessionHub",
+    "SessionLimits",
     "SessionUnavailable",
     "ShardServicer",
 ]
@@ -125,30 +140,79 @@ class OperatorSession:
         self.cluster_id = cluster_id
         self.protocol_version = protocol_version
         self.outbox = Outbox()
-        self.pending: dict[str, asyncio.Future[BootstrapBlob]] = {}
+        # Bootstrap requests waiting for an answer, with the loop each waiter runs on.
+        self.pending: dict[
+            str, tuple[asyncio.Future[BootstrapBlob], asyncio.AbstractEventLoop]
+        ] = {}
         # Set when the cluster moved away: the stream ends with this error.
         self.evicted: ClusterElsewhere | None = None
+        # The previous roll-up's needs by wire bytes (see convert.rollup_from_wire).
+        self.known: dict[bytes, Need] = {}
+        # Set when the session is shed: (reason, detail); it ends with RESOURCE_EXHAUSTED.
+        self.shed: tuple[str, str] | None = None
 
     def resolve_bootstrap(self, resp: shard_pb2.BootstrapBlobResponse) -> bool:
-        fut = self.pending.pop(resp.request_id, None)
-        if fut is None or fut.done():
+        waiting = self.pending.pop(resp.request_id, None)
+        if waiting is None:
             return False
-        fut.set_result(BootstrapBlob(bytes(resp.user_data), int(resp.ttl_seconds), resp.error))
+        blob = BootstrapBlob(bytes(resp.user_data), int(resp.ttl_seconds), resp.error)
+        _settle(waiting, result=blob)
         return True
 
     def close(self) -> None:
         self.outbox.close()
-        for fut in self.pending.values():
-            if not fut.done():
-                fut.set_exception(SessionUnavailable(f"session of {self.cluster_id} closed"))
+        for waiting in list(self.pending.values()):
+            _settle(waiting, error=SessionUnavailable(f"session of {self.cluster_id} closed"))
         self.pending.clear()
 
 
+def _settle(
+    waiting: tuple[asyncio.Future[BootstrapBlob], asyncio.AbstractEventLoop],
+    *,
+    result: BootstrapBlob | None = None,
+    error: BaseException | None = None,
+) -> None:
+    """Complete a waiter on its own loop, whichever thread we are on."""
+    fut, loop = waiting
+
+    def settle() -> None:
+        if fut.done():
+            return
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(result)  # type: ignore[arg-type]
+
+    if loop.is_closed():
+        return
+    loop.call_soon_threadsafe(settle)
+
+
 class SessionHub:
-    """All open sessions of this shard, by cluster."""
+    """All open sessions of this shard, by cluster.
+
+    The sessions live on one event loop (``bind``); every method may be
+    called from any thread, and what must run on the sessions' loop is handed
+    to it.
+    """
 
     def __init__(self) -> None:
         self._sessions: dict[str, OperatorSession] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: int | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The loop (and its thread) the sessions run on; call from that thread."""
+        self._loop, self._thread = loop, threading.get_ident()
+
+    def _on_loop(self, fn: Callable[..., Any], *args: Any) -> None:
+        if self._loop is None or self._thread == threading.get_ident():
+            fn(*args)
+        elif not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(fn, *args)
+
+    def __len__(self) -> int:
+        return len(self._sessions)
 
     def open(self, cluster_id: str, protocol_version: str) -> OperatorSession:
         """Register a new session; a newer session for the same cluster replaces the old one."""
@@ -171,12 +235,12 @@ class SessionHub:
         if session is None:
             return False
         session.evicted = reason
-        self.close(session)
+        self._on_loop(self.close, session)
         return True
 
     def close_all(self) -> None:
         for session in list(self._sessions.values()):
-            self.close(session)
+            self._on_loop(self.close, session)
 
     def clusters(self) -> list[str]:
         return sorted(self._sessions)
@@ -190,7 +254,7 @@ class SessionHub:
         session = self._sessions.get(cluster_id)
         if session is None:
             return False
-        session.outbox.put(frame, key)
+        self._on_loop(session.outbox.put, frame, key)
         return True
 
     async def request_bootstrap(
@@ -201,16 +265,18 @@ class SessionHub:
         if session is None:
             raise SessionUnavailable(f"no session is open for cluster {cluster_id!r}")
         request_id = secrets.token_hex(12)
-        fut: asyncio.Future[BootstrapBlob] = asyncio.get_running_loop().create_future()
-        session.pending[request_id] = fut
-        session.outbox.put(
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[BootstrapBlob] = loop.create_future()
+        session.pending[request_id] = (fut, loop)
+        self._on_loop(
+            session.outbox.put,
             shard_pb2.ShardMessage(
                 bootstrap_request=shard_pb2.BootstrapRequest(
                     request_id=request_id,
                     requirements=requirements_to_wire(requirements),
                     cluster_id=cluster_id,
                 )
-            )
+            ),
         )
         try:
             async with asyncio.timeout(wait_seconds):
@@ -226,6 +292,33 @@ class SessionHub:
 
 SHARD_SERVICE = "bigfleet.v1alpha1.Shard"
 
+#: Trailing metadata key of the retry hint sent with RESOURCE_EXHAUSTED.
+RETRY_AFTER_KEY = "bigfleet-retry-after-ms"
+
+SHED = Counter(
+    "bigfleet_session_shed_total",
+    "Sessions refused or ended with RESOURCE_EXHAUSTED, by reason",
+    ["reason"],
+)
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    """When the shard says RESOURCE_EXHAUSTED instead of taking more."""
+
+    # Open sessions at most; a Hello beyond is refused.
+    max_sessions: int = 25_000
+    # Frames queued for one operator that it has not read; beyond, its session ends.
+    max_outbox: int = 1_000
+    # The sessions' loop running this far behind sheds new Hellos and arriving roll-ups.
+    shed_lag_s: float = 0.5
+    # The retry hint: a random delay in this range (spreads the reconnections out).
+    retry_after_s: tuple[float, float] = (2.0, 10.0)
+
+    def retry_after_ms(self) -> int:
+        low, high = self.retry_after_s
+        return int(1000 * random.uniform(low, high))
+
 
 class ShardServicer(shard_pb2_grpc.ShardServicer):
     """``Shard/Session``: Hello first, then roll-ups, bootstrap answers and reclaim acks.
@@ -236,10 +329,29 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
     anything else ends with PERMISSION_DENIED before the session opens.
     """
 
-    def __init__(self, hub: SessionHub, sink: RollupSink) -> None:
+    def __init__(
+        self,
+        hub: SessionHub,
+        sink: RollupSink,
+        *,
+        limits: SessionLimits | None = None,
+        lag: Callable[[], float] = lambda: 0.0,
+    ) -> None:
         self._hub = hub
         self._sink = sink
         self._guard = Guard(SHARD_SERVICE)
+        self._limits = limits or SessionLimits()
+        # How far the sessions' event loop runs behind, in seconds (see server.LoopLag).
+        self._lag = lag
+
+    async def _shed(self, context: Any, reason: str, detail: str) -> None:
+        """End the call with RESOURCE_EXHAUSTED and a retry hint."""
+        SHED.labels(reason).inc()
+        retry_ms = self._limits.retry_after_ms()
+        context.set_trailing_metadata(((RETRY_AFTER_KEY, str(retry_ms)),))
+        await context.abort(
+            grpc.StatusCode.RESOURCE_EXHAUSTED, f"{detail}; retry after {retry_ms} ms"
+        )
 
     def _ack(self, echo: str, *, extensions: Sequence[str] = ()) -> shard_pb2.ShardMessage:
         term, epoch = self._sink.ack_fields()
@@ -266,6 +378,12 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
             )
         cluster_id = first.hello.cluster_id
         await self._guard.authorize(context, {Role.CLUSTER}, name=cluster_id)
+        if len(self._hub) >= self._limits.max_sessions:
+            await self._shed(
+                context, "sessions", f"this shard holds {len(self._hub)} sessions, its limit"
+            )
+        if self._lag() > self._limits.shed_lag_s:
+            await self._shed(context, "overload", "this shard is overloaded")
         try:
             await self._sink.admit_cluster(cluster_id)
         except PermissionError as err:
@@ -273,7 +391,7 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
                 context.set_trailing_metadata(err.trailing_metadata())
             await context.abort(grpc.StatusCode.ABORTED, str(err))
         session = self._hub.open(cluster_id, first.hello.protocol_version)
-        log.info("session opened for cluster %s", cluster_id)
+        log.debug("session opened for cluster %s", cluster_id)
         session.outbox.put(self._ack("hello", extensions=SESSION_EXTENSIONS))
         reader = asyncio.create_task(self._read(session, request_iterator))
         try:
@@ -285,12 +403,14 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
             if session.evicted is not None:
                 context.set_trailing_metadata(session.evicted.trailing_metadata())
                 await context.abort(grpc.StatusCode.ABORTED, str(session.evicted))
+            if session.shed is not None:
+                await self._shed(context, *session.shed)
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
             self._hub.close(session)
-            log.info("session closed for cluster %s", cluster_id)
+            log.debug("session closed for cluster %s", cluster_id)
 
     async def _read(
         self, session: OperatorSession, request_iterator: AsyncIterator[shard_pb2.OperatorMessage]
@@ -299,6 +419,15 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
             async for msg in request_iterator:
                 kind = msg.WhichOneof("payload")
                 if kind == "rollup":
+                    if self._lag() > self._limits.shed_lag_s:
+                        session.shed = ("overload", "this shard is overloaded")
+                        break
+                    if len(session.outbox) >= self._limits.max_outbox:
+                        session.shed = (
+                            "slow-reader",
+                            f"{len(session.outbox)} frames are waiting to be read",
+                        )
+                        break
                     session.outbox.put(self._ack(self._rollup(session, msg)))
                 elif kind == "bootstrap_response":
                     if not session.resolve_bootstrap(msg.bootstrap_response):
@@ -323,7 +452,9 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
 
     def _rollup(self, session: OperatorSession, msg: shard_pb2.OperatorMessage) -> str:
         try:
-            rollup = rollup_from_wire(msg.rollup, session_cluster=session.cluster_id)
+            rollup = rollup_from_wire(
+                msg.rollup, session_cluster=session.cluster_id, known=session.known
+            )
         except InvalidRollup as err:
             log.warning("cluster %s: roll-up rejected: %s", session.cluster_id, err)
             return f"rollup-rejected: {err}"

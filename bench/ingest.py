@@ -1,0 +1,737 @@
+"""Roll-up ingestion at fleet rate: one real shard process, load from other processes.
+
+``python -m bench ingest [--scenarios closed,open,cadence,sessions,overload] [--seconds S]``
+
+    Temporal dev server (from its wheel) · PostgreSQL (the machine's, or embedded)
+    simulated cloud, in this process, with little quota (so needs stay unmet)
+    the shard under test: a real ShardProcess in its own process (``bigfleet shard``'s code)
+    load generators: their own processes, each holding many Shard/Session streams
+
+Scenarios (each on a fresh shard process):
+
+- ``closed``: S sessions send a changed 20-need roll-up (~1.8 KB), wait for
+  its ack, and send the next: the rate the shard sustains.
+- ``open``: roll-ups offered at a fixed rate whatever the answers; latency
+  is measured from the scheduled send time (no coordinated omission).
+- ``cadence``: C clusters, each one roll-up every 10 s (the paper's
+  cadence), 5 needs each that the inventory cannot meet, so every cycle
+  works over C x 5 unmet needs.
+- ``sessions``: N idle sessions opened at once; refusals and the shard's
+  resident memory per session (RSS delta / N).
+- ``overload``: an open loop far above what the shard can take: shed
+  count (RESOURCE_EXHAUSTED) and the shard's memory.
+
+Prints JSON lines ``{"bench": "ingest", "scenario", "metric", "value", "unit", ...}``
+and ``loadavg`` (``/proc/loadavg``) on each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import atexit
+import contextlib
+import json
+import os
+import random
+import secrets
+import signal
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from bigfleet.v1alpha1 import capacity_pb2, shard_pb2
+
+# ------------------------------------------------------------------ load side
+
+ZONES = ("us-east-1a", "us-east-1b", "us-east-1c")
+
+
+def make_rollup(cluster_id: str, needs: int, *, seq: int, unmet: bool) -> bytes:
+    """A serialized roll-up of ``needs`` needs (20 needs: about 2 KB).
+
+    Consecutive ``seq`` values differ in exactly one need's size: a changed
+    roll-up, as when one workload scales. ``unmet`` asks for far more than
+    the benchmark's small inventory holds.
+    """
+    msg = capacity_pb2.ClusterCapacityNeeds(cluster_id=cluster_id, timestamp_unix_nanos=seq)
+    for i in range(needs):
+        cpu = (400 if unmet else 4) + ((seq - i) // max(1, needs)) % 7
+        msg.needs.append(
+            capacity_pb2.CapacityNeed(
+                aggregate_resources={"cpu": str(cpu), "memory": f"{cpu * 4}Gi"},
+                min_unit={"cpu": "2", "memory": "8Gi"},
+                priority=100_000 + (i % 5) * 100_000,
+                requirements=[
+                    capacity_pb2.NodeSelectorRequirement(
+                        key="topology.kubernetes.io/zone",
+                        operator=capacity_pb2.NodeSelectorRequirement.OPERATOR_IN,
+                        values=[ZONES[i % 3]],
+                    )
+                ],
+            )
+        )
+    return bytes(msg.SerializeToString())
+
+
+@dataclass
+class LoadResult:
+    """What one load process saw."""
+
+    opened: int = 0
+    refused: dict[str, int] = field(default_factory=dict)
+    sent: int = 0
+    acked: int = 0
+    shed: int = 0
+    latencies_ms: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+_PLACEHOLDER_TS = 1 << 62  # encodes in 9 varint bytes, as every time.time_ns() until 2262
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+class Frames:
+    """Pre-serialized OperatorMessage frames whose timestamp is patched in per send."""
+
+    def __init__(self, cluster_id: str, needs: int, ring: int, *, unmet: bool) -> None:
+        self.frames: list[tuple[bytes, bytes]] = []
+        marker = _varint(_PLACEHOLDER_TS)
+        for k in range(ring):
+            rollup = capacity_pb2.ClusterCapacityNeeds.FromString(
+                make_rollup(cluster_id, needs, seq=k + 1, unmet=unmet)
+            )
+            rollup.timestamp_unix_nanos = _PLACEHOLDER_TS
+            wire = shard_pb2.OperatorMessage(rollup=rollup).SerializeToString()
+            head, found, tail = wire.partition(marker)
+            assert found, "the timestamp placeholder was not found"
+            self.frames.append((head, tail))
+        self.next = 0
+
+    def take(self) -> bytes:
+        head, tail = self.frames[self.next % len(self.frames)]
+        self.next += 1
+        return head + _varint(time.time_ns()) + tail
+
+
+SESSION_METHOD = "/bigfleet.v1alpha1.Shard/Session"
+
+
+class Session:
+    """One cluster's stream: Hello, then roll-ups; acks matched in order."""
+
+    def __init__(self, channel: grpc.aio.Channel, cluster_id: str) -> None:
+        self.cluster_id = cluster_id
+        method = channel.stream_stream(
+            SESSION_METHOD,
+            request_serializer=None,
+            response_deserializer=shard_pb2.ShardMessage.FromString,
+        )
+        self.call: Any = method()  # type: ignore[call-arg]  # write()/read() streaming
+        self.waiting: list[float] = []  # scheduled send times, oldest first
+        self.answered = asyncio.Event()
+        self.open = False
+        self.frames: Frames | None = None
+
+    async def hello(self) -> str:
+        """'' when open, else the status code name."""
+        hello = shard_pb2.OperatorMessage(hello=shard_pb2.Hello(cluster_id=self.cluster_id))
+        try:
+            await self.call.write(hello.SerializeToString())
+            frame = await self.call.read()
+        except grpc.aio.AioRpcError as err:
+            return str(err.code().name)
+        if frame is grpc.aio.EOF:  # type: ignore[attr-defined]
+            return "EOF"
+        self.open = True
+        return ""
+
+    async def writer(self, queue: asyncio.Queue[float]) -> None:
+        """Write each scheduled roll-up in turn (the schedule never waits for a write)."""
+        while self.open:
+            await self.send(await queue.get())
+
+    async def send(self, scheduled: float) -> None:
+        assert self.frames is not None
+        self.waiting.append(scheduled)
+        with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError):
+            await self.call.write(self.frames.take())
+
+    async def read_acks(self, result: LoadResult, until: float) -> None:
+        """Match acks to sends until the stream ends or ``until`` passes."""
+        try:
+            while True:
+                frame = await self.call.read()
+                if frame is grpc.aio.EOF:  # type: ignore[attr-defined]
+                    return
+                if frame.WhichOneof("payload") != "ack" or not frame.ack.echo.startswith("rollup"):
+                    continue
+                now = time.monotonic()
+                if self.waiting:
+                    sent = self.waiting.pop(0)
+                    if now <= until + 5:
+                        result.acked += 1
+                        result.latencies_ms.append((now - sent) * 1000)
+                self.answered.set()
+        except grpc.aio.AioRpcError as err:
+            if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                result.shed += 1
+            elif err.code() != grpc.StatusCode.CANCELLED:
+                name = str(err.code().name)
+                result.refused[name] = result.refused.get(name, 0) + 1
+        finally:
+            self.open = False
+            self.answered.set()
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.call.done_writing()
+        self.call.cancel()
+
+
+async def run_load(args: argparse.Namespace) -> LoadResult:
+    """One load process: ``--sessions`` streams over ``--connections`` channels."""
+    result = LoadResult()
+    channels = [
+        grpc.aio.insecure_channel(args.address, options=[("grpc.use_local_subchannel_pool", 1)])
+        for _ in range(max(1, args.connections))
+    ]
+    sessions = [
+        Session(channels[i % len(channels)], f"{args.prefix}-{i}") for i in range(args.sessions)
+    ]
+    outcomes = await asyncio.gather(*(s.hello() for s in sessions))
+    for code in outcomes:
+        if code:
+            result.refused[code] = result.refused.get(code, 0) + 1
+    live = [s for s, code in zip(sessions, outcomes, strict=True) if not code]
+    result.opened = len(live)
+    print(json.dumps({"opened": len(live)}), flush=True)
+    ring = max(1, args.needs)
+    if args.mode != "idle":
+        for s in live:
+            s.frames = Frames(s.cluster_id, args.needs, ring, unmet=args.unmet)
+    start = time.monotonic() + args.delay
+    until = start + args.seconds
+    await asyncio.sleep(max(0.0, start - time.monotonic()))
+    readers = [asyncio.create_task(s.read_acks(result, until)) for s in live]
+
+    if args.mode == "closed":
+
+        async def loop(s: Session) -> None:
+            while time.monotonic() < until and s.open:
+                s.answered.clear()
+                await s.send(time.monotonic())
+                result.sent += 1
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(s.answered.wait(), timeout=30)
+
+        await asyncio.gather(*(loop(s) for s in live))
+    elif args.mode in ("open", "cadence"):
+        # Each session sends every `period` seconds, phases spread evenly.
+        period = args.period if args.mode == "cadence" else len(live) / max(args.rate, 1e-9)
+        schedule = sorted((start + period * (i / max(1, len(live))), i) for i in range(len(live)))
+        pending = [(t, i) for t, i in schedule]
+        queues: list[asyncio.Queue[float]] = [asyncio.Queue() for _ in live]
+        writers = [asyncio.create_task(s.writer(q)) for s, q in zip(live, queues, strict=True)]
+        while pending:
+            due, i = pending[0]
+            now = time.monotonic()
+            if due > until:
+                break
+            if due > now:
+                await asyncio.sleep(min(due - now, 0.002))
+                continue
+            pending.pop(0)
+            s = live[i]
+            if s.open:
+                queues[i].put_nowait(due)
+                result.sent += 1
+                nxt = due + period
+                # keep the list sorted: the next slot of this session goes to the end
+                pending.append((nxt, i))
+        for w in writers:
+            w.cancel()
+    else:  # idle: hold the sessions open
+        await asyncio.sleep(max(0.0, until - time.monotonic()))
+    await asyncio.sleep(1.0 if args.mode != "idle" else 0)
+    result.seconds = args.seconds
+    for s in live:
+        await s.close()
+    for r in readers:
+        r.cancel()
+    await asyncio.gather(*readers, return_exceptions=True)
+    for c in channels:
+        await c.close(None)
+    return result
+
+
+def load_main(args: argparse.Namespace) -> int:
+    result = asyncio.run(run_load(args))
+    print(
+        json.dumps(
+            {
+                "opened": result.opened,
+                "refused": result.refused,
+                "sent": result.sent,
+                "acked": result.acked,
+                "shed": result.shed,
+                "latencies_ms": [round(x, 3) for x in result.latencies_ms],
+            }
+        ),
+        flush=True,
+    )
+    return 0
+
+
+# ----------------------------------------------------------------- shard side
+
+
+async def serve_shard(args: argparse.Namespace) -> None:
+    """The shard under test: the real ShardProcess, as ``bigfleet shard`` builds it."""
+    import logging
+
+    from bigfleet import temporal
+    from bigfleet.shard.process import ShardOptions, ShardProcess
+    from bigfleet.store import Database, Store
+    from providers.client import ProviderClient
+
+    logging.basicConfig(level=logging.WARNING)
+    db = Database.connect(args.database_url)
+    await db.migrate()
+    client = await temporal.connect(args.temporal)
+    providers = {"simcloud": ProviderClient(args.provider)}
+    process = ShardProcess(
+        ShardOptions(
+            shard_id="shard-0",
+            listen="127.0.0.1:0",
+            holder=f"bench:{os.getpid()}",
+            cycle_interval_s=args.cycle_seconds,
+        ),
+        store=Store(db.engine),
+        temporal=client,
+        providers=providers,
+    )
+    await process.start()
+    print(json.dumps({"address": process.address, "pid": os.getpid()}), flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    # Event-loop lag, sampled every 10 ms: the longest stall of each second.
+    lag_max = 0.0
+    cycles_before = process.cycles
+
+    async def sample() -> None:
+        nonlocal lag_max
+        while True:
+            t0 = time.monotonic()
+            await asyncio.sleep(0.01)
+            lag_max = max(lag_max, time.monotonic() - t0 - 0.01)
+
+    sampler = asyncio.create_task(sample())
+    await stop.wait()
+    sampler.cancel()
+    summary = process.engine.summary()
+    print(
+        json.dumps(
+            {
+                "loop_lag_max_ms": round(lag_max * 1000, 1),
+                "cycles": process.cycles - cycles_before,
+                "needs": summary.needs,
+                "sessions": len(process.hub.clusters()),
+            }
+        ),
+        flush=True,
+    )
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(process.stop(), timeout=10)
+    await db.close()
+
+
+def shard_main(args: argparse.Namespace) -> int:
+    asyncio.run(serve_shard(args))
+    return 0
+
+
+# ------------------------------------------------------------------ orchestrator
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+def _emit(scenario: str, metric: str, value: float, unit: str, **extra: Any) -> None:
+    line: dict[str, Any] = {
+        "bench": "ingest",
+        "scenario": scenario,
+        "metric": metric,
+        "value": round(value, 3) if isinstance(value, float) else value,
+        "unit": unit,
+    }
+    line.update(extra)
+    line["loadavg"] = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    print(json.dumps(line), flush=True)
+
+
+async def _database(admin_url: str | None) -> tuple[str, Any]:
+    """A fresh database URL and a cleanup coroutine function."""
+    import asyncpg  # type: ignore[import-untyped]
+
+    name = f"bench_ingest_{os.getpid()}_{secrets.token_hex(3)}"
+    url = admin_url or "postgresql://postgres@127.0.0.1:5432/postgres"
+    try:
+        conn = await asyncpg.connect(url)
+    except OSError:
+        from bigfleet.store import EmbeddedPostgres
+
+        embedded = EmbeddedPostgres(Path(".bigfleet") / "bench-postgres")
+        url = await asyncio.to_thread(embedded.start)
+        conn = await asyncpg.connect(url)
+    await conn.execute(f'CREATE DATABASE "{name}"')
+    await conn.close()
+    head = url.rsplit("/", 1)[0]
+
+    async def drop() -> None:
+        c = await asyncpg.connect(url)
+        await c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await c.close()
+
+    return f"{head}/{name}", drop
+
+
+@dataclass
+class Stack:
+    temporal: str
+    provider: str
+    admin_url: str | None
+
+
+async def _json_line(stream: asyncio.StreamReader, within: float) -> dict[str, Any]:
+    while True:
+        raw = await asyncio.wait_for(stream.readline(), timeout=within)
+        if not raw:
+            raise RuntimeError("child ended without answering")
+        text = raw.decode().strip()
+        if text.startswith("{"):
+            data: dict[str, Any] = json.loads(text)
+            return data
+
+
+async def _scenario(
+    stack: Stack,
+    name: str,
+    *,
+    sessions: int,
+    loaders: int,
+    connections: int,
+    mode: str,
+    seconds: float,
+    needs: int,
+    rate: float = 0.0,
+    period: float = 10.0,
+    unmet: bool = False,
+    cycle_seconds: float = 5.0,
+) -> None:
+    url, drop = await _database(stack.admin_url)
+    shard = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.ingest",
+        "--child",
+        "shard",
+        "--database-url",
+        url,
+        "--temporal",
+        stack.temporal,
+        "--provider",
+        stack.provider,
+        "--cycle-seconds",
+        str(cycle_seconds),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert shard.stdout is not None
+    try:
+        ready = await _json_line(shard.stdout, 120)
+        address, pid = ready["address"], int(ready["pid"])
+        await asyncio.sleep(1.0)
+        rss_before = _rss_kib(pid)
+        per = [sessions // loaders + (1 if i < sessions % loaders else 0) for i in range(loaders)]
+        delay = 3.0 + sessions / 4000  # every loader opens its sessions before the clock starts
+        loads = [
+            await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "bench.ingest",
+                "--child",
+                "load",
+                "--address",
+                address,
+                "--prefix",
+                f"{name}-{i}",
+                "--sessions",
+                str(n),
+                "--connections",
+                str(max(1, connections // loaders)),
+                "--mode",
+                mode,
+                "--seconds",
+                str(seconds),
+                "--needs",
+                str(needs),
+                "--rate",
+                str(rate / loaders),
+                "--period",
+                str(period),
+                "--delay",
+                str(delay),
+                *(["--unmet"] if unmet else []),
+                stdout=asyncio.subprocess.PIPE,
+                limit=1 << 26,
+            )
+            for i, n in enumerate(per)
+        ]
+        opened = 0
+        for proc in loads:
+            assert proc.stdout is not None
+            opened += int((await _json_line(proc.stdout, 120 + sessions / 100))["opened"])
+        rss_open = _rss_kib(pid)
+        t0 = time.monotonic()
+        results = []
+        cpu0 = _cpu_seconds(pid)
+        for proc in loads:
+            assert proc.stdout is not None
+            results.append(await _json_line(proc.stdout, seconds + 120))
+            await proc.wait()
+        cpu = _cpu_seconds(pid) - cpu0
+        elapsed = max(seconds, time.monotonic() - t0)
+        rss_after = _rss_kib(pid)
+        shard.send_signal(signal.SIGTERM)
+        stats = await _json_line(shard.stdout, 60)
+    finally:
+        if shard.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                shard.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(shard.wait(), 20)
+            except TimeoutError:
+                shard.kill()
+        await drop()
+    latencies = [x for r in results for x in r["latencies_ms"]]
+    refused: dict[str, int] = {}
+    for r in results:
+        for code, n in r["refused"].items():
+            refused[code] = refused.get(code, 0) + n
+    acked = sum(r["acked"] for r in results)
+    shed = sum(r["shed"] for r in results)
+    common = {
+        "sessions": sessions,
+        "needs_per_rollup": needs,
+        "loaders": loaders,
+        "connections": connections,
+    }
+    _emit(name, "sessions_held", opened, "sessions", refused=refused, **common)
+    if mode != "idle":
+        _emit(name, "rate", acked / seconds, "1/s", offered=rate or None, **common)
+        _emit(name, "ack_p50", _percentile(latencies, 50), "ms", **common)
+        _emit(name, "ack_p99", _percentile(latencies, 99), "ms", **common)
+        _emit(name, "ack_max", max(latencies or [float("nan")]), "ms", **common)
+        _emit(name, "shed", shed, "streams", **common)
+        _emit(name, "shard_cores", cpu / elapsed, "cores", **common)
+    _emit(
+        name,
+        "bytes_per_session",
+        (rss_open - rss_before) * 1024 / max(1, opened),
+        "B",
+        rss_before_mib=round(rss_before / 1024, 1),
+        rss_open_mib=round(rss_open / 1024, 1),
+        rss_after_mib=round(rss_after / 1024, 1),
+        **common,
+    )
+    _emit(
+        name,
+        "loop_lag_max",
+        float(stats["loop_lag_max_ms"]),
+        "ms",
+        cycles=stats["cycles"],
+        needs=stats["needs"],
+        **common,
+    )
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+async def run(args: argparse.Namespace) -> int:
+    from bigfleet.temporal import start_dev_server
+    from providers.config import ProviderConfig
+    from providers.server import start_provider_server
+
+    env = await start_dev_server(port=_free_port(), ui=False)
+    provider = await start_provider_server(
+        ProviderConfig(
+            kind="sim-cloud", time_factor=0.001, quota_scale=0.05, interruption_scale=0.0
+        ),
+        "127.0.0.1:0",
+    )
+    stack = Stack(env.client.service_client.config.target_host, provider.address, args.pg)
+    wanted = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    try:
+        for scenario in wanted:
+            if scenario == "closed":
+                await _scenario(
+                    stack,
+                    "closed",
+                    sessions=200,
+                    loaders=2,
+                    connections=200,
+                    mode="closed",
+                    seconds=args.seconds,
+                    needs=20,
+                )
+            elif scenario == "open":
+                await _scenario(
+                    stack,
+                    "open",
+                    sessions=200,
+                    loaders=2,
+                    connections=200,
+                    mode="open",
+                    rate=args.open_rate,
+                    seconds=args.seconds,
+                    needs=20,
+                )
+            elif scenario == "cadence":
+                await _scenario(
+                    stack,
+                    "cadence",
+                    sessions=args.clusters,
+                    loaders=2,
+                    connections=args.clusters,
+                    mode="cadence",
+                    period=10.0,
+                    seconds=max(args.seconds, 30.0),
+                    needs=5,
+                    unmet=True,
+                )
+            elif scenario == "sessions":
+                await _scenario(
+                    stack,
+                    "sessions",
+                    sessions=args.idle_sessions,
+                    loaders=2,
+                    connections=args.idle_connections,
+                    mode="idle",
+                    seconds=5.0,
+                    needs=0,
+                )
+            elif scenario == "overload":
+                await _scenario(
+                    stack,
+                    "overload",
+                    sessions=400,
+                    loaders=2,
+                    connections=400,
+                    mode="open",
+                    rate=args.overload_rate,
+                    seconds=args.seconds,
+                    needs=20,
+                )
+            else:
+                print(f"unknown scenario {scenario!r}", file=sys.stderr)
+                return 2
+    finally:
+        await provider.stop(grace=None)
+        await env.shutdown()
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench ingest", description=__doc__)
+    parser.add_argument("--child", choices=("shard", "load"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--scenarios", default="closed,open,cadence,sessions,overload", help="comma-separated"
+    )
+    parser.add_argument("--seconds", type=float, default=15.0, help="measured seconds each")
+    parser.add_argument("--open-rate", type=float, default=2000.0, help="roll-ups/s offered")
+    parser.add_argument("--overload-rate", type=float, default=12000.0, help="roll-ups/s")
+    parser.add_argument("--clusters", type=int, default=2000, help="cadence scenario clusters")
+    parser.add_argument("--idle-sessions", type=int, default=20000)
+    parser.add_argument(
+        "--idle-connections",
+        type=int,
+        default=200,
+        help="connections the idle sessions share (the hard descriptor limit here is 20,000)",
+    )
+    parser.add_argument("--pg", default=None, help="PostgreSQL admin URL (default: machine's)")
+    # children
+    parser.add_argument("--database-url", help=argparse.SUPPRESS)
+    parser.add_argument("--temporal", help=argparse.SUPPRESS)
+    parser.add_argument("--provider", help=argparse.SUPPRESS)
+    parser.add_argument("--cycle-seconds", type=float, default=5.0, help=argparse.SUPPRESS)
+    parser.add_argument("--address", help=argparse.SUPPRESS)
+    parser.add_argument("--prefix", default="c", help=argparse.SUPPRESS)
+    parser.add_argument("--sessions", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--connections", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--mode", default="closed", help=argparse.SUPPRESS)
+    parser.add_argument("--needs", type=int, default=20, help=argparse.SUPPRESS)
+    parser.add_argument("--rate", type=float, default=0.0, help=argparse.SUPPRESS)
+    parser.add_argument("--period", type=float, default=10.0, help=argparse.SUPPRESS)
+    parser.add_argument("--delay", type=float, default=2.0, help=argparse.SUPPRESS)
+    parser.add_argument("--unmet", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child == "shard":
+        status = shard_main(args)
+    elif args.child == "load":
+        status = load_main(args)
+    else:
+        random.seed(0)
+        status = asyncio.run(run(args))
+    atexit.register(_exit_without_finalising, status)
+    return status
+
+
+def _exit_without_finalising(status: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

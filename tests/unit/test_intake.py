@@ -1,0 +1,83 @@
+"""The intake between acknowledgements and the engine: newest roll-up per cluster, never older."""
+
+from __future__ import annotations
+
+import threading
+
+from bigfleet.shard.intake import Intake
+from shard_engine.model import Need, Rollup
+
+
+def _rollup(cluster: str, ts: int, cpu: float = 1.0) -> Rollup:
+    return Rollup(cluster, ts, (Need(requirements=(), aggregate={"cpu": cpu}, priority=1),))
+
+
+def test_an_offered_rollup_is_acknowledged_and_staged() -> None:
+    intake = Intake()
+    assert intake.offer(_rollup("a", 1)) == "rollup"
+    assert [r.cluster_id for r in intake.take_all()] == ["a"]
+    assert len(intake) == 0
+
+
+def test_a_newer_rollup_replaces_the_staged_one_of_its_cluster() -> None:
+    intake = Intake()
+    intake.offer(_rollup("a", 1, cpu=1))
+    intake.offer(_rollup("b", 1))
+    intake.offer(_rollup("a", 2, cpu=5))
+    staged = {r.cluster_id: r for r in intake.take_all()}
+    assert staged["a"].timestamp_ns == 2 and staged["a"].needs[0].aggregate["cpu"] == 5
+    assert len(staged) == 2 and intake.superseded == 1
+
+
+def test_an_older_rollup_is_stale_even_after_the_newer_one_was_applied() -> None:
+    intake = Intake()
+    intake.offer(_rollup("a", 10))
+    intake.take_all()
+    echo = intake.offer(_rollup("a", 5))
+    assert echo.startswith("rollup-stale") and "older than 10" in echo
+    assert intake.take_all() == []
+
+
+def test_take_hands_out_the_oldest_staged_first_and_at_most_the_limit() -> None:
+    intake = Intake()
+    for i, cluster in enumerate("abcde"):
+        intake.offer(_rollup(cluster, i))
+    assert [r.cluster_id for r in intake.take(2)] == ["a", "b"]
+    assert [r.cluster_id for r in intake.take(10)] == ["c", "d", "e"]
+
+
+def test_the_ready_callback_fires_when_the_intake_stops_being_empty() -> None:
+    calls: list[int] = []
+    intake = Intake(on_ready=lambda: calls.append(1))
+    intake.offer(_rollup("a", 1))
+    intake.offer(_rollup("b", 1))
+    assert calls == [1]
+    intake.take_all()
+    intake.offer(_rollup("c", 1))
+    assert calls == [1, 1]
+
+
+def test_a_forgotten_cluster_starts_afresh() -> None:
+    intake = Intake()
+    intake.offer(_rollup("a", 10))
+    intake.forget("a")
+    assert intake.take_all() == []
+    assert intake.offer(_rollup("a", 1)) == "rollup"
+
+
+def test_offers_from_many_threads_lose_nothing_and_keep_the_newest() -> None:
+    intake = Intake()
+
+    def offer(cluster: str) -> None:
+        for ts in range(500):
+            intake.offer(_rollup(cluster, ts))
+
+    threads = [threading.Thread(target=offer, args=(f"c{i}",)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    staged = intake.take_all()
+    assert sorted(r.cluster_id for r in staged) == [f"c{i}" for i in range(8)]
+    assert all(r.timestamp_ns == 499 for r in staged)
+    assert intake.offered == 8 * 500
