@@ -59,8 +59,23 @@ _mount_simulate_command()
 
 def _mount_nanook_commands() -> None:
     from nanook.cli import app as nanook_app
+    from nanook.cli import install_channel_factory
 
+    install_channel_factory(_nanook_channels)
     app.add_typer(nanook_app, name="nanook", help="Serve a Polars Nanook worker pool.")
+
+
+def _nanook_channels() -> Callable[[str], Any]:
+    """Session channels for ``bigfleet nanook serve``: mutual TLS when BIGFLEET_TLS_* is set
+    (the certificate must be the pool's ``bigfleet://cluster/<id>``)."""
+    from bigfleet.identity import channel, client_security
+
+    security = client_security(_settings().tls)
+
+    def open_channel(address: str) -> Any:
+        return channel(address, security)
+
+    return open_channel
 
 
 _mount_nanook_commands()

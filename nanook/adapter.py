@@ -194,11 +194,20 @@ async def serve(
     shard: str,
     cluster_id: str,
     ready: asyncio.Event | None = None,
+    channel_factory: ChannelFactory = insecure_channel,
 ) -> None:
-    """Run the adapter until cancelled (``bigfleet nanook serve``)."""
+    """Run the adapter until cancelled (``bigfleet nanook serve``).
+
+    ``channel_factory`` opens the Session channel (mutual TLS with a
+    ``bigfleet://cluster/<id>`` certificate when the application configures it).
+    """
     config = load_pool_config(config_path)
     adapter = NanookAdapter(
-        config, cluster_id=cluster_id, shard_address=shard, config_path=config_path
+        config,
+        cluster_id=cluster_id,
+        shard_address=shard,
+        config_path=config_path,
+        channel_factory=channel_factory,
     )
     adapter.start()
     servers = await NanookServers.start(adapter, rest_listen=rest_listen, grpc_listen=grpc_listen)

@@ -14,14 +14,24 @@ import contextlib
 import json
 import logging
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from nanook.client import GrpcScalingClient, RestScalingClient, ScalingClient, ScalingError
+from nanook.session import ChannelFactory, insecure_channel
 
 app = typer.Typer(help="Serve the Polars Nanook scaling protocol for one worker pool.")
+
+_channels: list[Callable[[], ChannelFactory]] = [lambda: insecure_channel]
+
+
+def install_channel_factory(factory: Callable[[], ChannelFactory]) -> None:
+    """Set how ``serve`` opens its Session channel (the ``bigfleet`` command installs
+    one that reads BIGFLEET_TLS_*; without it, plaintext)."""
+    _channels[0] = factory
 
 
 @app.command("serve")
@@ -54,6 +64,8 @@ def serve_command(
         typer.echo("error: --cluster-id: must not be empty", err=True)
         raise typer.Exit(2)
 
+    channel_factory = _channels[0]()
+
     async def main() -> None:
         task = asyncio.create_task(
             serve(
@@ -62,6 +74,7 @@ def serve_command(
                 grpc_listen=grpc_listen,
                 shard=shard,
                 cluster_id=cluster_id,
+                channel_factory=channel_factory,
             )
         )
         loop = asyncio.get_running_loop()

@@ -27,6 +27,9 @@ from bigfleet.identity import (
 )
 from bigfleet.shard.sessions import SHARD_SERVICE, SessionHub, ShardServicer
 from bigfleet.v1alpha1 import capacity_pb2, shard_pb2, shard_pb2_grpc
+from nanook.config import parse_pool_config
+from nanook.pool import WorkerPool
+from nanook.session import ChannelFactory, ShardSession
 from providers.client import FencingToken, ProviderClient
 from providers.config import ProviderConfig
 from providers.errors import ProviderError
@@ -391,3 +394,55 @@ async def test_a_client_presents_its_rotated_certificate_on_the_next_call(
         pki.files(CLUSTER, stem="client")
         with pytest.raises(ProviderError, match="may not call"):
             await client.list_all()
+
+
+# -------------------------------------------------------------------- nanook
+
+
+def _nanook_pool() -> WorkerPool:
+    config = parse_pool_config({"worker": {"resources": {"cpu": "2"}}, "min": 1, "max": 4})
+    return WorkerPool(config)
+
+
+def _tls_channels(security: ChannelSecurity) -> ChannelFactory:
+    def open_channel(address: str) -> grpc.aio.Channel:
+        return channel(address, security)
+
+    return open_channel
+
+
+async def test_the_nanook_adapter_dials_its_shard_with_its_cluster_certificate(
+    shard: TlsShard,
+) -> None:
+    pool = _nanook_pool()
+    session = ShardSession(
+        "c1", shard.address, pool, channel_factory=_tls_channels(shard.pki.client(CLUSTER))
+    )
+    session.start()
+    try:
+        for _ in range(100):
+            if shard.sink.engine.summary().needs:
+                break
+            await asyncio.sleep(0.05)
+        assert pool.connected and shard.hub.clusters() == ["c1"]
+        assert shard.sink.engine.summary().needs == 1
+    finally:
+        await session.stop()
+
+
+async def test_the_nanook_adapter_cannot_speak_for_another_cluster(shard: TlsShard) -> None:
+    before = refusals(SHARD_SERVICE, "name-mismatch")
+    pool = _nanook_pool()
+    session = ShardSession(
+        "c1", shard.address, pool, channel_factory=_tls_channels(shard.pki.client(OTHER_CLUSTER))
+    )
+    session.start()
+    try:
+        for _ in range(100):
+            if refusals(SHARD_SERVICE, "name-mismatch") > before:
+                break
+            await asyncio.sleep(0.05)
+        assert refusals(SHARD_SERVICE, "name-mismatch") > before
+        assert not pool.connected and shard.hub.clusters() == []
+    finally:
+        await session.stop()
