@@ -251,6 +251,16 @@ class Store:
         """
         if not cluster_id:
             raise ValueError("cluster_id: must not be empty")
+        async with self._engine.connect() as conn:
+            # The common case (every reconnection) reads one row by primary key,
+            # without ranking the shards by load.
+            known = (
+                await conn.execute(
+                    text("SELECT shard_id FROM clusters WHERE id = :cid"), {"cid": cluster_id}
+                )
+            ).first()
+        if known is not None:
+            return str(known[0])
         async with self._engine.begin() as conn:
             await conn.execute(
                 text(
