@@ -409,7 +409,7 @@ def _emit(scenario: str, metric: str, value: float, unit: str, **extra: Any) -> 
 
 async def _database(admin_url: str | None) -> tuple[str, Any]:
     """A fresh database URL and a cleanup coroutine function."""
-    import asyncpg  # type: ignore[import-untyped]
+    import asyncpg
 
     name = f"bench_ingest_{os.getpid()}_{secrets.token_hex(3)}"
     url = admin_url or "postgresql://postgres@127.0.0.1:5432/postgres"

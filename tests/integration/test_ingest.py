@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import pytest
@@ -76,15 +77,15 @@ class Client:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.call: object = None
+        self.stream: Any = None
 
-    def run(self, coro: object, within: float = 10.0) -> object:
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
+    def run(self, coro: Coroutine[Any, Any, Any], within: float = 10.0) -> Any:
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         return future.result(within)
 
     async def _open(self, cluster: str) -> str:
         self.channel = grpc.aio.insecure_channel(self.address)
-        self.stream = shard_pb2_grpc.ShardStub(self.channel).Session()
+        self.stream = shard_pb2_grpc.ShardStub(self.channel).Session()  # type: ignore[call-arg]
         await self.stream.write(
             shard_pb2.OperatorMessage(hello=shard_pb2.Hello(cluster_id=cluster))
         )
@@ -173,9 +174,14 @@ async def test_a_bootstrap_request_from_the_shards_loop_gets_its_answer(port: Po
     await asyncio.to_thread(client.close)
 
 
+def _metadata(err: grpc.aio.AioRpcError) -> dict[str, str]:
+    pairs: Any = err.trailing_metadata() or ()
+    return {str(key): str(value) for key, value in pairs}
+
+
 async def _refusal(address: str, cluster: str) -> grpc.aio.AioRpcError:
     async with grpc.aio.insecure_channel(address) as channel:
-        stream = shard_pb2_grpc.ShardStub(channel).Session()
+        stream: Any = shard_pb2_grpc.ShardStub(channel).Session()  # type: ignore[call-arg]
         await stream.write(shard_pb2.OperatorMessage(hello=shard_pb2.Hello(cluster_id=cluster)))
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await stream.read()
@@ -189,7 +195,7 @@ async def test_a_hello_beyond_the_session_limit_is_shed_with_a_retry_hint() -> N
         await asyncio.to_thread(client.open, "c1")
         err = await _refusal(p.server.address, "c2")
         assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert dict(err.trailing_metadata() or ())[RETRY_AFTER_KEY] == "3000"
+        assert _metadata(err)[RETRY_AFTER_KEY] == "3000"
         assert "retry after 3000 ms" in (err.details() or "")
         await asyncio.to_thread(client.close)
     finally:
@@ -226,9 +232,7 @@ async def test_rollups_arriving_while_the_sessions_loop_lags_are_shed() -> None:
             try:
                 await client.stream.read()
             except grpc.aio.AioRpcError as err:
-                return (
-                    f"{err.code().name} {dict(err.trailing_metadata() or ()).get(RETRY_AFTER_KEY)}"
-                )
+                return f"{err.code().name} {_metadata(err).get(RETRY_AFTER_KEY)}"
             return "acknowledged"
 
         outcome = await asyncio.to_thread(client.run, send())
