@@ -75,13 +75,14 @@ class BareMetalProvider(ProviderCore):
             for rack in racks:
                 model = models[rack["model"]]
                 shape = Shape.from_json(model)
+                rack_allocatable, hardware = shape.allocatable(), shape.labels()
                 rack_key = f"{zone}-{rack['rack']}"
                 count = scaled(int(rack["servers"]), self.config.quota_scale)
                 for slot in range(1, count + 1):
                     price = 0.0
                     if self.config.bare_metal_pricing == "amortised":
                         price = float(model["amortised_per_hour"])
-                    allocatable = shape.allocatable()
+                    allocatable = dict(rack_allocatable)
                     records.append(
                         MachineRecord(
                             id=f"{self.name}-{rack_key}-u{slot:02d}",
@@ -102,7 +103,7 @@ class BareMetalProvider(ProviderCore):
                                 "bigfleet.io/provider": self.name,
                                 "bigfleet.io/site": site,
                                 COMMISSIONED_LABEL: "true" if rack["commissioned"] else "false",
-                                **shape.labels(),
+                                **hardware,
                             },
                             attrs={"rack": rack_key, "site": site},
                             host=HostRef(

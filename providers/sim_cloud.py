@@ -64,13 +64,18 @@ class SimCloudProvider(ProviderCore):
         records: list[MachineRecord] = []
         types: dict[str, Any] = self._catalog["instance_types"]
         zone_factor: dict[tuple[str, str], float] = {}
+        # Allocatable and hardware labels depend on the shape only: computed once per type.
+        shapes: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
         for account in self._catalog["accounts"]:
             alias = account["alias"]
             for region, quotas in account["quota"].items():
                 zones: list[str] = self._catalog["regions"][region]
                 for instance_type, counts in quotas.items():
                     spec = types[instance_type]
-                    shape = Shape.from_json(spec)
+                    if instance_type not in shapes:
+                        shape = Shape.from_json(spec)
+                        shapes[instance_type] = (shape.allocatable(), shape.labels())
+                    allocatable, hardware = shapes[instance_type]
                     for capacity_label in ("on-demand", "spot", "reserved"):
                         count = scaled(int(counts.get(capacity_label, 0)), self.config.quota_scale)
                         for index in range(count):
@@ -85,7 +90,8 @@ class SimCloudProvider(ProviderCore):
                                     zone=zone,
                                     instance_type=instance_type,
                                     spec=spec,
-                                    shape=shape,
+                                    allocatable=allocatable,
+                                    hardware=hardware,
                                     capacity_label=capacity_label,
                                     index=index,
                                     spot_factor=zone_factor[(instance_type, zone)],
@@ -101,7 +107,8 @@ class SimCloudProvider(ProviderCore):
         zone: str,
         instance_type: str,
         spec: dict[str, Any],
-        shape: Shape,
+        allocatable: dict[str, str],
+        hardware: dict[str, str],
         capacity_label: str,
         index: int,
         spot_factor: float,
@@ -114,7 +121,6 @@ class SimCloudProvider(ProviderCore):
             interruption = min(1.0, float(spec["spot_interruption_per_hour"]) * spot_factor)
         slug = instance_type.replace(".", "-")
         machine_id = f"{self.name}-{alias}-{zone}-{slug}-{_SHORT[capacity_label]}-{index:03d}"
-        allocatable = shape.allocatable()
         labels = {
             "topology.kubernetes.io/region": region,
             "topology.kubernetes.io/zone": zone,
@@ -123,7 +129,7 @@ class SimCloudProvider(ProviderCore):
             "bigfleet.io/provider": self.name,
             "bigfleet.io/account": alias,
             "bigfleet.io/instance-family": str(spec.get("family", "")),
-            **shape.labels(),
+            **hardware,
         }
         return MachineRecord(
             id=machine_id,
@@ -134,7 +140,7 @@ class SimCloudProvider(ProviderCore):
             price_per_hour=round(price, 4),
             interruption_probability=round(interruption, 4),
             resources=dict(allocatable),
-            allocatable=allocatable,
+            allocatable=dict(allocatable),
             labels=labels,
             attrs={"account": alias, "region": region},
         )
