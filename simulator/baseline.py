@@ -2,7 +2,10 @@
 
 Each cluster owns a fixed share of the fleet's quota — cloud slots spread
 evenly over the clusters per (provider, zone, instance type, capacity
-type), bare-metal racks dealt out whole — and autoscales alone:
+type), bare-metal racks dealt out whole, GPU racks to the clusters whose
+pods ask for GPUs (``gpu_clusters``) and the others to the rest, as an
+operator sizing each cluster's quota for its workload would — and
+autoscales alone:
 
 * **provisioning** every ``batch_s``: the cluster's pending pods that no
   launching node is meant for are grouped by their constraints; for each
@@ -68,9 +71,15 @@ class BaselinePolicy:
     name = "baseline"
 
     def __init__(
-        self, fleet: Fleet, clusters: Mapping[str, ClusterModel], options: BaselineOptions
+        self,
+        fleet: Fleet,
+        clusters: Mapping[str, ClusterModel],
+        options: BaselineOptions,
+        *,
+        gpu_clusters: frozenset[str] = frozenset(),
     ) -> None:
         self.fleet = fleet
+        self.gpu_clusters = gpu_clusters
         self.clusters = clusters
         self.options = options
         self.shares: dict[str, _Share] = {c: _Share() for c in clusters}
@@ -99,8 +108,18 @@ class BaselinePolicy:
         names = sorted(self.clusters)
         for cluster, ids in distribute_evenly(groups, names, {}).items():
             self.shares[cluster].machines.extend(ids)
-        for i, rack in enumerate(sorted(racks)):
-            self.shares[names[i % len(names)]].machines.extend(racks[rack])
+        # Racks go whole to the clusters that can use them: GPU racks to the clusters
+        # whose pods ask for GPUs, the others to the rest (each to everyone if no one).
+        gpu = sorted(self.gpu_clusters & set(names)) or names
+        other = [n for n in names if n not in self.gpu_clusters] or names
+        dealt = {True: 0, False: 0}
+        for rack in sorted(racks):
+            has_gpu = any(
+                self.records[m].allocatable.get("nvidia.com/gpu", 0) > 0 for m in racks[rack]
+            )
+            takers = gpu if has_gpu else other
+            self.shares[takers[dealt[has_gpu] % len(takers)]].machines.extend(racks[rack])
+            dealt[has_gpu] += 1
         for cluster, share in self.shares.items():
             for mid in share.machines:
                 self.owner[mid] = cluster

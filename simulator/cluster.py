@@ -14,7 +14,10 @@ way under both policies:
   ``allocatable − reservations − borrowed`` and are evicted first when a
   guaranteed pod closes the gap (``clusters.gap``);
 * a pod that cannot be placed although the matching nodes hold its request
-  in total is **fragmented**; the roll-up asks once more for it;
+  in total is **fragmented**; the roll-up asks once more for it. Every such
+  pod counts, including the ones the pass did not try because a no-larger
+  pod of the same kind had already failed: counting only the first left the
+  rest waiting behind a roll-up the shard saw as covered;
 * the **roll-up** is ``clusters.rollup.build_rollup`` over every pod the
   cluster must run, best-effort pods that fit in the gap left out.
 
@@ -295,6 +298,8 @@ class ClusterModel:
         )
         masks: dict[tuple[Requirement, ...], np.ndarray] = {}
         failed: dict[tuple[Requirement, ...], list[FloatArray]] = {}
+        # Free room in total over a kind's matching nodes, as of ``placed`` placements.
+        totals: dict[tuple[tuple[Requirement, ...], bool], tuple[int, FloatArray]] = {}
         placed = 0
         for name in order:
             state = self.pods[name]
@@ -302,13 +307,19 @@ class ClusterModel:
             placement, reservation, borrowing = self._vectors(pod)
             need = reservation if borrowing else placement
             reqs = self._gang_requirements(pod)
-            if any(np.all(f <= need + _EPS) for f in failed.get(reqs, ())):
-                state.fragmented = False
-                continue  # a no-larger pod of the same kind found no room this pass
             mask = masks.get(reqs)
             if mask is None:
                 mask = masks[reqs] = self._mask(reqs)
             rows = np.flatnonzero(mask)
+            if any(np.all(f <= need + _EPS) for f in failed.get(reqs, ())):
+                # A no-larger pod of the same kind found no room this pass; this one has none
+                # either, and is fragmented on the same terms as a pod that was tried.
+                cached = totals.get((reqs, borrowing))
+                if cached is None or cached[0] != placed:
+                    cached = (placed, self._free(rows, borrowing).sum(axis=0))
+                    totals[(reqs, borrowing)] = cached
+                state.fragmented = len(rows) > 0 and bool(np.all(cached[1] + _EPS >= need))
+                continue
             if len(rows) == 0:
                 failed.setdefault(reqs, []).append(need)
                 continue
@@ -327,6 +338,15 @@ class ClusterModel:
             if not borrowing:
                 self._close_gap(row, now)
         return placed
+
+    def _free(self, rows: np.ndarray, borrowing: bool) -> FloatArray:
+        """Room left on these nodes (never negative): the gap for borrowers, else unplaced."""
+        if borrowing:
+            room = self._alloc[rows] - self._reserved[rows] - self._borrowed[rows]
+        else:
+            room = self._alloc[rows] - self._placed[rows]
+        free: FloatArray = np.maximum(room, 0.0)
+        return free
 
     def _close_gap(self, row: int, now: float) -> None:
         """Evict best-effort pods from a node whose reservations and borrowings overflow it."""

@@ -76,9 +76,18 @@ class PolicyResult:
     wall_s: float
 
 
-def _policy(name: str, fleet: Fleet, clusters: dict[str, ClusterModel], o: RunOptions) -> Policy:
+def _gpu_clusters(trace: Trace) -> frozenset[str]:
+    """Clusters some of whose pods ask for GPUs (the baseline deals GPU racks to them)."""
+    return frozenset(
+        e.cluster for e in trace.events if isinstance(e, Arrive) and e.pod.limit[2] > 0
+    )
+
+
+def _policy(
+    name: str, fleet: Fleet, clusters: dict[str, ClusterModel], o: RunOptions, trace: Trace
+) -> Policy:
     if name == "baseline":
-        return BaselinePolicy(fleet, clusters, o.baseline)
+        return BaselinePolicy(fleet, clusters, o.baseline, gpu_clusters=_gpu_clusters(trace))
     options = BigFleetOptions(
         shards=o.shards,
         cycle_interval_s=o.cycle_interval_s,
@@ -112,7 +121,7 @@ def run_policy(
         c: ClusterModel(c, heuristic=options.heuristic, gap=gap, notify=touched)
         for c in trace.clusters
     }
-    policy = _policy(policy_name, fleet, clusters, options)
+    policy = _policy(policy_name, fleet, clusters, options, trace)
     policy.start(0.0)
     fleet.drain_changes()
     setup = time.perf_counter() - started
@@ -153,6 +162,7 @@ def run_policy(
         now += step
     stats: dict[str, int] = dict(getattr(policy, "stats", {}))
     summary = recorder.summary(cost=fleet.cost_so_far(), clusters=clusters, stats=stats)
+    summary["cost_by_category_usd"] = fleet.cost_by_category()
     fleet.close()
     wall = time.perf_counter() - started
     summary["wall_seconds"] = round(wall, 2)

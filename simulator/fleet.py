@@ -112,10 +112,21 @@ class _Metal(_Observed, BareMetalProvider):
         super().__init__(config, scheduler=scheduler)
 
 
+#: Where a billed machine's money goes, by state: serving a cluster, or not.
+_SERVING = frozenset({State.CONFIGURING, State.CONFIGURED, State.DRAINING})
+
+
 @dataclass(slots=True)
 class _Bill:
     since: float | None = None
     price: float = 0.0
+    category: str = ""  # the cost category of the interval that started at ``since``
+
+
+def _category(capacity: str, gpu: bool, state: State) -> str:
+    """``<capacity type>[-gpu]/<serving|idle>``: what a billed interval is spent on."""
+    kind = f"{capacity}-gpu" if gpu else capacity
+    return f"{kind}/{'serving' if state in _SERVING else 'idle'}"
 
 
 @dataclass(slots=True)
@@ -127,6 +138,8 @@ class Fleet:
     providers: dict[str, ProviderCore] = field(default_factory=dict)
     changed: list[tuple[str, str]] = field(default_factory=list)
     spent: float = 0.0
+    #: Dollars of finished intervals per cost category (see ``_category``).
+    spent_by: dict[str, float] = field(default_factory=dict)
     _bills: dict[str, _Bill] = field(default_factory=dict)
     _billed_rate: float = 0.0
     billed_machines: int = 0
@@ -173,15 +186,32 @@ class Fleet:
             if bill is None:
                 bill = self._bills[record.id] = _Bill()
             bill.since, bill.price = now, record.price_per_hour
+            bill.category = self._category_of(provider, record)
             self._billed_rate += record.price_per_hour
             self.billed_machines += 1
             self.billed_alloc += self._vector(provider, record)
         elif not billed and bill is not None and bill.since is not None:
-            self.spent += (now - bill.since) * bill.price / 3600.0
+            self._close(bill, now)
             self._billed_rate -= bill.price
             bill.since = None
             self.billed_machines -= 1
             self.billed_alloc -= self._vector(provider, record)
+        elif billed and bill is not None and bill.since is not None:
+            category = self._category_of(provider, record)
+            if category != bill.category:
+                self._close(bill, now)
+                bill.since, bill.category = now, category
+
+    def _close(self, bill: _Bill, now: float) -> None:
+        """Book a billed interval ending now."""
+        assert bill.since is not None
+        dollars = (now - bill.since) * bill.price / 3600.0
+        self.spent += dollars
+        self.spent_by[bill.category] = self.spent_by.get(bill.category, 0.0) + dollars
+
+    def _category_of(self, provider: str, record: CoreRecord) -> str:
+        gpu = self._vector(provider, record)[2] > 0
+        return _category(record.capacity_type.label, bool(gpu), record.state)
 
     def _vector(self, provider: str, record: CoreRecord) -> np.ndarray:
         key = (provider, record.instance_type)
@@ -203,6 +233,15 @@ class Fleet:
             (now - b.since) * b.price / 3600.0 for b in self._bills.values() if b.since is not None
         )
         return self.spent + running
+
+    def cost_by_category(self) -> dict[str, float]:
+        """Dollars spent up to now per cost category, machines still running included."""
+        now = self.scheduler.now()
+        out = dict(self.spent_by)
+        for b in self._bills.values():
+            if b.since is not None:
+                out[b.category] = out.get(b.category, 0.0) + (now - b.since) * b.price / 3600.0
+        return {k: round(v, 2) for k, v in sorted(out.items())}
 
     @property
     def cost_rate(self) -> float:

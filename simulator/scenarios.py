@@ -35,6 +35,9 @@ GI = float(2**30)
 ZONE = "topology.kubernetes.io/zone"
 RACK = "topology.kubernetes.io/rack"
 AMD64 = Requirement("kubernetes.io/arch", Operator.IN, ("amd64",))
+# GPU servers are tainted for GPU work, as Kubernetes clusters keep them: pods that do not
+# tolerate the taint cannot run there, so their roll-ups exclude GPU machines.
+NO_GPU = Requirement("nvidia.com/gpu.count", Operator.DOES_NOT_EXIST)
 
 # Cores and GPUs of the shipped catalogs at quota_scale 1 (sim cloud + bare metal).
 FLEET_CORES_AT_SCALE_1 = 31_000.0
@@ -90,7 +93,7 @@ def _diurnal_web(b: _Builder, cluster: str, duration: float, scale: float) -> fl
                     reservation={"cpu": cpu / 2, "memory": mem / 2},
                     app_class=AppClass.LATENCY_SENSITIVE,
                     priority=500_000,
-                    requirements=(AMD64,),
+                    requirements=(AMD64, NO_GPU),
                     spread=spread,
                     interruption_penalty=64.0,
                     reclamation_penalty=16.0,
@@ -109,6 +112,7 @@ def _diurnal_web(b: _Builder, cluster: str, duration: float, scale: float) -> fl
             {"cpu": 0.5, "memory": 1 * GI},
             app_class=AppClass.BEST_EFFORT,
             priority=0,
+            requirements=(NO_GPU,),
         )
         b.run(cluster, t, min(duration, t + b.rng.uniform(600, 3600)), pod)
         t += b.rng.expovariate(1 / (900 / max(scale, 0.1)))
@@ -130,7 +134,7 @@ def _bursty_batch(b: _Builder, cluster: str, duration: float, scale: float) -> f
                 b.pod_name("job"),
                 {"cpu": cpu, "memory": mem},
                 priority=100_000,
-                requirements=(AMD64,),
+                requirements=(AMD64, NO_GPU),
                 interruption_penalty=4.0,
                 reclamation_penalty=2.0,
             )
@@ -176,6 +180,7 @@ def _spot_tolerant(b: _Builder, cluster: str, duration: float, scale: float) -> 
                 b.pod_name("spotjob"),
                 {"cpu": 4.0, "memory": 14 * GI},
                 priority=50_000,
+                requirements=(NO_GPU,),
                 interruption_penalty=0.5,
                 reclamation_penalty=0.5,
             )
@@ -204,7 +209,7 @@ def _priority_tiers(b: _Builder, cluster: str, duration: float, scale: float) ->
                     {"cpu": 4.0, "memory": 16 * GI},
                     app_class=app_class,
                     priority=priority,
-                    requirements=(AMD64,),
+                    requirements=(AMD64, NO_GPU),
                     interruption_penalty=penalty,
                     reclamation_penalty=penalty,
                 )

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from providers.model import State
+from simulator.baseline import BaselineOptions, BaselinePolicy
 from simulator.bigfleet_policy import BigFleetOptions, BigFleetPolicy
 from simulator.cluster import ClusterModel
 from simulator.driver import RunOptions, run_policy
@@ -81,3 +82,35 @@ def test_the_baseline_and_bigfleet_replay_the_same_trace() -> None:
         return sum(t["placed"] + t["never_placed"] for t in s["time_to_capacity"].values())
 
     assert total(base) == total(fleet), "both policies saw the same pods"
+
+
+def test_the_baseline_deals_gpu_racks_only_to_clusters_that_ask_for_gpus() -> None:
+    fleet = Fleet.build(FleetOptions(quota_scale=1.0, seed=2))
+    names = ("gpu-gangs-0002", "bursty-batch-0001", "diurnal-web-0000", "spot-tolerant-0003")
+    clusters = {c: ClusterModel(c, heuristic=RunOptions().heuristic, gap=True) for c in names}
+    policy = BaselinePolicy(
+        fleet, clusters, BaselineOptions(), gpu_clusters=frozenset({"gpu-gangs-0002"})
+    )
+    policy.start(0.0)
+    gpus = {
+        name: sum(
+            1
+            for m in share.machines
+            if policy.records[m].allocatable.get("nvidia.com/gpu", 0) > 0
+            and policy.records[m].labels.get("topology.kubernetes.io/rack")
+        )
+        for name, share in policy.shares.items()
+    }
+    assert gpus["gpu-gangs-0002"] > 0
+    assert all(count == 0 for name, count in gpus.items() if name != "gpu-gangs-0002")
+    fleet.close()
+
+
+def test_the_cost_by_category_adds_up_to_the_cost() -> None:
+    scenario = build("mixed", clusters=5, duration=3600, seed=4)
+    options = RunOptions(quota_scale=scenario.quota_scale, seed=3, shards=2)
+    s = run_policy(scenario.trace, "bigfleet", options).summary
+    by_category = s["cost_by_category_usd"]
+    assert by_category, "nothing was billed"
+    assert all(k.endswith(("/serving", "/idle")) for k in by_category)
+    assert abs(sum(by_category.values()) - s["cost_usd"]) < 0.05
