@@ -157,7 +157,8 @@ class Session:
             await self.call.write(hello.SerializeToString())
             frame = await self.call.read()
         except grpc.aio.AioRpcError as err:
-            return str(err.code().name)
+            # The code, and the start of the reason (distinct reasons are counted apart).
+            return f"{err.code().name}: {(err.details() or '')[:60]}"
         if frame is grpc.aio.EOF:  # type: ignore[attr-defined]
             return "EOF"
         self.open = True

@@ -39,8 +39,10 @@ class ShardOptions:
     max_instruction_share: float = 0.05
     # When the Session port sheds load (RESOURCE_EXHAUSTED with a retry hint).
     session_limits: SessionLimits = field(default_factory=SessionLimits)
-    # Staged roll-ups are applied in slices of at most this long, between other work.
+    # Staged roll-ups are applied in slices of at most this long, between other work,
+    # at most this long after they arrive (newer roll-ups of a cluster replace older).
     apply_slice_s: float = 0.002
+    apply_coalesce_s: float = 0.25
 
     @property
     def task_queue(self) -> str:

@@ -306,7 +306,13 @@ class ShardProcess:
         return len(staged)
 
     async def _apply_loop(self) -> None:
-        """Apply staged roll-ups as they come, a few milliseconds at a time."""
+        """Apply staged roll-ups as they come, a few milliseconds at a time.
+
+        The applier waits ``apply_coalesce_s`` after the first roll-up arrives,
+        so a cluster that sends faster than that has only its newest roll-up
+        applied; the engine's needs lag the acks by about that much, and
+        never beyond the next cycle (``run_cycle`` applies what is staged).
+        """
         loop = asyncio.get_running_loop()
 
         def ready() -> None:
@@ -316,6 +322,8 @@ class ShardProcess:
         budget = self.options.apply_slice_s
         while True:
             await self._staged.wait()
+            # Let a cluster's roll-ups coalesce: only the newest one is applied.
+            await asyncio.sleep(self.options.apply_coalesce_s)
             self._staged.clear()
             while len(self.intake):
                 deadline = time.monotonic() + budget

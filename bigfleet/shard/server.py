@@ -72,6 +72,12 @@ class IngestOptions:
             ("grpc.http2.bdp_probe", 0),
             ("grpc.max_receive_message_length", 16 * 1024 * 1024),
             ("grpc.so_reuseport", 0),
+            # gRPC's core refuses calls the application has not picked up yet beyond
+            # 1,000 (at random) and 3,000 (all): a reconnection storm of thousands of
+            # operators then sees CANCELLED or INTERNAL. Our own limit is max_sessions,
+            # answered with RESOURCE_EXHAUSTED and a retry hint (sessions.SessionLimits).
+            ("grpc.server.max_pending_requests", 2 * self.limits.max_sessions),
+            ("grpc.server.max_pending_requests_hard_limit", 2 * self.limits.max_sessions),
         ]
 
 

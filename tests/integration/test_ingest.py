@@ -244,3 +244,37 @@ async def test_rollups_arriving_while_the_sessions_loop_lags_are_shed() -> None:
         await asyncio.to_thread(client.close)
     finally:
         await p.server.stop(grace=0)
+
+
+async def test_thousands_of_hellos_at_once_are_all_answered(port: Port) -> None:
+    """gRPC's core refuses calls beyond 3,000 not yet picked up by default; ours may not."""
+    count = 3500
+    channels = [grpc.aio.insecure_channel(port.server.address) for _ in range(10)]
+    hold = asyncio.Event()
+
+    async def hello(i: int) -> str:
+        stream: Any = shard_pb2_grpc.ShardStub(channels[i % 10]).Session()  # type: ignore[call-arg]
+        await stream.write(
+            shard_pb2.OperatorMessage(hello=shard_pb2.Hello(cluster_id=f"storm-{i}"))
+        )
+        try:
+            frame = await stream.read()
+        except grpc.aio.AioRpcError as err:
+            return str(err.code().name)
+        await hold.wait()
+        stream.cancel()
+        return str(frame.ack.echo)
+
+    tasks = [asyncio.create_task(hello(i)) for i in range(count)]
+    try:
+        for _ in range(600):
+            if len(port.hub) + sum(1 for t in tasks if t.done()) >= count:
+                break
+            await asyncio.sleep(0.1)
+        refused = [t.result() for t in tasks if t.done()]
+        assert refused == [] and len(port.hub) == count
+    finally:
+        hold.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for c in channels:
+            await c.close(None)
