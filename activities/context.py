@@ -23,7 +23,7 @@ from workflows.contracts import (
     RecoverInput,
     RequirementSpec,
 )
-from workflows.errors import LEASE_LOST
+from workflows.errors import LEASE_LOST, NOT_LEASE_HOLDER
 
 
 @dataclass(frozen=True)
@@ -36,9 +36,17 @@ class BootstrapBlob:
 
 
 class ProviderCalls(Protocol):
-    """The subset of :class:`providers.client.ProviderClient` the activities use."""
+    """The subset of :class:`providers.client.ProviderClient` the activities use.
 
-    async def create(self, machine_id: str, token: FencingToken) -> provider_pb2.TransitionAck: ...
+    ``timeout`` is the longest a call may take (its gRPC deadline); a mutation
+    may be given a shorter one, so it cannot outlast the shard's lease.
+    """
+
+    timeout: float
+
+    async def create(
+        self, machine_id: str, token: FencingToken, *, deadline_s: float | None = None
+    ) -> provider_pb2.TransitionAck: ...
 
     async def configure(
         self,
@@ -47,13 +55,22 @@ class ProviderCalls(Protocol):
         bootstrap_blob: bytes,
         token: FencingToken,
         shard_metadata: dict[str, str] | None = None,
+        *,
+        deadline_s: float | None = None,
     ) -> provider_pb2.TransitionAck: ...
 
     async def drain(
-        self, machine_id: str, grace_seconds: int, token: FencingToken
+        self,
+        machine_id: str,
+        grace_seconds: int,
+        token: FencingToken,
+        *,
+        deadline_s: float | None = None,
     ) -> provider_pb2.TransitionAck: ...
 
-    async def delete(self, machine_id: str, token: FencingToken) -> provider_pb2.TransitionAck: ...
+    async def delete(
+        self, machine_id: str, token: FencingToken, *, deadline_s: float | None = None
+    ) -> provider_pb2.TransitionAck: ...
 
     async def get(self, machine_id: str) -> provider_pb2.Machine: ...
 
@@ -85,6 +102,26 @@ def ensure_active(guard: ActiveGuard, *, retryable: bool = False) -> None:
         raise ApplicationError(str(err), type=LEASE_LOST, non_retryable=not retryable) from err
 
 
+def ensure_holder(guard: ActiveGuard) -> None:
+    """Refuse, *retryably*, to record an outcome in a process that may not act.
+
+    Recording is retried until it lands (ADR 0101): the next attempt may
+    reach the process that holds the shard's lease now, which records it.
+    """
+    try:
+        guard.check_active()
+    except ShardInactive as err:
+        raise not_holder(err) from err
+
+
+def not_holder(err: ShardInactive) -> ApplicationError:
+    """The retryable refusal of a record attempt that reached a process that cannot act."""
+    return ApplicationError(
+        f"{err}; the outcome is recorded by the process that holds the lease",
+        type=NOT_LEASE_HOLDER,
+    )
+
+
 class ShardContext(ActiveGuard, Protocol):
     """The live shard process, as activities see it."""
 
@@ -96,6 +133,11 @@ class ShardContext(ActiveGuard, Protocol):
 
     def next_token(self) -> FencingToken:
         """A fresh fencing token: this process's epoch and a new sequence number."""
+
+    def acting_for_s(self) -> float:
+        """Seconds this process may still act: a provider mutation's deadline is cut to it,
+        so no mutation lands after the lease may have ended (ADR 0100). Raises
+        :class:`ShardInactive` when it may not act at all."""
 
     def on_fenced(self, provider: str, machine_id: str, detail: str) -> None:
         """A provider refused our token: stop acting until the lease is re-taken."""

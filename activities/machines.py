@@ -1,6 +1,9 @@
 """Activities that call capacity providers on behalf of the machine workflows.
 
-Each call carries a fresh fencing token. Refusals are sorted deliberately:
+Just before each mutation the shard's lease is checked, and the call's
+deadline is cut to the time the shard may still act, so no mutation lands
+after its lease may have ended (ADR 0100); each carries a fresh fencing
+token. Refusals are sorted deliberately:
 ``Fenced`` ends the workflow (non-retryable) and tells the shard to stop;
 an out-of-position transition or unknown machine is a per-machine refusal
 returned as data; transport trouble is re-raised so Temporal retries it.
@@ -15,7 +18,14 @@ from collections.abc import Awaitable, Callable
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.context import ProviderCalls, ShardContext, ensure_active
+from activities.context import (
+    ProviderCalls,
+    ShardContext,
+    ShardInactive,
+    ensure_active,
+    ensure_holder,
+    not_holder,
+)
 from bigfleet.v1alpha1 import provider_pb2
 from providers.errors import (
     Fenced,
@@ -27,7 +37,7 @@ from providers.errors import (
 )
 from providers.model import FencingToken
 from workflows import contracts as c
-from workflows.errors import BOOTSTRAP_UNAVAILABLE, FENCED, INVALID_ARGUMENT
+from workflows.errors import BOOTSTRAP_UNAVAILABLE, FENCED, INVALID_ARGUMENT, LEASE_LOST
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +52,8 @@ BOOTSTRAP_TIMEOUT_S = 20.0
 # call per machine; thousands of concurrent unary calls on one channel start
 # coming back CANCELLED, so they queue here instead.
 MAX_CALLS_IN_FLIGHT = 256
+# A provider mutation is not started with less time than this left on the lease.
+MIN_CALL_S = 0.05
 
 
 def state_name(state: int) -> str:
@@ -63,6 +75,23 @@ class MachineActivities:
     def _ensure_active(self) -> None:
         ensure_active(self._ctx)
 
+    def _budget(self, client: ProviderCalls) -> float:
+        """The deadline of the next provider mutation: the client's timeout, cut to the
+        time this process may still act, so no mutation lands after its lease may have
+        ended (ADR 0100). Refuses (``LeaseLost``) when too little is left."""
+        try:
+            left = self._ctx.acting_for_s()
+        except ShardInactive as err:
+            raise ApplicationError(str(err), type=LEASE_LOST, non_retryable=True) from err
+        if left < MIN_CALL_S:
+            raise ApplicationError(
+                f"shard {self._ctx.shard_id}: its lease may end in {left:.2f} s; "
+                "no provider call is started",
+                type=LEASE_LOST,
+                non_retryable=True,
+            )
+        return min(client.timeout, left)
+
     def _fenced(self, provider: str, machine_id: str, err: Fenced) -> ApplicationError:
         self._ctx.on_fenced(provider, machine_id, err.message)
         return ApplicationError(
@@ -78,7 +107,9 @@ class MachineActivities:
 
         return await self._each(
             inp.machines,
-            lambda client, target, token: client.create(target.machine_id, token),
+            lambda client, target, token, budget: client.create(
+                target.machine_id, token, deadline_s=budget
+            ),
         )
 
     @activity.defn(name=c.CONFIGURE_MACHINES)
@@ -107,8 +138,13 @@ class MachineActivities:
 
         return await self._each(
             inp.machines,
-            lambda client, target, token: client.configure(
-                target.machine_id, inp.cluster_id, blob.user_data, token, metadata
+            lambda client, target, token, budget: client.configure(
+                target.machine_id,
+                inp.cluster_id,
+                blob.user_data,
+                token,
+                metadata,
+                deadline_s=budget,
             ),
         )
 
@@ -116,7 +152,8 @@ class MachineActivities:
         self,
         machines: list[c.MachineTarget],
         call: Callable[
-            [ProviderCalls, c.MachineTarget, FencingToken], Awaitable[provider_pb2.TransitionAck]
+            [ProviderCalls, c.MachineTarget, FencingToken, float],
+            Awaitable[provider_pb2.TransitionAck],
         ],
     ) -> c.TransitionResults:
         """Send one lifecycle call per machine, each with a fresh token, sorting the answers.
@@ -130,7 +167,9 @@ class MachineActivities:
             client = self._ctx.provider(target.provider)
             try:
                 async with self._in_flight:
-                    ack = await call(client, target, self._ctx.next_token())
+                    # Just before the call: its deadline ends before the lease can (ADR 0100).
+                    budget = self._budget(client)
+                    ack = await call(client, target, self._ctx.next_token(), budget)
             except Fenced as err:
                 raise self._fenced(target.provider, target.machine_id, err) from err
             except (InvalidTransition, NotFound, Unimplemented) as err:
@@ -156,8 +195,11 @@ class MachineActivities:
         self._ensure_active()
         target = inp.machine
         client = self._ctx.provider(target.provider)
+        budget = self._budget(client)
         try:
-            ack = await client.drain(target.machine_id, inp.grace_seconds, self._ctx.next_token())
+            ack = await client.drain(
+                target.machine_id, inp.grace_seconds, self._ctx.next_token(), deadline_s=budget
+            )
         except Fenced as err:
             raise self._fenced(target.provider, target.machine_id, err) from err
         except (InvalidTransition, NotFound, Unimplemented) as err:
@@ -176,8 +218,9 @@ class MachineActivities:
         self._ensure_active()
         target = inp.machine
         client = self._ctx.provider(target.provider)
+        budget = self._budget(client)
         try:
-            ack = await client.delete(target.machine_id, self._ctx.next_token())
+            ack = await client.delete(target.machine_id, self._ctx.next_token(), deadline_s=budget)
         except Fenced as err:
             raise self._fenced(target.provider, target.machine_id, err) from err
         except (InvalidTransition, NotFound, Unimplemented) as err:
@@ -210,9 +253,16 @@ class MachineActivities:
 
     @activity.defn(name=c.RECORD_OUTCOMES)
     async def record_outcomes(self, inp: c.RecordOutcomesInput) -> None:
-        """Persist the outcome and fold it into the live inventory, exactly once."""
-        self._ensure_active()
-        await self._ctx.record_outcomes(inp)
+        """Persist the outcome and fold it into the live inventory, exactly once.
+
+        A process that may not act refuses retryably (``NotLeaseHolder``), so
+        the attempt is repeated until the lease holder records it.
+        """
+        ensure_holder(self._ctx)
+        try:
+            await self._ctx.record_outcomes(inp)
+        except ShardInactive as err:
+            raise not_holder(err) from err
 
 
 def _refusal(err: ProviderError) -> c.TransitionAnswer:

@@ -7,17 +7,23 @@
                           sequence) -> engine.settle, exactly once
 
 All of them refuse to act for a shard that lost its lease or was fenced
-(``LeaseLost``); the workflows wait that out on a durable timer.
+(``LeaseLost``); the workflows wait that out on a durable timer. Recording
+refuses retryably instead (``NotLeaseHolder``): it is retried until the
+process holding the lease records it (ADR 0101).
 """
 
 from __future__ import annotations
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
-from activities.context import ShardContext, ShardInactive, ensure_active
+from activities.context import (
+    ShardContext,
+    ShardInactive,
+    ensure_active,
+    ensure_holder,
+    not_holder,
+)
 from workflows import contracts as c
-from workflows.errors import LEASE_LOST
 
 
 class ShardActivities:
@@ -50,9 +56,13 @@ class ShardActivities:
 
     @activity.defn(name=c.RECORD_MACHINE)
     async def record_machine(self, inp: c.RecordMachineInput) -> None:
-        """Persist one machine's outcome and fold it into the live inventory, exactly once."""
-        self._ensure_active()
+        """Persist one machine's outcome and fold it into the live inventory, exactly once.
+
+        A process that may not act refuses retryably (``NotLeaseHolder``), so
+        the attempt is repeated until the lease holder records it.
+        """
+        ensure_holder(self._ctx)
         try:
             await self._ctx.record_machine(inp)
         except ShardInactive as err:
-            raise ApplicationError(str(err), type=LEASE_LOST, non_retryable=True) from err
+            raise not_holder(err) from err

@@ -86,6 +86,9 @@ class BenchContext:
     def check_active(self) -> None:
         return None
 
+    def acting_for_s(self) -> float:
+        return self.client.timeout
+
     def provider(self, name: str) -> ProviderCalls:
         return self.client
 

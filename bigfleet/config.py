@@ -120,6 +120,13 @@ def _float(env: Mapping[str, str], name: str, default: float, *, minimum: float 
     return value
 
 
+def _optional_float(env: Mapping[str, str], name: str, *, minimum: float) -> float | None:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return None
+    return _float(env, name, 0.0, minimum=minimum)
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything a BigFleet process needs to know about its surroundings."""
@@ -136,7 +143,11 @@ class Settings:
     cycle_interval_s: float = 5.0
     observe_interval_s: float = 2.0
     lease_ttl_s: float = 30.0
+    # Stop acting this long before the lease can expire; None: a quarter of the ttl.
+    lease_margin_s: float | None = None
     report_interval_s: float = 30.0
+    # How often each shard reconciles providers, PostgreSQL and its engine (ADR 0103).
+    reconcile_interval_s: float = 60.0
     data_dir: Path = field(default_factory=lambda: Path(".bigfleet"))
     holder: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
     # Mutual TLS for every gRPC edge of the process; None means plaintext.
@@ -147,6 +158,14 @@ class Settings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
+        ttl = _float(env, "BIGFLEET_LEASE_TTL_SECONDS", 30.0, minimum=1.0)
+        margin = _optional_float(env, "BIGFLEET_LEASE_MARGIN_SECONDS", minimum=0.01)
+        if margin is not None and margin >= ttl * 2 / 3:
+            raise ConfigError(
+                "BIGFLEET_LEASE_MARGIN_SECONDS",
+                f"{margin:g} must be below two thirds of the lease ttl ({ttl * 2 / 3:g} s): "
+                "a renewal every ttl/3 must still land before the acting deadline",
+            )
         return cls(
             database_url=env.get("BIGFLEET_DATABASE_URL") or None,
             temporal_address=env.get("BIGFLEET_TEMPORAL_ADDRESS") or None,
@@ -156,8 +175,10 @@ class Settings:
             providers=parse_providers(env.get("BIGFLEET_PROVIDERS", "")),
             cycle_interval_s=_float(env, "BIGFLEET_CYCLE_SECONDS", 5.0, minimum=0.05),
             observe_interval_s=_float(env, "BIGFLEET_OBSERVE_SECONDS", 2.0, minimum=0.05),
-            lease_ttl_s=_float(env, "BIGFLEET_LEASE_TTL_SECONDS", 30.0, minimum=1.0),
+            lease_ttl_s=ttl,
+            lease_margin_s=margin,
             report_interval_s=_float(env, "BIGFLEET_REPORT_SECONDS", 30.0, minimum=0.1),
+            reconcile_interval_s=_float(env, "BIGFLEET_RECONCILE_SECONDS", 60.0, minimum=0.1),
             data_dir=Path(env.get("BIGFLEET_DATA_DIR", ".bigfleet")),
             tls=parse_tls(env),
             temporal_tls=_flag(env, "BIGFLEET_TEMPORAL_TLS"),
@@ -176,7 +197,11 @@ class Settings:
             "BIGFLEET_CYCLE_SECONDS": "decision cycle interval (default 5)",
             "BIGFLEET_OBSERVE_SECONDS": "provider List interval (default 2)",
             "BIGFLEET_LEASE_TTL_SECONDS": "shard lease lifetime; renewed at a third of it",
+            "BIGFLEET_LEASE_MARGIN_SECONDS": "stop acting this long before the lease can "
+            "expire (default: a quarter of the ttl; ADR 0100)",
             "BIGFLEET_REPORT_SECONDS": "how often a shard reports to the coordinator (default 30)",
+            "BIGFLEET_RECONCILE_SECONDS": "how often a shard compares providers, PostgreSQL "
+            "and its engine and repairs drift (default 60; ADR 0103)",
             "BIGFLEET_DATA_DIR": "local state (embedded Postgres, Temporal dev DB)",
             "BIGFLEET_TLS_CERT": "PEM cert with one bigfleet:// URI SAN (mTLS: all three or none)",
             "BIGFLEET_TLS_KEY": "PEM private key of BIGFLEET_TLS_CERT",

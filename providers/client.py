@@ -118,13 +118,18 @@ class ProviderClient:
                 await task
         await self._channel.close(None)
 
+    def _deadline(self, deadline_s: float | None) -> float:
+        """The call's deadline in seconds: ``deadline_s`` when given (a caller whose right to
+        act ends sooner), else the client's."""
+        return self.timeout if deadline_s is None else min(self.timeout, deadline_s)
+
     async def create(
-        self, machine_id: str, token: FencingToken | None
+        self, machine_id: str, token: FencingToken | None, *, deadline_s: float | None = None
     ) -> provider_pb2.TransitionAck:
         """Ask for SPECULATIVE -> CREATING -> IDLE. Returns at acceptance."""
         request = provider_pb2.CreateRequest(machine_id=machine_id, **_token_fields(token))
         try:
-            return await self._stub.Create(request, timeout=self.timeout)
+            return await self._stub.Create(request, timeout=self._deadline(deadline_s))
         except grpc.aio.AioRpcError as error:
             raise _translate(error) from error
 
@@ -135,6 +140,8 @@ class ProviderClient:
         bootstrap_blob: bytes,
         token: FencingToken | None,
         shard_metadata: Mapping[str, str] | None = None,
+        *,
+        deadline_s: float | None = None,
     ) -> provider_pb2.TransitionAck:
         """Ask for IDLE -> CONFIGURING -> CONFIGURED in ``cluster_id``; the
         provider stores ``shard_metadata`` and echoes it until the drain ends."""
@@ -146,29 +153,34 @@ class ProviderClient:
             **_token_fields(token),
         )
         try:
-            return await self._stub.Configure(request, timeout=self.timeout)
+            return await self._stub.Configure(request, timeout=self._deadline(deadline_s))
         except grpc.aio.AioRpcError as error:
             raise _translate(error) from error
 
     async def drain(
-        self, machine_id: str, grace_seconds: int, token: FencingToken | None
+        self,
+        machine_id: str,
+        grace_seconds: int,
+        token: FencingToken | None,
+        *,
+        deadline_s: float | None = None,
     ) -> provider_pb2.TransitionAck:
         """Ask for CONFIGURED -> DRAINING -> IDLE within ``grace_seconds``."""
         request = provider_pb2.DrainRequest(
             machine_id=machine_id, grace_period_seconds=grace_seconds, **_token_fields(token)
         )
         try:
-            return await self._stub.Drain(request, timeout=self.timeout)
+            return await self._stub.Drain(request, timeout=self._deadline(deadline_s))
         except grpc.aio.AioRpcError as error:
             raise _translate(error) from error
 
     async def delete(
-        self, machine_id: str, token: FencingToken | None
+        self, machine_id: str, token: FencingToken | None, *, deadline_s: float | None = None
     ) -> provider_pb2.TransitionAck:
         """Ask for IDLE -> DELETING -> SPECULATIVE (cloud only)."""
         request = provider_pb2.DeleteRequest(machine_id=machine_id, **_token_fields(token))
         try:
-            return await self._stub.Delete(request, timeout=self.timeout)
+            return await self._stub.Delete(request, timeout=self._deadline(deadline_s))
         except grpc.aio.AioRpcError as error:
             raise _translate(error) from error
 

@@ -67,6 +67,8 @@ class FakeProvider:
         self.provider = provider
         self.provider.start()
         self.calls: list[Call] = []
+        # In process, a call returns at once; this bounds it like ProviderClient.timeout.
+        self.timeout = 1.0
         self.next_error: ProviderError | None = None
         self.next_error_for: dict[str, ProviderError] = {}
 
@@ -103,7 +105,7 @@ class FakeProvider:
     # ------------------------------------------------------------------ client surface
 
     async def create(
-        self, machine_id: str, token: FencingToken | None
+        self, machine_id: str, token: FencingToken | None, *, deadline_s: float | None = None
     ) -> provider_pb2.TransitionAck:
         """As `ProviderClient.create`."""
         self._record("create", machine_id=machine_id, token=token)
@@ -116,8 +118,10 @@ class FakeProvider:
         bootstrap_blob: bytes,
         token: FencingToken | None,
         shard_metadata: Mapping[str, str] | None = None,
+        *,
+        deadline_s: float | None = None,
     ) -> provider_pb2.TransitionAck:
-        """As `ProviderClient.configure`."""
+        """As `ProviderClient.configure` (in process: ``deadline_s`` never runs out)."""
         metadata = dict(shard_metadata or {})
         self._record(
             "configure",
@@ -132,14 +136,19 @@ class FakeProvider:
         )
 
     async def drain(
-        self, machine_id: str, grace_seconds: int, token: FencingToken | None
+        self,
+        machine_id: str,
+        grace_seconds: int,
+        token: FencingToken | None,
+        *,
+        deadline_s: float | None = None,
     ) -> provider_pb2.TransitionAck:
         """As `ProviderClient.drain`."""
         self._record("drain", machine_id=machine_id, grace_seconds=grace_seconds, token=token)
         return ack_to_pb(self.provider.drain(machine_id, grace_seconds, token))
 
     async def delete(
-        self, machine_id: str, token: FencingToken | None
+        self, machine_id: str, token: FencingToken | None, *, deadline_s: float | None = None
     ) -> provider_pb2.TransitionAck:
         """As `ProviderClient.delete`."""
         self._record("delete", machine_id=machine_id, token=token)

@@ -519,6 +519,11 @@ class ShardEngine:
             {ids.id_of(row): self._clusters.name(f.target) for row, f in self._flights.items()}
         )
 
+    def in_flight_since(self) -> Mapping[str, float]:
+        """machine_id -> when it was marked in flight (the ``now`` of that cycle or claim)."""
+        ids = self._inventory.ids
+        return MappingProxyType({ids.id_of(row): f.started for row, f in self._flights.items()})
+
     def promised(self) -> Mapping[str, str]:
         """machine_id -> the preemptor cluster an idle machine is reserved for."""
         ids = self._inventory.ids

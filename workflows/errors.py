@@ -14,6 +14,10 @@ BOOTSTRAP_UNAVAILABLE = "BootstrapUnavailable"
 INVALID_ARGUMENT = "InvalidArgument"
 # The shard process lost its lease; it must not record or act.
 LEASE_LOST = "LeaseLost"
+# Recording an outcome reached a process that cannot act for the shard now (or
+# the store refused its epoch). Retryable: the next attempt may reach the
+# process that holds the lease, which records it (ADR 0101).
+NOT_LEASE_HOLDER = "NotLeaseHolder"
 
 NON_RETRYABLE = (FENCED, BOOTSTRAP_UNAVAILABLE, INVALID_ARGUMENT, LEASE_LOST)
 

@@ -52,7 +52,14 @@ from workflows.contracts import (
     ResolveSignal,
     TransitionAnswer,
 )
-from workflows.errors import FENCED, LEASE_LOST, NON_RETRYABLE, NOT_FOUND, UNIMPLEMENTED
+from workflows.errors import (
+    FENCED,
+    INVALID_ARGUMENT,
+    LEASE_LOST,
+    NON_RETRYABLE,
+    NOT_FOUND,
+    UNIMPLEMENTED,
+)
 
 T = TypeVar("T")
 
@@ -63,6 +70,15 @@ RETRY = RetryPolicy(
     backoff_coefficient=2.0,
     maximum_interval=timedelta(seconds=30),
     non_retryable_error_types=list(NON_RETRYABLE),
+)
+# Recording an outcome is retried until it lands (ADR 0101): whatever the store or
+# the lease does, a finished operation is never dropped. Only a malformed request stops it.
+RECORD_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=10),
+    maximum_attempts=0,
+    non_retryable_error_types=[INVALID_ARGUMENT],
 )
 # How long to wait before asking again when the shard process is not acting.
 LEASE_WAIT_INITIAL_S = 5.0
@@ -223,7 +239,9 @@ class MachineWorkflow:
 
     # ------------------------------------------------------------ activities
 
-    async def _activity(self, name: str, arg: Any, result_type: type[T]) -> T:
+    async def _activity(
+        self, name: str, arg: Any, result_type: type[T], *, retry: RetryPolicy = RETRY
+    ) -> T:
         """Run an activity; stop on ``Fenced``, wait out ``LeaseLost``, re-raise the rest."""
         wait_s = LEASE_WAIT_INITIAL_S
         while True:
@@ -233,7 +251,7 @@ class MachineWorkflow:
                     arg,
                     result_type=result_type,
                     start_to_close_timeout=CALL_TIMEOUT,
-                    retry_policy=RETRY,
+                    retry_policy=retry,
                 )
                 return result
             except ActivityError as err:
@@ -309,6 +327,7 @@ class MachineWorkflow:
                 persist=persist,
             ),
             type(None),
+            retry=RECORD_RETRY,
         )
 
     async def _finish(

@@ -22,7 +22,7 @@ ADR 0030).
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeUpdate
@@ -56,11 +56,18 @@ from workflows.contracts import (
     StartRecoveriesInput,
     TransitionResults,
 )
-from workflows.errors import BOOTSTRAP_UNAVAILABLE, FENCED, NON_RETRYABLE
+from workflows.errors import BOOTSTRAP_UNAVAILABLE, FENCED, LEASE_LOST, NON_RETRYABLE
+from workflows.machine import LEASE_WAIT_INITIAL_S, LEASE_WAIT_MAX_S, RECORD_RETRY
 
 # Marks histories that hand failed machines to RecoverWorkflows; older ones
 # recorded failures in the batch and still replay that way.
 HANDOFF_PATCH = "recover-failed-machines"
+# Marks histories in which a batch waited out a shard that was not acting
+# (LeaseLost) instead of failing; before it, the batch failed and its
+# already-configured machines were never recorded (ADR 0101).
+LEASE_WAIT_PATCH = "wait-out-lease-loss"
+
+T = TypeVar("T")
 
 # Provider calls are quick (they only accept a transition); retries are cheap.
 _CALL_TIMEOUT = timedelta(seconds=30)
@@ -85,6 +92,8 @@ class ProvisionWorkflow:
         self._stage: dict[str, str] = {}
         self._handed_off: list[str] = []
         self._recoveries: list[str] = []
+        # Times the batch waited for its shard to act again (LeaseLost).
+        self._waits = 0
 
     @workflow.query(name="view")
     def view(self) -> dict[str, object]:
@@ -99,6 +108,7 @@ class ProvisionWorkflow:
             "machines": [vars(m) for m in self._machines.values()],
             "handed_off": list(self._handed_off),
             "recoveries": list(self._recoveries),
+            "lease_waits": self._waits,
         }
 
     @workflow.run
@@ -127,12 +137,10 @@ class ProvisionWorkflow:
         try:
             if inp.create:
                 self._set_phase(CREATING)
-                created = await workflow.execute_activity(
+                created = await self._call(
                     CREATE_MACHINES,
                     CreateMachinesInput(inp.shard_id, inp.operation_seq, inp.machines),
-                    result_type=TransitionResults,
-                    start_to_close_timeout=_CALL_TIMEOUT,
-                    retry_policy=_RETRY,
+                    TransitionResults,
                 )
                 self._absorb_refusals(created)
                 await self._wait_for(IDLE, CREATING, inp.deadlines.creating_s, inp.poll)
@@ -158,7 +166,8 @@ class ProvisionWorkflow:
             await self._hand_off(inp, failed)
             settle_here = [o for o in outcomes if o.state != FAILED]
         if settle_here:
-            await workflow.execute_activity(
+            # Retried until it lands, on whichever process holds the shard by then.
+            await self._call(
                 RECORD_OUTCOMES,
                 RecordOutcomesInput(
                     inp.shard_id,
@@ -168,15 +177,15 @@ class ProvisionWorkflow:
                     inp.operation_seq,
                     settle_here,
                 ),
-                start_to_close_timeout=_CALL_TIMEOUT,
-                retry_policy=_RETRY,
+                type(None),
+                retry=RECORD_RETRY,
             )
         self._set_phase(FAILED if failed else CONFIGURED)
         return ProvisionResult(outcomes, handed_off=list(self._handed_off))
 
     async def _hand_off(self, inp: ProvisionInput, failed: list[MachineOutcome]) -> None:
         """Start one RecoverWorkflow per failed machine; they outlive this batch."""
-        started = await workflow.execute_activity(
+        started = await self._call(
             START_RECOVERIES,
             StartRecoveriesInput(
                 inp.shard_id,
@@ -197,9 +206,7 @@ class ProvisionWorkflow:
                     for o in failed
                 ],
             ),
-            result_type=StartedWorkflows,
-            start_to_close_timeout=_CALL_TIMEOUT,
-            retry_policy=_RETRY,
+            StartedWorkflows,
         )
         self._handed_off = [o.machine_id for o in failed]
         self._recoveries = list(started.workflow_ids)
@@ -207,7 +214,7 @@ class ProvisionWorkflow:
     async def _configure(self, inp: ProvisionInput, ready: list[MachineTarget]) -> None:
         targets = ready
         try:
-            configured = await workflow.execute_activity(
+            configured = await self._call(
                 CONFIGURE_MACHINES,
                 ConfigureMachinesInput(
                     inp.shard_id,
@@ -218,9 +225,8 @@ class ProvisionWorkflow:
                     targets,
                     inp.requirements,
                 ),
-                result_type=TransitionResults,
-                start_to_close_timeout=_CALL_TIMEOUT * 2,
-                retry_policy=_RETRY,
+                TransitionResults,
+                start_to_close=_CALL_TIMEOUT * 2,
             )
         except ActivityError as err:
             if _error_type(err) != BOOTSTRAP_UNAVAILABLE:
@@ -257,12 +263,10 @@ class ProvisionWorkflow:
             pending = self._pending(target)
             if not pending:
                 return
-            observed = await workflow.execute_activity(
+            observed = await self._call(
                 OBSERVE_MACHINES,
                 ObserveMachinesInput(inp.shard_id, pending),
-                result_type=ObservedMachines,
-                start_to_close_timeout=_CALL_TIMEOUT,
-                retry_policy=_RETRY,
+                ObservedMachines,
             )
             for seen in observed.machines:
                 self._machines[seen.machine_id] = seen
@@ -292,6 +296,35 @@ class ProvisionWorkflow:
         return [
             m for m in inp.machines if self._machines[m.machine_id].state not in (target, FAILED)
         ]
+
+    async def _call(
+        self,
+        name: str,
+        arg: Any,
+        result_type: type[T],
+        *,
+        start_to_close: timedelta = _CALL_TIMEOUT,
+        retry: RetryPolicy = _RETRY,
+    ) -> T:
+        """Run an activity; a shard that is not acting (``LeaseLost``) is waited out on a
+        durable timer, so the batch carries on with whichever process holds the lease next."""
+        wait_s = LEASE_WAIT_INITIAL_S
+        while True:
+            try:
+                result: T = await workflow.execute_activity(
+                    name,
+                    arg,
+                    result_type=result_type,
+                    start_to_close_timeout=start_to_close,
+                    retry_policy=retry,
+                )
+                return result
+            except ActivityError as err:
+                if _error_type(err) != LEASE_LOST or not workflow.patched(LEASE_WAIT_PATCH):
+                    raise
+                self._waits += 1
+                await workflow.sleep(timedelta(seconds=wait_s))
+                wait_s = min(wait_s * 2, LEASE_WAIT_MAX_S)
 
     def _set_phase(self, phase: str) -> None:
         self._phase = phase

@@ -62,6 +62,10 @@ class ShardActivityContext:
     def check_active(self) -> None:
         self._lease.check_active()
 
+    def acting_for_s(self) -> float:
+        self._lease.check_active()
+        return self._lease.remaining_s()
+
     def provider(self, name: str) -> ProviderCalls:
         return self._observer.provider(name)
 

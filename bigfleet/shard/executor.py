@@ -85,7 +85,14 @@ from workflows.verify import VERIFYING, VerifyWorkflow
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Executor", "PlannedMachines", "SequenceSource", "claim_running", "workflow_id"]
+__all__ = [
+    "Executor",
+    "PlannedMachines",
+    "SequenceSource",
+    "StartGuard",
+    "claim_running",
+    "workflow_id",
+]
 
 
 # Machines per ProvisionWorkflow: the paper's batched Create (64), and never more
@@ -118,6 +125,13 @@ class PlannedMachines(Protocol):
     def settle(self, machine_id: str, record: MachineRecord | None, *, now: float) -> None: ...
 
 
+class StartGuard(Protocol):
+    """Whether the shard may still act (see :class:`bigfleet.shard.lease.LeaseKeeper`)."""
+
+    @property
+    def active(self) -> bool: ...
+
+
 class SequenceSource(Protocol):
     """Hands out operation sequences (see :class:`bigfleet.shard.sequences.OperationSequences`)."""
 
@@ -138,8 +152,11 @@ class Executor:
         deadlines: DeadlinePolicy,
         poll: PollPolicy,
         clock: Callable[[], float],
+        guard: StartGuard | None = None,
     ) -> None:
         self._temporal = temporal
+        # Checked before every start: a plan outliving the lease starts nothing more.
+        self._guard = guard
         self._shard_id = shard_id
         self._task_queue = task_queue
         self._engine = engine
@@ -155,7 +172,18 @@ class Executor:
     async def execute(self, plan: Plan) -> int:
         """Start a workflow for every action of ``plan``; returns how many were started."""
         started = 0
-        for action in plan.actions:
+        for i, action in enumerate(plan.actions):
+            if self._guard is not None and not self._guard.active:
+                rest = plan.actions[i:]
+                log.warning(
+                    "shard %s stopped acting mid-plan; %d actions not started",
+                    self._shard_id,
+                    len(rest),
+                )
+                for left in rest:
+                    for mid in _machines_of(left):
+                        self._engine.settle(mid, self._engine.machine(mid), now=self._clock())
+                break
             started += await self._one(action)
         return started
 
@@ -350,6 +378,13 @@ class Executor:
                 self._engine.settle(record.id, self._engine.machine(record.id), now=self._clock())
             return 0
         return 1
+
+
+def _machines_of(action: Action) -> tuple[str, ...]:
+    """The machines an action marked in flight."""
+    if isinstance(action, Provision):
+        return tuple(action.machine_ids)
+    return (action.machine_id,)
 
 
 # Operations that bind their machines to the workflow's cluster.

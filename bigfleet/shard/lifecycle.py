@@ -72,6 +72,10 @@ class MachineLifecycle:
             return None
         return error
 
+    def declared_failed(self) -> frozenset[str]:
+        """Machines an outcome declared FAILED while their provider still reports them moving."""
+        return frozenset(self._declared_failed)
+
     def report_blocked(self, report: BlockedDrain) -> None:
         """Keep (or refresh) a blocked preemption drain."""
         self._blocked[report.machine_id] = report

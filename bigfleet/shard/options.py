@@ -24,6 +24,8 @@ class ShardOptions:
     listen: str = "127.0.0.1:0"
     holder: str = "local"
     lease_ttl_s: float = 30.0
+    # Stop acting this long before the lease can expire (None: a quarter of the ttl; ADR 0100).
+    lease_margin_s: float | None = None
     cycle_interval_s: float = 5.0
     observe_interval_s: float = 2.0
     deadlines: Deadlines = field(default_factory=Deadlines)
@@ -33,6 +35,8 @@ class ShardOptions:
         default_factory=default_deadline_overrides
     )
     engine: EngineConfig = field(default_factory=EngineConfig)
+    # How often the reconcile loop compares providers, PostgreSQL and the engine (ADR 0103).
+    reconcile_interval_s: float = 60.0
     # How often the shard reports to the coordinator (summary + shortfalls).
     report_interval_s: float = 30.0
     # No coordinator instruction may move more than this share of our machines.

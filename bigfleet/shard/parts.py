@@ -8,6 +8,7 @@
     ShardMembership        store, hub, transfers          cluster moves and handovers
     CoordinatorReporter    Temporal, lease                periodic report to the coordinator
     CapacityHints          hub, engine                    AvailableCapacityUpdate to each cluster
+    Reconciler             store, providers, Temporal     drift between providers, PG, engine
     ShardActivityContext   lease, observer, outcomes, …   what the activities see
 
 Shared state, each piece owned by one object and handed to those that read it:
@@ -38,6 +39,7 @@ from bigfleet.shard.nodes import NodeView
 from bigfleet.shard.observer import ProviderObserver
 from bigfleet.shard.options import ShardOptions
 from bigfleet.shard.outcomes import OutcomeRecorder
+from bigfleet.shard.reconciler import Reconciler
 from bigfleet.shard.reporter import CoordinatorReporter
 from bigfleet.shard.sequences import OperationSequences
 from bigfleet.shard.sessions import SessionHub
@@ -69,6 +71,7 @@ class ShardParts:
     transfers: CrossShardTransfers
     membership: ShardMembership
     reporter: CoordinatorReporter
+    reconciler: Reconciler
     context: ShardActivityContext
     capacity_hints: CapacityHints
 
@@ -89,8 +92,15 @@ def assemble(
     holdings = Holdings()
     needs = AppliedNeeds()
     terms = CoordinatorTerms()
-    sequences = OperationSequences()
-    lease = LeaseKeeper(store, shard_id=shard_id, holder=options.holder, ttl_s=options.lease_ttl_s)
+    lease = LeaseKeeper(
+        store,
+        shard_id=shard_id,
+        holder=options.holder,
+        ttl_s=options.lease_ttl_s,
+        margin_s=options.lease_margin_s,
+    )
+    # Numbered from the lease epoch: never reused across restarts and takeovers.
+    sequences = OperationSequences(lambda: lease.epoch)
     nodes = NodeView(hub, engine)
     observer = ProviderObserver(
         providers, engine=engine, holdings=holdings, lifecycle=lifecycle, nodes=nodes, clock=clock
@@ -113,6 +123,7 @@ def assemble(
         deadlines=DeadlinePolicy(options.deadlines, dict(options.deadline_overrides)),
         poll=options.poll,
         clock=clock,
+        guard=lease,
     )
     transfers = CrossShardTransfers(
         store,
@@ -150,6 +161,19 @@ def assemble(
         terms=terms,
         clock=clock,
     )
+    reconciler = Reconciler(
+        store,
+        lease=lease,
+        providers=providers,
+        observer=observer,
+        engine=engine,
+        holdings=holdings,
+        lifecycle=lifecycle,
+        nodes=nodes,
+        temporal=temporal,
+        clock=clock,
+        interval_s=options.reconcile_interval_s,
+    )
     context = ShardActivityContext(
         lease=lease,
         observer=observer,
@@ -174,6 +198,7 @@ def assemble(
         transfers=transfers,
         membership=membership,
         reporter=reporter,
+        reconciler=reconciler,
         context=context,
         capacity_hints=CapacityHints(hub, engine),
     )

@@ -7,13 +7,16 @@
     apply loop     Intake, a few ms at a time        -> engine.apply_rollup
     cycle loop     engine.cycle -> Executor          -> workflows on task queue shard-<id>
     report loop    CoordinatorReporter              -> signal to the coordinator
+    reconcile loop Reconciler: providers' List vs PostgreSQL vs engine -> repairs (ADR 0103)
     worker         activities (ShardActivityContext, CrossShardTransfers, ShardMembership)
                    -> providers, sessions, OutcomeRecorder -> store, engine.settle
 
 Each part is its own module with the dependencies it uses. The process stops
-acting — no provider mutation, no workflow start, no cycle — the moment it is
-fenced or cannot renew its lease, and resumes only after taking the lease
-again with a new epoch.
+acting — no provider mutation, no workflow start, no cycle, its operator
+sessions closed with UNAVAILABLE — the moment it is fenced, told it lost its
+lease, or its acting deadline passes on its own clock without a confirmed
+renewal (ADR 0100); it resumes only after taking the lease again with a new
+epoch and rebuilding its view.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from bigfleet.shard.intake import Intake
 from bigfleet.shard.options import ShardOptions, task_queue
 from bigfleet.shard.parts import assemble
 from bigfleet.shard.server import IngestOptions, IngestServer
+from bigfleet.shard.sessions import ShardUnavailable
 from bigfleet.store import Store
 from shard_engine.model import Rollup
 from workflows.registry import ALL_WORKFLOWS, workflow_runner
@@ -75,6 +79,7 @@ class ShardProcess:
         self.cycles = 0
         self.last_plan_actions = 0
         self._tasks: list[asyncio.Task[None]] = []
+        self._lease_task: asyncio.Task[None] | None = None
         self._server: IngestServer | None = None
         # Roll-ups acknowledged on the sessions thread, applied on this loop (intake.py).
         self.intake = Intake()
@@ -91,6 +96,7 @@ class ShardProcess:
         self.lease = self.parts.lease
         # Machines PostgreSQL records as ours (id -> provider); only these are acted on.
         self.owned = self.parts.holdings.owned
+        self.lease.on_stop(self._stopped_acting)
 
     # ------------------------------------------------------------ identity
 
@@ -125,6 +131,8 @@ class ShardProcess:
     async def start(self) -> None:
         """Take the lease, load inventory, serve sessions, and start the loops."""
         await self.lease.take_or_stand_by()
+        # Renewals start at once: the rest of start-up may outlast the acting window.
+        self._lease_task = asyncio.create_task(self.lease.keep(self._after_retake), name="lease")
         for row in await self.store.machines(self.shard_id):
             self.parts.sequences.advance_to(row.machine_id, row.operation_seq)
             self.owned[row.machine_id] = row.provider
@@ -138,6 +146,14 @@ class ShardProcess:
             owned=self.owned,
             clock=self.clock,
         )
+        # Every Hello is answered with the state of every machine of the cluster
+        # (ADR 0104); the view lives on this loop, the sessions on their own.
+        loop = asyncio.get_running_loop()
+
+        def resync_soon(cluster_id: str) -> None:
+            loop.call_soon_threadsafe(self._resync, cluster_id)
+
+        self.hub.on_open(resync_soon)
         # The Session port runs on its own thread: acks never wait for the cycle.
         self._server = IngestServer(
             self.hub,
@@ -163,11 +179,11 @@ class ShardProcess:
         )
         self._tasks = [
             asyncio.create_task(self._worker.run(), name="worker"),
-            asyncio.create_task(self.lease.keep(self._after_retake), name="lease"),
             self._every(self.options.observe_interval_s, self._observe, name="observe"),
             self._every(self.options.cycle_interval_s, self._cycle, name="cycle"),
             asyncio.create_task(self._apply_loop(), name="apply-rollups"),
             self._every(self.options.report_interval_s, self._report, name="report"),
+            self._every(self.options.reconcile_interval_s, self._reconcile, name="reconcile"),
         ]
         log.info(
             "shard %s serving on %s (epoch %d, task queue %s)",
@@ -191,6 +207,10 @@ class ShardProcess:
         if self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._tasks[0]
+        if self._lease_task is not None:
+            self._lease_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._lease_task
         if self._server is not None:
             await self._server.stop(grace=1.0)
         await self.lease.release()
@@ -213,9 +233,21 @@ class ShardProcess:
         return asyncio.create_task(loop(), name=name)
 
     async def _after_retake(self) -> None:
-        """A new epoch: rebuild the engine's view from full Lists before acting again."""
+        """A new epoch: rebuild the engine's view from full Lists and the running
+        workflows before acting again."""
         self.parts.observer.forget_cursors()
         await self.parts.observer.observe_all(full=True)
+        await claim_running(
+            self.temporal,
+            shard_id=self.shard_id,
+            engine=self.engine,
+            owned=self.owned,
+            clock=self.clock,
+        )
+
+    def _stopped_acting(self, reason: str) -> None:
+        """The lease keeper stopped acting: send every operator to the next holder."""
+        self.hub.close_all(unavailable=f"shard {self.shard_id} is not acting ({reason}); reconnect")
 
     async def _observe(self) -> None:
         await self.parts.observer.observe_all(full=False)
@@ -228,6 +260,10 @@ class ShardProcess:
         if self.active:
             self.parts.capacity_hints.publish()
             await self.parts.reporter.send_report()
+
+    async def _reconcile(self) -> None:
+        if self.active:
+            await self.parts.reconciler.run_once()
 
     async def run_cycle(self) -> int:
         """One decision cycle: plan, then start a workflow per action. Returns actions started.
@@ -264,6 +300,11 @@ class ShardProcess:
     # ------------------------------------------------- RollupSink (sessions)
 
     async def admit_cluster(self, cluster_id: str) -> None:
+        if not self.active:
+            raise ShardUnavailable(
+                f"shard {self.shard_id} is not acting (it cannot prove it holds its lease); "
+                "reconnect"
+            )
         owner = await self.store.assign_cluster(cluster_id)
         if owner != self.shard_id:
             raise await self.parts.membership.elsewhere(cluster_id, owner)
@@ -337,3 +378,6 @@ class ShardProcess:
 
     def ack_fields(self) -> tuple[int, int]:
         return 0, self.epoch
+
+    def _resync(self, cluster_id: str) -> None:
+        self.parts.nodes.resync(cluster_id)

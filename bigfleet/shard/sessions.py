@@ -55,11 +55,20 @@ __all__ = [
     "SessionLimits",
     "SessionUnavailable",
     "ShardServicer",
+    "ShardUnavailable",
 ]
 
 
 class SessionUnavailable(RuntimeError):
     """No session is open for the cluster, or it closed while we waited. Retryable."""
+
+
+class ShardUnavailable(RuntimeError):
+    """This process may not serve now (it cannot prove it holds its shard's lease).
+
+    The session ends (or is refused) with ``UNAVAILABLE`` so the operator
+    reconnects, reaching whichever process holds the lease next.
+    """
 
 
 class ClusterElsewhere(PermissionError):
@@ -150,6 +159,8 @@ class OperatorSession:
         self.known: dict[bytes, Need] = {}
         # Set when the session is shed: (reason, detail); it ends with RESOURCE_EXHAUSTED.
         self.shed: tuple[str, str] | None = None
+        # Set when this process stopped acting: the stream ends UNAVAILABLE with it.
+        self.unavailable: str | None = None
 
     def resolve_bootstrap(self, resp: shard_pb2.BootstrapBlobResponse) -> bool:
         waiting = self.pending.pop(resp.request_id, None)
@@ -200,6 +211,7 @@ class SessionHub:
         self._sessions: dict[str, OperatorSession] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: int | None = None
+        self._open_listeners: list[Callable[[str], None]] = []
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         """The loop (and its thread) the sessions run on; call from that thread."""
@@ -224,6 +236,19 @@ class SessionHub:
         self._sessions[cluster_id] = session
         return session
 
+    def on_open(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(cluster_id)`` after every Hello is acknowledged (on the
+        sessions' thread): the shard answers it with the cluster's node states."""
+        self._open_listeners.append(listener)
+
+    def opened(self, cluster_id: str) -> None:
+        """A session's Hello was just acknowledged: tell the listeners."""
+        for listener in self._open_listeners:
+            try:
+                listener(cluster_id)
+            except Exception:
+                log.exception("cluster %s: a session-open listener failed", cluster_id)
+
     def close(self, session: OperatorSession) -> None:
         if self._sessions.get(session.cluster_id) is session:
             del self._sessions[session.cluster_id]
@@ -238,8 +263,10 @@ class SessionHub:
         self._on_loop(self.close, session)
         return True
 
-    def close_all(self) -> None:
+    def close_all(self, *, unavailable: str | None = None) -> None:
+        """Close every session; with ``unavailable`` each stream ends UNAVAILABLE with it."""
         for session in list(self._sessions.values()):
+            session.unavailable = unavailable
             self._on_loop(self.close, session)
 
     def clusters(self) -> list[str]:
@@ -390,9 +417,12 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
             if isinstance(err, ClusterElsewhere):
                 context.set_trailing_metadata(err.trailing_metadata())
             await context.abort(grpc.StatusCode.ABORTED, str(err))
+        except ShardUnavailable as err:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
         session = self._hub.open(cluster_id, first.hello.protocol_version)
         log.debug("session opened for cluster %s", cluster_id)
         session.outbox.put(self._ack("hello", extensions=SESSION_EXTENSIONS))
+        self._hub.opened(cluster_id)
         reader = asyncio.create_task(self._read(session, request_iterator))
         try:
             while True:
@@ -405,6 +435,8 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
                 await context.abort(grpc.StatusCode.ABORTED, str(session.evicted))
             if session.shed is not None:
                 await self._shed(context, *session.shed)
+            if session.unavailable is not None:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, session.unavailable)
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):

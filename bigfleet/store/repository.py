@@ -334,12 +334,15 @@ class Store:
     ) -> bool:
         """Record the outcome of operation ``operation_seq`` on a machine, exactly once.
 
-        Applies only when the writer still holds ``shard_epoch`` for
-        ``shard_id``, the machine is owned by that shard (or unknown), and
-        ``operation_seq`` is newer than the stored one. Returns True when the
-        row changed (and a log line was appended), False when this outcome was
-        already recorded or superseded — which is what an activity retry sees.
-        Raises :class:`LeaseLost` when the epoch is no longer current.
+        The ownership row changes only when the writer still holds
+        ``shard_epoch`` for ``shard_id``, the machine is owned by that shard
+        (or unknown), and ``operation_seq`` is newer than the stored one.
+        The assignment log gets the outcome once per (machine, sequence,
+        operation) either way: an outcome that a newer operation superseded
+        is logged as such, so no finished operation is missing from the
+        history. Returns True when the row changed, False when this outcome
+        was already recorded or superseded — which is what an activity retry
+        sees. Raises :class:`LeaseLost` when the epoch is no longer current.
         """
         meta = json.dumps(dict(shard_metadata or {}), sort_keys=True)
         async with self._engine.begin() as conn:
@@ -380,7 +383,29 @@ class Store:
                 )
             ).first()
             if changed is None:
-                return False
+                # Superseded or a repeat. The upsert locked the row, so this check
+                # and the insert below are not raced by a concurrent retry.
+                logged = (
+                    await conn.execute(
+                        text(
+                            "SELECT 1 FROM assignment_log WHERE machine_id = :mid "
+                            "AND operation_seq = :seq AND operation = :op LIMIT 1"
+                        ),
+                        {"mid": machine_id, "seq": operation_seq, "op": operation},
+                    )
+                ).first()
+                if logged is not None:
+                    return False
+                current = (
+                    await conn.execute(
+                        text("SELECT shard_id, operation_seq FROM machines WHERE id = :mid"),
+                        {"mid": machine_id},
+                    )
+                ).one()
+                detail = (
+                    f"superseded: the ownership row is at sequence {current[1]} "
+                    f"of shard {current[0]}" + (f"; {detail}" if detail else "")
+                )
             await conn.execute(
                 text(
                     """
@@ -396,6 +421,74 @@ class Store:
                     "cid": cluster_id,
                     "op": operation,
                     "seq": operation_seq,
+                    "detail": detail,
+                },
+            )
+            return changed is not None
+
+    async def reconcile_binding(
+        self,
+        *,
+        machine_id: str,
+        shard_id: str,
+        shard_epoch: int,
+        expected_cluster: str | None,
+        cluster_id: str | None,
+        detail: str,
+    ) -> bool:
+        """Set a machine's recorded binding to what its provider reports (the reconcile loop).
+
+        Compare-and-set: changes the row only while ``shard_id`` still holds
+        ``shard_epoch``, owns the machine, and the row still names
+        ``expected_cluster`` (what the loop saw). The operation sequence is
+        left alone; the change is logged as operation ``reconcile`` with
+        ``detail``. Returns True when the row changed. Raises
+        :class:`LeaseLost` when the epoch is no longer current.
+        """
+        async with self._engine.begin() as conn:
+            live = (
+                await conn.execute(
+                    text("SELECT epoch FROM shards WHERE id = :sid FOR SHARE"), {"sid": shard_id}
+                )
+            ).first()
+            if live is None or int(live[0]) != shard_epoch:
+                raise LeaseLost(shard_id, shard_epoch)
+            row = (
+                await conn.execute(
+                    text(
+                        """
+                        UPDATE machines
+                           SET cluster_id = CAST(:cid AS text), version = version + 1,
+                               updated_at = now()
+                         WHERE id = :mid AND shard_id = :sid
+                           AND cluster_id IS NOT DISTINCT FROM CAST(:expected AS text)
+                     RETURNING operation_seq
+                        """
+                    ),
+                    {
+                        "mid": machine_id,
+                        "sid": shard_id,
+                        "cid": cluster_id,
+                        "expected": expected_cluster,
+                    },
+                )
+            ).first()
+            if row is None:
+                return False
+            await conn.execute(
+                text(
+                    """
+                    INSERT INTO assignment_log (machine_id, shard_id, shard_epoch, cluster_id,
+                                                operation, operation_seq, detail)
+                    VALUES (:mid, :sid, :epoch, :cid, 'reconcile', :seq, :detail)
+                    """
+                ),
+                {
+                    "mid": machine_id,
+                    "sid": shard_id,
+                    "epoch": shard_epoch,
+                    "cid": cluster_id,
+                    "seq": int(row[0]),
                     "detail": detail,
                 },
             )

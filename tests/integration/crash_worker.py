@@ -58,6 +58,10 @@ class CrashContext:
         if self.epoch <= 0:
             raise ShardInactive("no lease")
 
+    def acting_for_s(self) -> float:
+        self.check_active()
+        return self._provider.timeout
+
     def provider(self, name: str) -> ProviderClient:
         if name != PROVIDER:
             raise KeyError(name)

@@ -9,7 +9,12 @@ from dataclasses import dataclass, field
 import grpc
 import pytest
 
-from bigfleet.shard.sessions import SessionHub, SessionUnavailable, ShardServicer
+from bigfleet.shard.sessions import (
+    SessionHub,
+    SessionUnavailable,
+    ShardServicer,
+    ShardUnavailable,
+)
 from bigfleet.v1alpha1 import capacity_pb2, provider_pb2, shard_pb2, shard_pb2_grpc
 from shard_engine.engine import ShardEngine
 from shard_engine.model import Rollup
@@ -22,8 +27,12 @@ class EngineSink:
 
     engine: ShardEngine = field(default_factory=ShardEngine)
     refuse: set[str] = field(default_factory=set)
+    opened: list[str] = field(default_factory=list)
+    not_acting: bool = False
 
     async def admit_cluster(self, cluster_id: str) -> None:
+        if self.not_acting:
+            raise ShardUnavailable("shard s1 is not acting; reconnect")
         if cluster_id in self.refuse:
             raise PermissionError(f"cluster {cluster_id!r} is served by shard 'other'")
 
@@ -235,3 +244,35 @@ async def test_a_reconnecting_cluster_replaces_its_old_session(served: Served) -
         "c1", shard_pb2.ShardMessage(ack=shard_pb2.Acknowledgement(echo="ping")), key=""
     )
     assert (await new.recv()).ack.echo == "ping"
+
+
+async def test_every_hello_is_reported_so_the_shard_can_resync_the_node_view(
+    served: Served,
+) -> None:
+    served.hub.on_open(served.sink.opened.append)
+    await Operator(served.stub).hello()
+    await Operator(served.stub).hello()
+    assert served.sink.opened == ["c1", "c1"]
+
+
+async def test_a_shard_that_stops_acting_ends_its_sessions_unavailable(served: Served) -> None:
+    op = Operator(served.stub)
+    await op.hello()
+    served.hub.close_all(unavailable="shard s1 is not acting (lease deadline); reconnect")
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await op.recv()
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "not acting" in (caught.value.details() or "")
+
+
+async def test_a_hello_to_a_shard_that_is_not_acting_is_refused_unavailable(
+    served: Served,
+) -> None:
+    served.sink.not_acting = True
+    served.hub.on_open(served.sink.opened.append)
+    op = Operator(served.stub)
+    await op.send(hello=shard_pb2.Hello(cluster_id="c1"))
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await op.recv()
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert served.sink.opened == []

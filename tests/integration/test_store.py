@@ -109,6 +109,38 @@ async def test_an_operation_outcome_is_recorded_exactly_once(database: Database)
     assert row.cluster_id == "c1" and row.operation_seq == 1 and row.shard_metadata == {"need": "k"}
 
 
+async def test_an_outcome_of_an_older_operation_is_logged_but_does_not_move_the_row(
+    database: Database,
+) -> None:
+    """After a takeover the successor's operation (a newer epoch's sequence) may finish
+    first; the predecessor's outcome, recorded later by the successor, still reaches
+    the history, once, and leaves the ownership row at the newer operation."""
+    store = Store(database.engine)
+    epoch = await store.acquire_lease("shard-0", "a", ttl_seconds=30)
+    newer, older = 2_000_000_001, 1_000_000_001
+
+    async def record(cluster_id: str | None, operation: str, seq: int) -> bool:
+        return await store.record_operation(
+            machine_id="m-1",
+            shard_id="shard-0",
+            shard_epoch=epoch,
+            provider="sim",
+            cluster_id=cluster_id,
+            operation=operation,
+            operation_seq=seq,
+        )
+
+    assert await record(None, "drain", newer)
+    for _ in range(2):  # the activity is retried: logged once
+        assert not await record("c1", "provision", older)
+    assert await store.assignment_log("m-1") == [
+        ("drain", newer, None),
+        ("provision", older, "c1"),
+    ]
+    (row,) = await store.machines("shard-0")
+    assert row.cluster_id is None and row.operation_seq == newer
+
+
 async def test_a_stale_epoch_cannot_write_assignments(database: Database) -> None:
     store = Store(database.engine)
     old = await store.acquire_lease("shard-0", "a", ttl_seconds=30)

@@ -28,3 +28,21 @@ def test_settings_default_without_environment() -> None:
 def test_a_non_numeric_interval_names_its_variable() -> None:
     with pytest.raises(ConfigError, match="BIGFLEET_CYCLE_SECONDS"):
         Settings.from_env({"BIGFLEET_CYCLE_SECONDS": "soon"})
+
+
+def test_the_lease_margin_defaults_to_a_share_of_the_ttl_and_can_be_set() -> None:
+    assert Settings.from_env({}).lease_margin_s is None
+    assert Settings.from_env({"BIGFLEET_LEASE_MARGIN_SECONDS": "4"}).lease_margin_s == 4.0
+    with pytest.raises(ConfigError, match="BIGFLEET_LEASE_MARGIN_SECONDS"):
+        Settings.from_env({"BIGFLEET_LEASE_MARGIN_SECONDS": "0"})
+    with pytest.raises(ConfigError, match="two thirds of the lease ttl"):
+        Settings.from_env({"BIGFLEET_LEASE_TTL_SECONDS": "9", "BIGFLEET_LEASE_MARGIN_SECONDS": "6"})
+    assert "BIGFLEET_LEASE_MARGIN_SECONDS" in Settings.describe()
+
+
+def test_the_reconcile_period_defaults_to_a_minute_and_is_listed() -> None:
+    assert Settings.from_env({}).reconcile_interval_s == 60.0
+    assert Settings.from_env({"BIGFLEET_RECONCILE_SECONDS": "5"}).reconcile_interval_s == 5.0
+    with pytest.raises(ConfigError, match="BIGFLEET_RECONCILE_SECONDS"):
+        Settings.from_env({"BIGFLEET_RECONCILE_SECONDS": "often"})
+    assert "BIGFLEET_RECONCILE_SECONDS" in Settings.describe()

@@ -66,16 +66,29 @@ class HarnessContext:
     # Clusters with an open operator session (reclaim instructions are delivered to these).
     sessions: set[str] = field(default_factory=lambda: {"c1"})
     lease_ok: bool = True
+    # Seconds the harness's lease has left (provider calls' deadlines are cut to it).
+    lease_left_s: float = 3600.0
+    # Record attempts refused as by a process that lost its lease (then they succeed).
+    refuse_records: int = 0
+    # check_active calls refused once the first Create was sent (a lease outage mid-batch).
+    outage_after_create: int = 0
     # Where hand-offs start their RecoverWorkflows (set by the rig that runs the worker).
     client: Client | None = None
     task_queue: str = ""
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def check_active(self) -> None:
+        if self.outage_after_create > 0 and self.fake.calls_to("create"):
+            self.outage_after_create -= 1
+            raise ShardInactive("lease not renewed in time")
         if self.fenced:
             raise ShardInactive("fenced")
         if not self.lease_ok:
             raise ShardInactive("lease lost")
+
+    def acting_for_s(self) -> float:
+        self.check_active()
+        return self.lease_left_s
 
     def provider(self, name: str) -> FakeProvider:
         if name != PROVIDER:
@@ -100,7 +113,13 @@ class HarnessContext:
         self.observed.append((machine.id, int(machine.state)))
 
     async def record_outcomes(self, outcome: RecordOutcomesInput) -> None:
+        self._maybe_refuse_record()
         self.recorded.append(outcome)
+
+    def _maybe_refuse_record(self) -> None:
+        if self.refuse_records > 0:
+            self.refuse_records -= 1
+            raise ShardInactive("lease on shard 'shard-t' at epoch 3 was lost")
 
     def send_reclaim(self, instruction: NotifyReclaimInput) -> bool:
         if instruction.cluster_id not in self.sessions:
@@ -112,6 +131,7 @@ class HarnessContext:
         self.blocked.append(report)
 
     async def record_machine(self, record: RecordMachineInput) -> None:
+        self._maybe_refuse_record()
         self.records.append(record)
 
     async def start_recovery(self, recovery: RecoverInput) -> str:

@@ -259,6 +259,19 @@ async def test_a_shard_without_its_lease_waits_instead_of_losing_the_drain(rig: 
     assert result.state == IDLE and len(rig.fake.calls_to("drain")) == 1
 
 
+async def test_a_drained_machine_is_recorded_even_when_recording_meets_a_lost_lease(
+    rig: Rig,
+) -> None:
+    rig.fake.step_s = 5.0
+    machine_id = rig.configured_machine()
+    rig.ctx.refuse_records = 3
+    handle = await rig.start(DrainWorkflow.run, drain_input(machine_id))
+    result = await rig.result(handle)
+    assert result.state == IDLE and result.succeeded
+    (record,) = rig.ctx.records
+    assert record.outcome.machine_id == machine_id and rig.ctx.refuse_records == 0
+
+
 async def test_starting_the_same_drain_twice_runs_it_once(rig: Rig) -> None:
     rig.fake.step_s = 5.0
     machine_id = rig.configured_machine()

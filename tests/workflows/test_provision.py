@@ -187,3 +187,35 @@ async def test_starting_the_same_operation_twice_runs_it_once(rig: Rig) -> None:
     assert first.result_run_id == second.result_run_id
     await first.result()
     assert len(rig.fake.calls_to("create")) == 1
+
+
+async def test_a_batch_waits_out_a_lease_outage_mid_way_and_still_configures(rig: Rig) -> None:
+    """Created, then the shard stops acting: the batch waits (durable timer) instead of
+    failing, and carries on with the process that acts next."""
+    rig.fake.step_s = 45.0
+    ids = [m.id for m in rig.fake.speculative()[:2]]
+    rig.ctx.outage_after_create = 3
+    handle = await rig.client.start_workflow(
+        ProvisionWorkflow.run, _inp(ids), id=f"provision-{uuid.uuid4()}", task_queue=rig.task_queue
+    )
+    result = await handle.result()
+    assert sorted(result.configured) == sorted(ids)
+    view = await handle.query("view")
+    assert view["lease_waits"] == 3
+    (recorded,) = rig.ctx.recorded
+    assert {o.machine_id for o in recorded.outcomes} == set(ids)
+
+
+async def test_a_configured_batch_is_recorded_even_when_recording_meets_a_lost_lease(
+    rig: Rig,
+) -> None:
+    """The provider action succeeded; the store refused the old epoch twice. The record
+    activity is retried until it lands, and the batch never ends FAILED."""
+    rig.fake.step_s = 45.0
+    ids = [m.id for m in rig.fake.speculative()[:2]]
+    rig.ctx.refuse_records = 2
+    result = await rig.run(_inp(ids))
+    assert sorted(result.configured) == sorted(ids)
+    (recorded,) = rig.ctx.recorded
+    assert {o.state for o in recorded.outcomes} == {CONFIGURED}
+    assert rig.ctx.refuse_records == 0

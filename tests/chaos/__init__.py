@@ -1,0 +1,1 @@
+"""Fault-injection tier: a loopback TCP fault proxy and scenarios, one process per part."""
