@@ -11,7 +11,9 @@ frames not yet sent coalesce by ``node:<machine id>`` in the outbox.
 
 Convergence (ADR 0104): the view remembers which cluster each machine was
 last shown to. A machine that leaves that cluster — drained to idle,
-deleted, failed, moved — gets one final frame there with its new state; if
+deleted, failed, moved — gets one final frame there with its new state (a
+machine already configuring for another cluster is shown IDLE, the state it
+left through); if
 the cluster has no session at that moment the frame is owed and sent on its
 next Hello. Every Hello, first connect or reconnect, is answered with the
 current state of every machine of that cluster (like the Go reference's
@@ -21,11 +23,13 @@ disconnected catches up.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from bigfleet.shard.convert import resources_to_wire
 from bigfleet.shard.sessions import SessionHub
 from bigfleet.v1alpha1 import shard_pb2
 from shard_engine.engine import ShardEngine
-from shard_engine.model import MachineRecord
+from shard_engine.model import MachineRecord, MachineState
 
 __all__ = ["NodeView"]
 
@@ -54,11 +58,10 @@ class NodeView:
         cluster = record.cluster or self._engine.in_flight().get(record.id, "") or cluster_hint
         previous = self._shown_to.get(record.id, "")
         if previous and previous != cluster:
-            # The final frame says where the machine is now (its own binding,
-            # "" when unbound), routed to the cluster it left.
+            final = _leaving(record)
             self._forget(record.id, previous)
-            if not self._send(previous, record, cluster_field=record.cluster):
-                self._owed.setdefault(previous, {})[record.id] = record
+            if not self._send(previous, final):
+                self._owed.setdefault(previous, {})[record.id] = final
         if not cluster:
             return
         if previous != cluster:
@@ -78,7 +81,7 @@ class NodeView:
         """
         sent = 0
         for record in self._owed.pop(cluster_id, {}).values():
-            sent += self._send(cluster_id, record, cluster_field=record.cluster)
+            sent += self._send(cluster_id, record)
         for machine_id in sorted(self._members.get(cluster_id, ())):
             current = self._engine.machine(machine_id)
             if current is not None:
@@ -97,16 +100,13 @@ class NodeView:
             if not members:
                 del self._members[cluster]
 
-    def _send(
-        self, cluster: str, record: MachineRecord, *, cluster_field: str | None = None
-    ) -> bool:
-        """Queue a frame for ``cluster``'s operator; its ``cluster_id`` is ``cluster_field``
-        (default: ``cluster``)."""
+    def _send(self, cluster: str, record: MachineRecord) -> bool:
+        """Queue a frame about ``record`` for ``cluster``'s operator."""
         frame = shard_pb2.ShardMessage(
             node_state_update=shard_pb2.NodeStateUpdate(
                 supersedes_key=f"node:{record.id}",
                 machine_id=record.id,
-                cluster_id=cluster if cluster_field is None else cluster_field,
+                cluster_id=cluster,
                 state=int(record.state),  # type: ignore[arg-type]
                 node_name=record.id if record.state.has_host else "",
                 provider_id=f"{record.provider}://{record.zone}/{record.host_ref}"
@@ -121,3 +121,13 @@ class NodeView:
             self._last_pushed[record.id] = (int(record.state), cluster)
             return True
         return False
+
+
+def _leaving(record: MachineRecord) -> MachineRecord:
+    """The final frame for the cluster a machine left: its new state (idle, deleted,
+    failed). A machine already bound elsewhere passed through IDLE on the way (a
+    provider drains before it configures anew), and that is what the cluster it
+    left is told; the frame is addressed to that cluster, as operators expect."""
+    if record.cluster:
+        return replace(record, state=MachineState.IDLE, cluster="")
+    return record

@@ -37,9 +37,8 @@ def test_a_machine_drained_to_idle_gets_a_final_update_in_the_cluster_it_left() 
     view.push(idle)
     frames = _drain_outbox(hub, "c1")
     # Coalesced by machine: the operator's last word on m1 is that it is idle now.
-    # The final frame says where the machine is now: unbound.
     assert [(f.machine_id, f.cluster_id, f.state) for f in frames] == [
-        ("m1", "", int(MachineState.IDLE))
+        ("m1", "c1", int(MachineState.IDLE))
     ]
     assert view.shown_to("m1") == ""
 
@@ -100,7 +99,8 @@ def test_a_machine_moving_between_clusters_is_shown_leaving_one_and_joining_the_
     view.push(moved)
     [left] = _drain_outbox(hub, "c1")
     [joined] = _drain_outbox(hub, "c2")
-    assert (left.cluster_id, left.state) == ("c2", int(MachineState.CONFIGURING))
+    # c1 is told the machine left (through IDLE); c2 that it is coming.
+    assert (left.cluster_id, left.state) == ("c1", int(MachineState.IDLE))
     assert (joined.cluster_id, joined.state) == ("c2", int(MachineState.CONFIGURING))
     assert view.shown_to("m1") == "c2"
 
