@@ -186,6 +186,7 @@ def shard(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> 
     from bigfleet.shard.process import ShardOptions, ShardProcess
     from bigfleet.store import Database, Store
     from providers.client import ProviderClient
+    from workflows.contracts import Deadlines, default_deadline_overrides
 
     _logging(verbose)
     settings = _settings()
@@ -219,6 +220,13 @@ def shard(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> 
                 observe_interval_s=settings.observe_interval_s,
                 report_interval_s=settings.report_interval_s,
                 reconcile_interval_s=settings.reconcile_interval_s,
+                deadlines=Deadlines(
+                    **{k: v * settings.deadline_scale for k, v in vars(Deadlines()).items()}
+                ),
+                deadline_overrides={
+                    key: {name: secs * settings.deadline_scale for name, secs in fields.items()}
+                    for key, fields in default_deadline_overrides().items()
+                },
             ),
             store=Store(db.engine),
             temporal=client,

@@ -15,7 +15,7 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -85,8 +85,13 @@ class SimulatedCluster:
         clock: Callable[[], float] = time.time,
         bootstrap_error: str = "",
         credentials: Callable[[], grpc.ChannelCredentials] | None = None,
+        standbys: Sequence[str] = (),
     ) -> None:
         self.cluster_id = cluster_id
+        # Addresses of the shard's other processes (a standby for its lease): a
+        # session ending UNAVAILABLE (the process stopped acting, or is gone) tries
+        # the next one, as an operator behind a service address would reach them.
+        self._addresses = [shard_address, *[a for a in standbys if a != shard_address]]
         # Mutual TLS: called on every (re)connect, so a rotated certificate is picked up.
         self.credentials = credentials
         self.shard_address = shard_address
@@ -101,6 +106,8 @@ class SimulatedCluster:
         self.connected = asyncio.Event()
         # Shard addresses this operator was redirected to (its cluster moved shard).
         self.redirects: list[str] = []
+        # How each session ended (gRPC status code names), oldest first.
+        self.endings: list[str] = []
         self._started = clock()
         self._outbox: asyncio.Queue[shard_pb2.OperatorMessage | None] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
@@ -165,6 +172,13 @@ class SimulatedCluster:
                 backoff = 0.2
             except grpc.aio.AioRpcError as err:
                 log.info("cluster %s: session ended: %s", self.cluster_id, err.code().name)
+                self.endings.append(err.code().name)
+                if (
+                    err.code() == grpc.StatusCode.UNAVAILABLE
+                    and self.shard_address in self._addresses
+                ):
+                    at = self._addresses.index(self.shard_address)
+                    self.shard_address = self._addresses[(at + 1) % len(self._addresses)]
                 moved_to = _redirect(err)
                 if moved_to and moved_to != self.shard_address:
                     log.info(

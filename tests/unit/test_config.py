@@ -46,3 +46,10 @@ def test_the_reconcile_period_defaults_to_a_minute_and_is_listed() -> None:
     with pytest.raises(ConfigError, match="BIGFLEET_RECONCILE_SECONDS"):
         Settings.from_env({"BIGFLEET_RECONCILE_SECONDS": "often"})
     assert "BIGFLEET_RECONCILE_SECONDS" in Settings.describe()
+
+
+def test_deadlines_can_be_scaled_for_drills_but_not_to_nothing() -> None:
+    assert Settings.from_env({}).deadline_scale == 1.0
+    assert Settings.from_env({"BIGFLEET_DEADLINE_SCALE": "0.05"}).deadline_scale == 0.05
+    with pytest.raises(ConfigError, match="BIGFLEET_DEADLINE_SCALE"):
+        Settings.from_env({"BIGFLEET_DEADLINE_SCALE": "0"})
