@@ -24,7 +24,7 @@ from activities.coordinator import CoordinatorActivities
 from activities.membership import MembershipPlanner
 from bigfleet.store import Store
 from workflows import coordinator as co
-from workflows import membership as ms
+from workflows.registry import COORDINATOR_WORKFLOWS
 
 log = logging.getLogger(__name__)
 
@@ -59,13 +59,7 @@ class CoordinatorProcess:
         self._worker = Worker(
             self.temporal,
             task_queue=co.COORDINATOR_QUEUE,
-            workflows=[
-                co.CoordinatorWorkflow,
-                co.TransferWorkflow,
-                co.DecommissionWorkflow,
-                ms.ClusterMoveWorkflow,
-                ms.HandoverWorkflow,
-            ],
+            workflows=list(COORDINATOR_WORKFLOWS),
             activities=[
                 acts.distribute,
                 acts.plan,

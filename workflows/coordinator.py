@@ -424,8 +424,11 @@ def _cooldown_key(spec: TransferSpec) -> str:
 class CoordinatorWorkflow:
     """The singleton coordinator (workflow id ``bigfleet-coordinator``)."""
 
-    def __init__(self) -> None:
-        self._state: CoordinatorInput | None = None
+    @workflow.init
+    def __init__(self, inp: CoordinatorInput) -> None:
+        # Set before any signal is handled: reports that waited while no
+        # coordinator ran arrive in the first task, before ``run`` starts.
+        self._state: CoordinatorInput | None = inp
         self._new_reports = False
         # Instructions in progress: transfers, cluster moves and handovers.
         self._pending: dict[str, TransferSpec | ms.ClusterMoveSpec | ms.HandoverSpec] = {}

@@ -1,12 +1,19 @@
-"""Every workflow a shard's worker serves, in one list (wiring in one place)."""
+"""Every workflow BigFleet's workers serve, by task queue (wiring in one place).
+
+ALL_WORKFLOWS          task queue shard-<id>: the machine workflows
+COORDINATOR_WORKFLOWS  task queue bigfleet-coordinator: the coordinator, its
+                       transfers, decommissions and membership moves
+"""
 
 from __future__ import annotations
 
 from temporalio.worker import WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
+from workflows.coordinator import CoordinatorWorkflow, DecommissionWorkflow, TransferWorkflow
 from workflows.delete import DeleteWorkflow
 from workflows.drain import DrainWorkflow
+from workflows.membership import ClusterMoveWorkflow, HandoverWorkflow
 from workflows.provision import ProvisionWorkflow
 from workflows.recover import RecoverWorkflow
 from workflows.verify import VerifyWorkflow
@@ -17,6 +24,14 @@ ALL_WORKFLOWS: tuple[type, ...] = (
     DeleteWorkflow,
     RecoverWorkflow,
     VerifyWorkflow,
+)
+
+COORDINATOR_WORKFLOWS: tuple[type, ...] = (
+    CoordinatorWorkflow,
+    TransferWorkflow,
+    DecommissionWorkflow,
+    ClusterMoveWorkflow,
+    HandoverWorkflow,
 )
 
 
@@ -37,6 +52,7 @@ def workflow_runner() -> WorkflowRunner:
 
 __all__ = [
     "ALL_WORKFLOWS",
+    "COORDINATOR_WORKFLOWS",
     "DeleteWorkflow",
     "DrainWorkflow",
     "ProvisionWorkflow",

@@ -16,10 +16,11 @@ from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
 from tests.workflows.changed_drain import DrainWithAnExtraTimer
-from workflows.registry import ALL_WORKFLOWS
+from workflows.registry import ALL_WORKFLOWS, COORDINATOR_WORKFLOWS
 
 HISTORIES = Path(__file__).resolve().parent / "histories"
 FILES = sorted(HISTORIES.glob("*.json"))
+EVERY_WORKFLOW = [*ALL_WORKFLOWS, *COORDINATOR_WORKFLOWS]
 
 
 def _history(path: Path) -> WorkflowHistory:
@@ -38,12 +39,23 @@ def test_there_is_a_recorded_history_of_every_workflow_type() -> None:
         ]["name"]
         for p in FILES
     }
-    assert recorded == {cls.__temporal_workflow_definition.name for cls in ALL_WORKFLOWS}  # type: ignore[attr-defined]
+    assert recorded == {cls.__temporal_workflow_definition.name for cls in EVERY_WORKFLOW}  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
 async def test_a_recorded_history_replays_on_todays_code(path: Path) -> None:
-    await Replayer(workflows=list(ALL_WORKFLOWS)).replay_workflow(_history(path))
+    await Replayer(workflows=EVERY_WORKFLOW).replay_workflow(_history(path))
+
+
+def test_the_coordinators_history_covers_a_continue_as_new_and_every_child_kind() -> None:
+    events = json.loads((HISTORIES / "coordinator_rounds.json").read_text())["events"]
+    assert events[-1]["eventType"] == "EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW"
+    children = {
+        e["startChildWorkflowExecutionInitiatedEventAttributes"]["workflowType"]["name"]
+        for e in events
+        if "startChildWorkflowExecutionInitiatedEventAttributes" in e
+    }
+    assert children == {"TransferWorkflow", "ClusterMoveWorkflow", "HandoverWorkflow"}
 
 
 async def test_replay_catches_a_non_deterministic_change() -> None:

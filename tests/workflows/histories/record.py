@@ -2,7 +2,8 @@
 
 Each scenario runs a machine workflow on the time-skipping server with its
 real activities over the provider fake, and writes the finished workflow's
-history to ``<scenario>.json`` beside this file. Re-run it after an
+history to ``<scenario>.json`` beside this file. The coordinator's scenarios
+(``coordinator.py`` beside this file) write one file per workflow they ran. Re-run it after an
 *intentional* change to a workflow's commands (and keep the old files if
 running workflows must still replay: add the new ones under new names).
 
@@ -27,6 +28,7 @@ from bigfleet.temporal import start_time_skipping
 from providers.config import LatencyRange, ProviderConfig
 from providers.errors import InvalidTransition
 from tests.workflows.harness import PROVIDER
+from tests.workflows.histories.coordinator import SCENARIOS as COORDINATOR_SCENARIOS
 from tests.workflows.rig import FAST_POLL, Rig, delete_input, drain_input, rig_for
 from workflows.contracts import (
     CREATING,
@@ -227,7 +229,13 @@ SLOW_DRAINS = ProviderConfig(
 async def record(names: list[str]) -> None:
     env = await start_time_skipping()
     try:
-        for name in names or list(SCENARIOS):
+        for name in names or [*SCENARIOS, *COORDINATOR_SCENARIOS]:
+            if name in COORDINATOR_SCENARIOS:
+                for file, handle in (await COORDINATOR_SCENARIOS[name](env)).items():
+                    history = await handle.fetch_history()
+                    (HERE / f"{file}.json").write_text(history.to_json())
+                    print(f"wrote {file}.json ({len(history.events)} events)")
+                continue
             config = SLOW_DRAINS if name == "drain_preempt_blocked" else None
             async with rig_for(env, config=config) as rig:
                 handles = await SCENARIOS[name](rig)
