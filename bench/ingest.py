@@ -16,10 +16,12 @@ Scenarios (each on a fresh shard process):
 - ``cadence``: C clusters, each one roll-up every 10 s (the paper's
   cadence), 5 needs each that the inventory cannot meet, so every cycle
   works over C x 5 unmet needs.
-- ``sessions``: N idle sessions opened at once; refusals and the shard's
-  resident memory per session (RSS delta / N).
-- ``overload``: an open loop far above what the shard can take: shed
-  count (RESOURCE_EXHAUSTED) and the shard's memory.
+- ``sessions``: N idle sessions opened at once (a Hello refused with a
+  retry hint is retried after it, as an operator does; counted apart);
+  refusals and the shard's resident memory per session (RSS delta / N).
+- ``overload``: 40 clusters flooding roll-ups far above their rate limit
+  and what the shard can take: shed count (RESOURCE_EXHAUSTED) and the
+  shard's memory.
 
 Prints JSON lines ``{"bench": "ingest", "scenario", "metric", "value", "unit", ...}``
 and ``loadavg`` (``/proc/loadavg``) on each.
@@ -34,6 +36,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import secrets
 import signal
 import socket
@@ -91,6 +94,7 @@ class LoadResult:
     shed: int = 0
     latencies_ms: list[float] = field(default_factory=list)
     seconds: float = 0.0
+    hello_retries: int = 0
 
 
 _PLACEHOLDER_TS = 1 << 62  # encodes in 9 varint bytes, as every time.time_ns() until 2262
@@ -139,30 +143,46 @@ class Session:
 
     def __init__(self, channel: grpc.aio.Channel, cluster_id: str) -> None:
         self.cluster_id = cluster_id
-        method = channel.stream_stream(
+        self.method = channel.stream_stream(
             SESSION_METHOD,
             request_serializer=None,
             response_deserializer=shard_pb2.ShardMessage.FromString,
         )
-        self.call: Any = method()  # type: ignore[call-arg]  # write()/read() streaming
+        self.call: Any = None
+        self.retries = 0
         self.waiting: list[float] = []  # scheduled send times, oldest first
         self.answered = asyncio.Event()
         self.open = False
         self.frames: Frames | None = None
 
-    async def hello(self) -> str:
-        """'' when open, else the status code name."""
+    async def hello(self, *, attempts: int = 6) -> str:
+        """'' when open, else the refusal (code: reason, numbers stripped).
+
+        A refusal with a retry hint (RESOURCE_EXHAUSTED, UNAVAILABLE) is
+        retried after the hinted delay, as an operator does; ``retries``
+        counts them.
+        """
         hello = shard_pb2.OperatorMessage(hello=shard_pb2.Hello(cluster_id=self.cluster_id))
-        try:
-            await self.call.write(hello.SerializeToString())
-            frame = await self.call.read()
-        except grpc.aio.AioRpcError as err:
-            # The code, and the start of the reason (distinct reasons are counted apart).
-            return f"{err.code().name}: {(err.details() or '')[:60]}"
-        if frame is grpc.aio.EOF:  # type: ignore[attr-defined]
-            return "EOF"
-        self.open = True
-        return ""
+        refusal = ""
+        for _ in range(attempts):
+            self.call = self.method()  # type: ignore[call-arg]  # write()/read() streaming
+            try:
+                await self.call.write(hello.SerializeToString())
+                frame = await self.call.read()
+            except grpc.aio.AioRpcError as err:
+                pairs: Any = err.trailing_metadata() or ()
+                hint = {str(k): str(v) for k, v in pairs}.get("bigfleet-retry-after-ms")
+                refusal = f"{err.code().name}: {re.sub(r'[0-9]+', 'N', err.details() or '')[:60]}"
+                if hint is None:
+                    return refusal
+                self.retries += 1
+                await asyncio.sleep(int(hint) / 1000)
+                continue
+            if frame is grpc.aio.EOF:  # type: ignore[attr-defined]
+                return "EOF"
+            self.open = True
+            return ""
+        return refusal
 
     async def writer(self, queue: asyncio.Queue[float]) -> None:
         """Write each scheduled roll-up in turn (the schedule never waits for a write)."""
@@ -223,6 +243,7 @@ async def run_load(args: argparse.Namespace) -> LoadResult:
             result.refused[code] = result.refused.get(code, 0) + 1
     live = [s for s, code in zip(sessions, outcomes, strict=True) if not code]
     result.opened = len(live)
+    result.hello_retries = sum(s.retries for s in sessions)
     print(json.dumps({"opened": len(live)}), flush=True)
     ring = max(1, args.needs)
     if args.mode != "idle":
@@ -289,6 +310,7 @@ def load_main(args: argparse.Namespace) -> int:
         json.dumps(
             {
                 "opened": result.opened,
+                "hello_retries": result.hello_retries,
                 "refused": result.refused,
                 "sent": result.sent,
                 "acked": result.acked,
@@ -564,7 +586,16 @@ async def _scenario(
         "loaders": loaders,
         "connections": connections,
     }
-    _emit(name, "sessions_held", opened, "sessions", refused=refused, **common)
+    retried = sum(int(r.get("hello_retries", 0)) for r in results)
+    _emit(
+        name,
+        "sessions_held",
+        opened,
+        "sessions",
+        refused=refused,
+        hellos_retried_after_hint=retried,
+        **common,
+    )
     if mode != "idle":
         _emit(name, "rate", acked / seconds, "1/s", offered=rate or None, **common)
         _emit(name, "ack_p50", _percentile(latencies, 50), "ms", **common)
@@ -663,12 +694,14 @@ async def run(args: argparse.Namespace) -> int:
                     needs=0,
                 )
             elif scenario == "overload":
+                # 40 clusters each offering overload_rate/40 roll-ups/s: far above both
+                # a cluster's rate limit and what one shard process acknowledges.
                 await _scenario(
                     stack,
                     "overload",
-                    sessions=400,
+                    sessions=40,
                     loaders=2,
-                    connections=400,
+                    connections=40,
                     mode="open",
                     rate=args.overload_rate,
                     seconds=args.seconds,

@@ -35,6 +35,7 @@ from temporalio.worker import Worker
 from activities.context import ProviderCalls
 from activities.registry import shard_activities
 from bigfleet.identity import KeyPairSource
+from bigfleet.shard.admissions import Admissions
 from bigfleet.shard.executor import claim_running
 from bigfleet.shard.intake import Intake
 from bigfleet.shard.options import ShardOptions, task_queue
@@ -84,6 +85,8 @@ class ShardProcess:
         # Roll-ups acknowledged on the sessions thread, applied on this loop (intake.py).
         self.intake = Intake()
         self._staged = asyncio.Event()
+        # Hellos ask PostgreSQL for their cluster's shard in batches (admissions.py).
+        self._admissions = Admissions(store.assign_clusters)
         self._worker: Worker | None = None
         self._stopping = False
         self.parts = assemble(
@@ -305,7 +308,7 @@ class ShardProcess:
                 f"shard {self.shard_id} is not acting (it cannot prove it holds its lease); "
                 "reconnect"
             )
-        owner = await self.store.assign_cluster(cluster_id)
+        owner = await self._admissions.owner(cluster_id)
         if owner != self.shard_id:
             raise await self.parts.membership.elsewhere(cluster_id, owner)
         # A cluster that just moved here may connect before its machines were adopted.

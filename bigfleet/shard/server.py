@@ -29,6 +29,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import selectors
 import threading
 import time
 from dataclasses import dataclass, field
@@ -81,25 +82,60 @@ class IngestOptions:
         ]
 
 
-class LoopLag:
-    """How far an event loop runs behind, smoothed: sampled every ``interval_s``."""
+class TimedSelector(selectors.DefaultSelector):
+    """The loop's selector, counting the time the loop spends idle (waiting for I/O)."""
 
-    def __init__(self, interval_s: float = 0.01) -> None:
+    def __init__(self) -> None:
+        super().__init__()
+        self.idle_s = 0.0
+
+    def select(self, timeout: float | None = None) -> Any:
+        started = time.perf_counter()
+        try:
+            return super().select(timeout)
+        finally:
+            self.idle_s += time.perf_counter() - started
+
+
+class LoopLag:
+    """How far an event loop runs behind, and how busy it is, smoothed.
+
+    ``value`` (call the object): lateness of a 10 ms timer, a single stall
+    counting a little and a sustained one converging to its size. ``busy``:
+    share of the last second or so the loop was not waiting for I/O (needs a
+    :class:`TimedSelector`; 0 without one).
+    """
+
+    def __init__(self, interval_s: float = 0.01, selector: TimedSelector | None = None) -> None:
         self.interval_s = interval_s
+        self.selector = selector
         self.value = 0.0
         self.worst = 0.0
+        self.busy = 0.0
 
     async def run(self) -> None:
+        window_start, idle_start = time.perf_counter(), self._idle()
         while True:
             started = time.monotonic()
             await asyncio.sleep(self.interval_s)
             late = max(0.0, time.monotonic() - started - self.interval_s)
             self.worst = max(self.worst, late)
-            # A single stall counts a little; a sustained one converges to its size.
             self.value = 0.7 * self.value + 0.3 * late
+            now = time.perf_counter()
+            if now - window_start >= 0.1 and self.selector is not None:
+                idle = self._idle()
+                share = 1.0 - (idle - idle_start) / (now - window_start)
+                self.busy = 0.8 * self.busy + 0.2 * min(1.0, max(0.0, share))
+                window_start, idle_start = now, idle
+
+    def _idle(self) -> float:
+        return self.selector.idle_s if self.selector is not None else 0.0
 
     def __call__(self) -> float:
         return self.value
+
+    def busy_share(self) -> float:
+        return self.busy
 
 
 class _Bridge:
@@ -159,7 +195,9 @@ class IngestServer:
         return self.address
 
     def _run(self, bridge: _Bridge, ready: concurrent.futures.Future[str]) -> None:
-        loop = asyncio.new_event_loop()
+        selector = TimedSelector()
+        loop = asyncio.SelectorEventLoop(selector)
+        self.lag.selector = selector
         self._loop = loop
         try:
             loop.run_until_complete(self._serve(bridge, ready))
@@ -177,7 +215,13 @@ class IngestServer:
         self._stop = asyncio.Event()
         self.hub.bind(asyncio.get_running_loop())
         server = grpc.aio.server(options=self.options.server_options())
-        servicer = ShardServicer(self.hub, bridge, limits=self.options.limits, lag=self.lag)
+        servicer = ShardServicer(
+            self.hub,
+            bridge,
+            limits=self.options.limits,
+            lag=self.lag,
+            busy=self.lag.busy_share,
+        )
         shard_pb2_grpc.add_ShardServicer_to_server(servicer, server)
         health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)

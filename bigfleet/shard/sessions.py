@@ -9,10 +9,12 @@ The sessions may run on their own thread and event loop (``bigfleet.shard.server
 while the rest of the shard runs on another: the hub's methods can be called
 from either thread, and hand work to the sessions' loop when needed.
 
-Overload is explicit: a Hello beyond ``max_sessions``, a session whose operator
-stops reading its acknowledgements, and a roll-up arriving while the sessions'
-loop is behind by more than ``shed_lag_s`` end with RESOURCE_EXHAUSTED and a
-retry hint (trailing metadata ``bigfleet-retry-after-ms``, and in the message).
+Overload is explicit (``SessionLimits``): a Hello beyond ``max_sessions`` or
+while the sessions' loop is saturated, a session sending roll-ups faster than
+its rate limit, one whose operator stops reading its acknowledgements, and a
+roll-up arriving while the loop is behind by more than ``shed_lag_s`` end with
+RESOURCE_EXHAUSTED and a retry hint (trailing metadata
+``bigfleet-retry-after-ms``, and in the message).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import logging
 import random
 import secrets
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -142,6 +145,26 @@ class Outbox:
         return len(self._frames)
 
 
+class TokenBucket:
+    """``rate`` tokens a second, at most ``burst`` saved up."""
+
+    __slots__ = ("burst", "last", "rate", "tokens")
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate, self.burst = rate, float(burst)
+        self.tokens = float(burst)
+        self.last = time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)
+        self.last = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        return False
+
+
 class OperatorSession:
     """One operator's live stream."""
 
@@ -161,6 +184,8 @@ class OperatorSession:
         self.shed: tuple[str, str] | None = None
         # Set when this process stopped acting: the stream ends UNAVAILABLE with it.
         self.unavailable: str | None = None
+        # The session's roll-up rate limit (set by the servicer from SessionLimits).
+        self.rate = TokenBucket(float("inf"), 1)
 
     def resolve_bootstrap(self, resp: shard_pb2.BootstrapBlobResponse) -> bool:
         waiting = self.pending.pop(resp.request_id, None)
@@ -339,6 +364,13 @@ class SessionLimits:
     max_outbox: int = 1_000
     # The sessions' loop running this far behind sheds new Hellos and arriving roll-ups.
     shed_lag_s: float = 0.5
+    # The sessions' loop busy this share of the last second sheds new Hellos.
+    shed_busy: float = 0.95
+    # One cluster's roll-ups: this many per second on average, bursts of rollup_burst.
+    # Generous beside the paper's one per ten seconds; it keeps one flooding operator
+    # from taking the shard's ingestion for itself.
+    max_rollups_per_s: float = 50.0
+    rollup_burst: int = 100
     # The retry hint: a random delay in this range (spreads the reconnections out).
     retry_after_s: tuple[float, float] = (2.0, 10.0)
 
@@ -363,6 +395,7 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
         *,
         limits: SessionLimits | None = None,
         lag: Callable[[], float] = lambda: 0.0,
+        busy: Callable[[], float] = lambda: 0.0,
     ) -> None:
         self._hub = hub
         self._sink = sink
@@ -370,6 +403,8 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
         self._limits = limits or SessionLimits()
         # How far the sessions' event loop runs behind, in seconds (see server.LoopLag).
         self._lag = lag
+        # Share of the last second the sessions' loop was busy (see server.LoopLoad).
+        self._busy = busy
 
     async def _shed(self, context: Any, reason: str, detail: str) -> None:
         """End the call with RESOURCE_EXHAUSTED and a retry hint."""
@@ -409,7 +444,7 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
             await self._shed(
                 context, "sessions", f"this shard holds {len(self._hub)} sessions, its limit"
             )
-        if self._lag() > self._limits.shed_lag_s:
+        if self._lag() > self._limits.shed_lag_s or self._busy() > self._limits.shed_busy:
             await self._shed(context, "overload", "this shard is overloaded")
         try:
             await self._sink.admit_cluster(cluster_id)
@@ -419,7 +454,17 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
             await context.abort(grpc.StatusCode.ABORTED, str(err))
         except ShardUnavailable as err:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+        except Exception as err:  # the store did not answer: retryable, say when
+            log.warning("cluster %s: cannot admit now: %r", cluster_id, err)
+            retry_ms = self._limits.retry_after_ms()
+            context.set_trailing_metadata(((RETRY_AFTER_KEY, str(retry_ms)),))
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"cannot look up the shard of cluster {cluster_id!r} now; "
+                f"retry after {retry_ms} ms",
+            )
         session = self._hub.open(cluster_id, first.hello.protocol_version)
+        session.rate = TokenBucket(self._limits.max_rollups_per_s, self._limits.rollup_burst)
         log.debug("session opened for cluster %s", cluster_id)
         session.outbox.put(self._ack("hello", extensions=SESSION_EXTENSIONS))
         self._hub.opened(cluster_id)
@@ -453,6 +498,13 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
                 if kind == "rollup":
                     if self._lag() > self._limits.shed_lag_s:
                         session.shed = ("overload", "this shard is overloaded")
+                        break
+                    if not session.rate.take():
+                        session.shed = (
+                            "rate",
+                            f"cluster {session.cluster_id} sends more than "
+                            f"{self._limits.max_rollups_per_s:g} roll-ups/s",
+                        )
                         break
                     if len(session.outbox) >= self._limits.max_outbox:
                         session.shed = (

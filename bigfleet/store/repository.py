@@ -285,6 +285,51 @@ class Store:
             raise RuntimeError("no active shard exists to take cluster " + repr(cluster_id))
         return str(row[0])
 
+    async def assign_clusters(self, cluster_ids: Sequence[str]) -> dict[str, str]:
+        """:meth:`assign_cluster` for many clusters in two round trips: cluster -> shard.
+
+        Known clusters keep their shard. The new ones all go to the active
+        shard that is least loaded when the batch is written (a storm of first
+        contacts is spread batch by batch, not cluster by cluster).
+        """
+        ids = sorted(set(cluster_ids))
+        if any(not cid for cid in ids):
+            raise ValueError("cluster_id: must not be empty")
+        if not ids:
+            return {}
+        async with self._engine.connect() as conn:
+            rows = await conn.execute(
+                text("SELECT id, shard_id FROM clusters WHERE id = ANY(:ids)"), {"ids": ids}
+            )
+            owners = {str(r[0]): str(r[1]) for r in rows}
+        new = [cid for cid in ids if cid not in owners]
+        if new:
+            async with self._engine.begin() as conn:
+                await conn.execute(
+                    text(
+                        """
+                        INSERT INTO clusters (id, shard_id)
+                        SELECT w.id, t.id
+                          FROM unnest(CAST(:ids AS text[])) AS w(id),
+                               (SELECT s.id FROM shards s
+                                 WHERE s.state = 'active'
+                                 ORDER BY (SELECT count(*) FROM clusters c
+                                            WHERE c.shard_id = s.id), s.id
+                                 LIMIT 1) AS t
+                        ON CONFLICT (id) DO NOTHING
+                        """
+                    ),
+                    {"ids": new},
+                )
+                rows = await conn.execute(
+                    text("SELECT id, shard_id FROM clusters WHERE id = ANY(:ids)"), {"ids": new}
+                )
+                owners.update({str(r[0]): str(r[1]) for r in rows})
+        missing = [cid for cid in ids if cid not in owners]
+        if missing:
+            raise RuntimeError("no active shard exists to take cluster " + repr(missing[0]))
+        return owners
+
     async def clusters(self, shard_id: str | None = None) -> list[ClusterAssignment]:
         sql = "SELECT id, shard_id, first_seen_at FROM clusters"
         params: dict[str, str] = {}

@@ -278,3 +278,46 @@ async def test_thousands_of_hellos_at_once_are_all_answered(port: Port) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
         for c in channels:
             await c.close(None)
+
+
+async def test_a_cluster_flooding_rollups_is_shed_with_a_retry_hint() -> None:
+    p = await _port(SessionLimits(max_rollups_per_s=1.0, rollup_burst=3))
+    try:
+        client = Client(p.server.address)
+        await asyncio.to_thread(client.open, "c1")
+        for ts in range(1, 4):  # the burst is accepted
+            assert client.send(_rollup("c1", ts)) == "rollup"
+
+        async def flood() -> str:
+            await client.stream.write(_rollup("c1", 4))
+            try:
+                await client.stream.read()
+            except grpc.aio.AioRpcError as err:
+                return f"{err.code().name} {_metadata(err).get(RETRY_AFTER_KEY)} {err.details()}"
+            return "acknowledged"
+
+        outcome = str(await asyncio.to_thread(client.run, flood()))
+        code, retry_ms, detail = outcome.split(" ", 2)
+        assert code == "RESOURCE_EXHAUSTED" and retry_ms.isdigit()
+        assert "more than 1 roll-ups/s" in detail
+        assert [r.timestamp_ns for r in p.sink.intake.take_all()] == [3]
+        await asyncio.to_thread(client.close)
+    finally:
+        await p.server.stop(grace=0)
+
+
+async def test_a_hello_the_store_cannot_answer_is_unavailable_with_a_retry_hint() -> None:
+    class Broken(StagingSink):
+        async def admit_cluster(self, cluster_id: str) -> None:
+            raise TimeoutError("QueuePool limit reached")
+
+    hub = SessionHub()
+    server = IngestServer(hub, Broken(), IngestOptions())
+    await server.start()
+    try:
+        err = await _refusal(server.address, "c1")
+        assert err.code() == grpc.StatusCode.UNAVAILABLE
+        assert _metadata(err)[RETRY_AFTER_KEY].isdigit()
+        assert len(hub) == 0
+    finally:
+        await server.stop(grace=0)

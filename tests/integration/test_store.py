@@ -156,3 +156,29 @@ async def test_a_stale_epoch_cannot_write_assignments(database: Database) -> Non
             operation_seq=1,
         )
     assert await store.machines() == []
+
+
+async def test_many_clusters_are_assigned_at_once_and_keep_their_shard(
+    database: Database,
+) -> None:
+    store = Store(database.engine)
+    await store.acquire_lease("shard-0", "a", ttl_seconds=30)
+    await store.acquire_lease("shard-1", "b", ttl_seconds=30)
+    assert await store.assign_cluster("old") in ("shard-0", "shard-1")
+    before = await store.assign_cluster("old")
+    owners = await store.assign_clusters([f"c{i}" for i in range(50)] + ["old"])
+    assert owners["old"] == before
+    # The new ones went together to the shard that was least loaded (not "old"'s).
+    assert {owners[f"c{i}"] for i in range(50)} == {"shard-0", "shard-1"} - {before}
+    again = await store.assign_clusters(["c1", "c2"])
+    assert again == {"c1": owners["c1"], "c2": owners["c2"]}
+    assert await store.assign_cluster("c3") == owners["c3"]
+
+
+async def test_assigning_no_cluster_is_nothing_and_an_empty_id_is_refused(
+    database: Database,
+) -> None:
+    store = Store(database.engine)
+    assert await store.assign_clusters([]) == {}
+    with pytest.raises(ValueError, match="cluster_id"):
+        await store.assign_clusters(["ok", ""])
