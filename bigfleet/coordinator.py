@@ -96,7 +96,9 @@ class CoordinatorProcess:
         return self.temporal.get_workflow_handle(co.COORDINATOR_ID)
 
     async def status(self) -> dict[str, Any]:
-        result: dict[str, Any] = await self.handle().query(co.CoordinatorWorkflow.status)
+        """The coordinator workflow's ``status`` query, as plain JSON values."""
+        # By name: the method's ``dict[str, object]`` hint cannot convert nested values.
+        result: dict[str, Any] = await self.handle().query("status")
         return result
 
     async def stop(self) -> None:

@@ -254,6 +254,8 @@ class CoordinatorInput:
     # (receiver|cluster|need) -> workflow.now() timestamp before which it is not re-planned
     cooldown: dict[str, float] = field(default_factory=dict)
     rounds_per_run: int = 200
+    # Planning rounds completed by this coordinator term, across continue-as-new.
+    rounds: int = 0
 
 
 _QUICK = timedelta(seconds=30)
@@ -451,6 +453,7 @@ class CoordinatorWorkflow:
         return {
             "term": state.term if state else 0,
             "seq": state.seq if state else 0,
+            "rounds": state.rounds if state else 0,
             "shards": sorted(state.reports) if state else [],
             "shortfalls": sum(len(r.shortfalls) for r in state.reports.values()) if state else 0,
             "top_shortfalls": sorted(
@@ -477,6 +480,7 @@ class CoordinatorWorkflow:
         self._state = inp
         for _ in range(inp.rounds_per_run):
             await self._round(inp)
+            inp.rounds += 1
             with contextlib.suppress(TimeoutError):
                 await workflow.wait_condition(
                     lambda: self._new_reports, timeout=timedelta(seconds=inp.interval_s)

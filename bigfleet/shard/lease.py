@@ -142,6 +142,8 @@ class LeaseKeeper:
         self.lease_ok = False
         self.fenced = False
         self.standing_by = False
+        # How often a live holder refused this process the lease (standing by).
+        self.refusals = 0
         # Monotonic time after which this process must not act (0: never acted).
         self.deadline = 0.0
         # Where this process serves sessions; kept on the lease row for redirects.
@@ -258,6 +260,7 @@ class LeaseKeeper:
                 if not self.standing_by:
                     log.info("standing by: %s", err)
                 self.standing_by = True
+                self.refusals += 1
             except StoreTimeout as err:
                 log.warning("shard %s: %s; trying again", self.shard_id, err)
             await asyncio.sleep(max(0.2, self.timing.renew_s))

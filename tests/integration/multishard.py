@@ -87,6 +87,20 @@ async def eventually(
         await asyncio.sleep(0.2)
 
 
+async def coordinator_settled(stack: DevStack, *, more_rounds: int, within: float = 60.0) -> None:
+    """Wait until the coordinator has run ``more_rounds`` planning rounds from now on and
+    has no instruction in progress: whatever those rounds decided has been carried out."""
+    coordinator = stack.coordinator
+    assert coordinator is not None
+    target = int((await coordinator.status())["rounds"]) + more_rounds
+
+    async def settled() -> bool:
+        status = await coordinator.status()
+        return int(status["rounds"]) >= target and not status["pending"]
+
+    await eventually(settled, within=within, what=f"{more_rounds} more coordinator rounds")
+
+
 async def configured_for(stack: DevStack, cluster: str) -> list[provider_pb2.Machine]:
     client = next(iter(stack.provider_clients.values()))
     listing = await client.list(states=[provider_pb2.MACHINE_STATE_CONFIGURED])

@@ -7,7 +7,6 @@ for four GPU machines can only be served with help from the other shard.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 
@@ -19,7 +18,14 @@ from bigfleet.v1alpha1 import provider_pb2
 from clusters.operator import SimulatedCluster
 from providers.errors import Fenced
 from providers.model import FencingToken
-from tests.integration.multishard import configured_for, eventually, gpu_demand, options, shard
+from tests.integration.multishard import (
+    configured_for,
+    coordinator_settled,
+    eventually,
+    gpu_demand,
+    options,
+    shard,
+)
 from workflows import coordinator as co
 
 pytestmark = pytest.mark.e2e
@@ -199,7 +205,13 @@ async def test_shards_keep_serving_while_the_coordinator_is_away(stack: DevStack
     # It wants more than its shard owns: nothing can move while the coordinator is away.
     instructions_before = len(await stack.store.instructions())
     cluster.demand = gpu_demand(4)
-    await asyncio.sleep(3)
+    owner = shard(stack, await stack.store.assign_cluster("gpu-c"))
+    await eventually(
+        lambda: any(s.cluster_id == "gpu-c" for s in owner.engine.shortfalls()),
+        what="the shard to see its shortfall",
+    )
+    cycles = owner.cycles
+    await eventually(lambda: owner.cycles >= cycles + 3, what="three more cycles")
     assert len(await configured_for(stack, "gpu-c")) == 2
     assert len(await stack.store.instructions()) == instructions_before
     # The coordinator returns with a new term and resolves the shortfall exactly once.
@@ -207,7 +219,7 @@ async def test_shards_keep_serving_while_the_coordinator_is_away(stack: DevStack
     await eventually(
         lambda: _four(configured_for(stack, "gpu-c")), within=90, what="4 GPUs after return"
     )
-    await asyncio.sleep(3)
+    await coordinator_settled(stack, more_rounds=2)
     moves = [
         i
         for i in await stack.store.instructions()

@@ -19,7 +19,7 @@ import pytest
 
 from bigfleet.devstack import DevStack
 from bigfleet.shard.process import ShardOptions, ShardProcess
-from tests.integration.multishard import eventually, options, shard
+from tests.integration.multishard import coordinator_settled, eventually, options, shard
 
 pytestmark = pytest.mark.e2e
 
@@ -79,7 +79,8 @@ async def test_a_new_shard_receives_its_even_share_once_on_the_next_distribution
     await eventually(
         lambda: _types(newcomer) == {"p5": 1, "m6i": 2}, what="the newcomer's even share"
     )
-    await asyncio.sleep(3 * stack.options.coordinator_interval_s)  # more rounds: no second share
+    # Three more rounds, all they decided carried out: no second share.
+    await coordinator_settled(stack, more_rounds=3)
     assert _types(newcomer) == {"p5": 1, "m6i": 2}
     owners = await stack.store.owners()
     assert len(owners) == 12
@@ -105,7 +106,10 @@ async def test_of_two_processes_for_one_shard_one_acts_and_the_other_takes_over(
     starting = asyncio.create_task(second.start())
     try:
         await eventually(lambda: second.standing_by, within=10, what="the second to stand by")
-        await asyncio.sleep(1.5)  # several of its retry periods
+        refused = second.lease.refusals
+        await eventually(
+            lambda: second.lease.refusals >= refused + 3, within=10, what="three more refusals"
+        )
         assert not starting.done()
         assert first.active and not second.active
         assert second.cycles == 0 and second.address == "" and not second.owned

@@ -8,7 +8,6 @@ rebuilt inventory can be compared with PostgreSQL and the provider.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import socket
@@ -207,8 +206,12 @@ async def test_a_killed_shard_restarts_without_losing_or_duplicating_anything(
                 assert doubled == {}
                 assert successor.epoch >= 2
                 assert {m.id for m in configured} <= set(successor.owned)
-                # Not provisioned twice: 8 cores need exactly five m6i.large (1.93 cores each).
-                await asyncio.sleep(2)
+                # Not provisioned twice: 8 cores need exactly five m6i.large (1.93 cores each),
+                # however many more cycles run.
+                cycles = successor.cycles
+                await eventually(
+                    lambda: successor.cycles >= cycles + 3, within=30, what="three more cycles"
+                )
                 bound = [
                     m
                     for m in (await world.client.list()).machines
