@@ -26,6 +26,7 @@ import math
 import multiprocessing
 import random
 import time
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -86,7 +87,10 @@ def catalog(types: int, zones: int, racks: int, rng: random.Random) -> list[Shap
         memory = cpu * {"m": 4, "c": 2, "r": 8, "g": 8}[family] * GI
         gpu = cpu / 8 if family == "g" else 0.0
         base = cpu * 0.048 + gpu * 2.5
-        arch = "arm64" if name.endswith("xlarge") and hash(name) % 3 == 0 else "amd64"
+        # A stable hash (not ``hash``, which changes per process): the same world every run.
+        arch = (
+            "arm64" if name.endswith("xlarge") and zlib.crc32(name.encode()) % 3 == 0 else "amd64"
+        )
         for zone in zone_names:
             for ctype, factor, prob in (
                 (CapacityType.ON_DEMAND, 1.0, 0.0),
