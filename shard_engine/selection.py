@@ -28,7 +28,14 @@ from shard_engine.costs import dominant_dimension, machines_needed
 from shard_engine.resources import is_accelerator
 from shard_engine.topology import SpreadState
 
-__all__ = ["Pick", "cover_by_cost", "cover_in_order", "cover_with_spread", "settle_deficit"]
+__all__ = [
+    "Pick",
+    "cover_by_cost",
+    "cover_in_order",
+    "cover_with_spread",
+    "cover_with_spread_stepwise",
+    "settle_deficit",
+]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -224,9 +231,119 @@ def cover_with_spread(
 
     Among groups that still cover part of the deficit and that no hard
     spread forbids, the one whose domains hold the fewest of the need's
-    machines wins; ``preference`` (lower is better) breaks ties. Returns the
-    picks (merged per group), the residual deficit, and whether a hard
+    machines wins; ``preference`` (lower is better), then the group's
+    position, break ties. Returns the picks (merged per group, in the order
+    groups were first chosen), the residual deficit, and whether a hard
     spread blocked progress.
+
+    Groups whose profiles sit in the same domains of every spread share
+    their level and whether a spread allows them, so a step compares
+    domains, not groups: each domain offers its best group still able to
+    help (lowest preference, then position). A group that runs out, or
+    stops covering anything still missing, never comes back within one
+    call, because the deficit only shrinks. ``spread`` is updated with the
+    picks, as one machine at a time would.
+    """
+    slack = [tolerance * max(a, 1.0) for a in aggregate.tolist()]
+    need = [d if d > s else 0.0 for d, s in zip(deficit.tolist(), slack, strict=True)]
+    dims = range(len(need))
+    left = available.astype(np.int64).tolist()
+    shapes = alloc.tolist()
+    prefs = preference.tolist()
+    count = len(left)
+    codes = [c[profiles].tolist() for c in spread.codes] if count else []
+    domains: dict[tuple[int, ...], list[int]] = {}
+    for g in range(count):
+        domains.setdefault(tuple(c[g] for c in codes), []).append(g)
+    signatures = list(domains)
+    queues = [sorted(domains[sig], key=lambda g: (prefs[g], g)) for sig in signatures]
+    heads = [0] * len(signatures)
+    counts = [c.tolist() for c in spread.counts]
+    eligible = [e.tolist() for e in spread.eligible]
+    hard = [
+        (i, s.max_skew)
+        for i, (h, s) in enumerate(zip(spread.hard, spread.spreads, strict=True))
+        if h
+    ]
+    taken: dict[int, int] = {}
+    blocked = False
+    steps = 0
+    while any(need) and steps < max_steps:
+        steps += 1
+        short = [j for j in dims if need[j] > 0]
+        floors = [
+            min((n for n, e in zip(counts[i], eligible[i], strict=True) if e), default=None)
+            for i, _ in hard
+        ]
+        best: tuple[float, float, int] | None = None
+        live = False
+        for k, sig in enumerate(signatures):
+            queue = queues[k]
+            head = heads[k]
+            while head < len(queue):
+                g = queue[head]
+                if left[g] > 0 and any(shapes[g][j] > 0 for j in short):
+                    break
+                head += 1
+            heads[k] = head
+            if head == len(queue):
+                continue
+            live = True
+            allowed = True
+            for (i, skew), floor in zip(hard, floors, strict=True):
+                d = sig[i]
+                if d < 0 or (floor is not None and counts[i][d] + 1 - floor > skew):
+                    allowed = False
+                    break
+            if not allowed:
+                continue
+            level = 0.0
+            for i, d in enumerate(sig):
+                level += counts[i][d] if d >= 0 else 0.0
+            g = queue[head]
+            candidate = (level, prefs[g], g)
+            if best is None or candidate < best:
+                best = candidate
+        if not live:
+            break
+        if best is None:
+            blocked = True
+            break
+        group = best[2]
+        taken[group] = taken.get(group, 0) + 1
+        left[group] -= 1
+        for i, d in enumerate(codes):
+            domain = d[group]
+            if domain >= 0:
+                counts[i][domain] += 1
+                eligible[i][domain] = True
+        shape = shapes[group]
+        need = [
+            max(n - a, 0.0) if (n - a) > s else 0.0
+            for n, a, s in zip(need, shape, slack, strict=True)
+        ]
+    for group, machines in taken.items():
+        spread.add(int(profiles[group]), machines)
+    return list(taken.items()), np.array(need, dtype=np.float64), blocked
+
+
+def cover_with_spread_stepwise(
+    *,
+    deficit: FloatArray,
+    aggregate: FloatArray,
+    available: IntArray,
+    alloc: FloatArray,
+    profiles: IntArray,
+    preference: FloatArray,
+    spread: SpreadState,
+    max_steps: int,
+    tolerance: float,
+) -> tuple[list[Pick], FloatArray, bool]:
+    """:func:`cover_with_spread` stated step by step over arrays: the rule's reference.
+
+    Each step re-scores every candidate group, which costs a dozen numpy
+    calls per machine; :func:`cover_with_spread` decides identically by
+    domain and is what the phases use. Tests hold the two to each other.
     """
     deficit = settle_deficit(deficit.copy(), aggregate, tolerance)
     left = available.astype(np.int64).copy()

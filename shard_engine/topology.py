@@ -130,7 +130,8 @@ class SpreadState:
         self.hard: list[bool] = []
         for spread in self.spreads:
             codes = domain_codes(catalog, (spread.topology_key,))
-            size = int(codes.max()) + 1 if len(codes) else 1
+            # At least one slot: a spread over a label no profile has still indexes its counts.
+            size = max(int(codes.max()) + 1, 1) if len(codes) else 1
             usable = mask & (codes >= 0)
             eligible = np.zeros(size, dtype=np.bool_)
             eligible[codes[usable & present]] = True
