@@ -410,6 +410,8 @@ class Samples:
     wall: list[float] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)
     actions: list[int] = field(default_factory=list)
+    # Seconds per action to build ``plan.actions`` from the plan's table (outside the cycle).
+    values: list[float] = field(default_factory=list)
 
 
 def run_cycles(
@@ -437,11 +439,16 @@ def run_cycles(
         plan = engine.cycle(now=world.now)
         elapsed = time.perf_counter() - start
         cpu = time.process_time() - cpu
+        built = time.perf_counter()
+        count = len(plan.actions)  # what a consumer of the values pays, once per plan
+        built = time.perf_counter() - built
         gc.enable()
         if n >= warmup:
             samples.wall.append(elapsed)
             samples.cpu.append(cpu)
-            samples.actions.append(len(plan.actions))
+            samples.actions.append(count)
+            if count:
+                samples.values.append(built / count)
     return samples
 
 
@@ -471,6 +478,7 @@ def bench_cycle(name: str, *, pending: float, grow: int, cycles: int, seed: int)
     emit(name, "cycle_max_ms", max(samples.wall) * 1e3, "ms")
     emit(name, "cycle_cpu_p50_ms", percentile(samples.cpu, 50) * 1e3, "ms")
     emit(name, "cycle_cpu_p99_ms", percentile(samples.cpu, 99) * 1e3, "ms")
+    emit(name, "plan_values_per_action_us", percentile(samples.values, 50) * 1e6, "us")
 
 
 def bench_realistic(*, cycles: int, seed: int) -> None:
@@ -501,6 +509,63 @@ def bench_realistic(*, cycles: int, seed: int) -> None:
     emit(name, "per_need_p50_us", percentile(per_need, 50), "us")
     emit(name, "per_need_p99_us", percentile(per_need, 99), "us")
     emit(name, "per_need_cpu_p99_us", percentile(per_need_cpu, 99), "us")
+    emit(name, "plan_values_per_action_us", percentile(samples.values, 50) * 1e6, "us")
+
+
+def bench_rollup(*, rollups: int, seed: int) -> None:
+    """rollup_apply_20_needs: ``apply_rollup`` of one cluster's 20 needs on the realistic catalog.
+
+    Three kinds of roll-up, each timed on its own: *changed* (three of the
+    20 needs grow or shrink by a machine — the usual edit), *unchanged*
+    (the same needs re-sent with a newer timestamp, every ten seconds per
+    cluster) and *reshaped* (one need's requirements replaced by another
+    cluster's, so the masks are compiled afresh).
+    """
+    name = "rollup_apply_20_needs"
+    world = build(
+        machines=200_000,
+        clusters=400,
+        needs_per_cluster=20,
+        types=300,
+        zones=6,
+        racks=60,
+        seed=seed,
+    )
+    engine = world.engine
+    rng = random.Random(seed + 2)
+    names = sorted(world.needs)
+    kinds = ("changed", "unchanged", "reshaped")
+    timings: dict[str, list[float]] = {kind: [] for kind in kinds}
+    cpu: dict[str, list[float]] = {kind: [] for kind in kinds}
+
+    def timed(kind: str, cluster: str) -> None:
+        payload = rollup(world, cluster, world.needs[cluster])
+        gc.disable()
+        used = time.process_time()
+        start = time.perf_counter()
+        engine.apply_rollup(payload, now=world.now)
+        timings[kind].append(time.perf_counter() - start)
+        cpu[kind].append(time.process_time() - used)
+        gc.enable()
+
+    for n in range(rollups):
+        cluster = names[n % len(names)]
+        plans = world.needs[cluster]
+        for plan in rng.sample(plans, 3):
+            plan.machines += rng.choice((-1, 1))
+            plan.need = replace(plan.need, aggregate=_aggregate(plan))
+        timed("changed", cluster)
+        timed("unchanged", cluster)
+        if n % 5 == 0:
+            donor = world.needs[names[(n * 7 + 3) % len(names)]]
+            plan = rng.choice(plans)
+            plan.need = replace(plan.need, requirements=rng.choice(donor).need.requirements)
+            timed("reshaped", cluster)
+    for kind in kinds:
+        emit(name, f"{kind}_p50_us", percentile(timings[kind], 50) * 1e6, "us")
+        emit(name, f"{kind}_p99_us", percentile(timings[kind], 99) * 1e6, "us")
+        emit(name, f"{kind}_cpu_p50_us", percentile(cpu[kind], 50) * 1e6, "us")
+        emit(name, f"{kind}_cpu_p99_us", percentile(cpu[kind], 99) * 1e6, "us")
 
 
 def _rss_bytes() -> int:
@@ -571,7 +636,13 @@ def bench_inventory(*, seed: int) -> None:
 WARMUP = 20
 """Unmeasured cycles first: the layout's own leftovers settle before measuring."""
 
-BENCHES = ("inventory_1m", "cycle_steady_500k", "cycle_burst_500k", "cycle_realistic_8k_needs")
+BENCHES = (
+    "inventory_1m",
+    "cycle_steady_500k",
+    "cycle_burst_500k",
+    "cycle_realistic_8k_needs",
+    "rollup_apply_20_needs",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -590,8 +661,10 @@ def main(argv: list[str] | None = None) -> int:
             bench_cycle(name, pending=0.02, grow=8, cycles=args.cycles, seed=args.seed)
         elif name == "cycle_burst_500k":
             bench_cycle(name, pending=0.10, grow=32, cycles=args.cycles, seed=args.seed)
-        else:
+        elif name == "cycle_realistic_8k_needs":
             bench_realistic(cycles=min(args.cycles, 100), seed=args.seed)
+        else:
+            bench_rollup(rollups=1_000, seed=args.seed)
         gc.collect()
     return 0
 

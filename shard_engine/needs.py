@@ -254,6 +254,7 @@ class Demand:
     profiles: int
     dims: int
     version: int
+    gang_domain: Mapping[str, int] = field(default_factory=dict)
 
     def widen(self, dims: int) -> None:
         """Pad the vectors with zero columns for resources named after compilation."""
@@ -285,6 +286,8 @@ class ClusterNeeds:
     gang_domain: dict[str, int] = field(default_factory=dict)
     version: int = 0
     compiled: Demand | None = None
+    # The last compiled form, kept after a change: what a size-only change reuses.
+    superseded: Demand | None = None
 
     @property
     def quarantined(self) -> bool:
@@ -309,6 +312,7 @@ class NeedsTable:
         self._rule = quarantine
         self._entries: dict[int, ClusterNeeds] = {}
         self._arrivals = 0
+        self._rows = 0
         self._releases: dict[int, frozenset[str]] = {}
         self.version = 0
 
@@ -410,6 +414,7 @@ class NeedsTable:
                 self._arrivals += 1
             arrival[key] = seq
         entry.arrival = arrival
+        self._rows += len(needs) - len(entry.needs)
         ordered = sorted(needs.items(), key=lambda kv: (-kv[1].priority, arrival[kv[0]]))
         entry.keys = tuple(k for k, _ in ordered)
         entry.needs = tuple(n for _, n in ordered)
@@ -429,6 +434,8 @@ class NeedsTable:
     def touch(self, entry: ClusterNeeds) -> None:
         """Invalidate the entry's compiled form (its needs or gang domains changed)."""
         entry.version += 1
+        if entry.compiled is not None:
+            entry.superseded = entry.compiled
         entry.compiled = None
         self.version += 1
 
@@ -442,6 +449,7 @@ class NeedsTable:
         self._releases.pop(cluster, None)
         if entry is None:
             return False
+        self._rows -= len(entry.needs)
         self.version += 1
         self.retain_masks()
         return True
@@ -465,8 +473,8 @@ class NeedsTable:
         return entry is not None and entry.applied_ns is not None
 
     def count(self) -> int:
-        """Number of need rows in force."""
-        return sum(len(e.needs) for e in self._entries.values())
+        """Number of need rows in force (kept as a running total)."""
+        return self._rows
 
     def retain_masks(self) -> None:
         """Drop cached masks no need uses any more, once they clearly outnumber the used ones.
@@ -492,9 +500,64 @@ class NeedsTable:
         if compiled is not None and compiled.profiles == profiles:
             compiled.widen(len(self._catalog.dims))
             return compiled
-        compiled = self._compile(entry)
+        compiled = self._resize(entry)
+        if compiled is None:
+            compiled = self._compile(entry)
         entry.compiled = compiled
+        entry.superseded = None
         return compiled
+
+    def _resize(self, entry: ClusterNeeds) -> Demand | None:
+        """The entry compiled by reusing its last form, when only the needs' sizes changed.
+
+        The usual change to a roll-up is an aggregate that grew or shrank.
+        Masks, the need-by-profile matrix and ``serving`` depend only on the
+        needs' keys, order, requirements, ``min_unit``, gang domains and the
+        catalog, so when all of those are as they were the old arrays are
+        reused and only the size vectors are rebuilt. Returns None when
+        anything else changed (then everything is compiled afresh).
+        """
+        old = entry.superseded
+        catalog = self._catalog
+        if (
+            old is None
+            or old.keys != entry.keys
+            or old.profiles != len(catalog)
+            or old.gang_domain != entry.gang_domain
+        ):
+            return None
+        needs = entry.needs
+        for before, now in zip(old.needs, needs, strict=True):
+            if before.requirements != now.requirements or before.min_unit != now.min_unit:
+                return None
+        dims = catalog.dims
+        column = dims.index_of
+        rows: list[tuple[list[tuple[int, float]], list[tuple[int, float]]]] = [
+            (
+                [(column(name), value) for name, value in need.aggregate.items()],
+                [(column(name), value) for name, value in need.min_unit.items()],
+            )
+            for need in needs
+        ]
+        width = len(dims)
+        aggregate = np.zeros((len(needs), width))
+        unit = np.zeros((len(needs), width))
+        for i, (amounts, units) in enumerate(rows):
+            if amounts:
+                at, values = zip(*amounts, strict=True)
+                aggregate[i, list(at)] = values
+            if units:
+                at, values = zip(*units, strict=True)
+                unit[i, list(at)] = values
+        return replace(
+            old,
+            needs=needs,
+            aggregate=aggregate,
+            min_unit=unit,
+            app_rank=np.array([APP_CLASS_VICTIM_RANK[n.app_class] for n in needs], dtype=np.int8),
+            dims=width,
+            version=entry.version,
+        )
 
     def _compile(self, entry: ClusterNeeds) -> Demand:
         catalog = self._catalog
@@ -527,10 +590,11 @@ class NeedsTable:
             if gang and chosen is not None:
                 row = row & (domain_codes(catalog, gang) == chosen)
             matrix[i] = row
+        # The first (highest-priority) need each profile serves: rows written from
+        # the last to the first, so the first row matching a profile writes last.
         serving = np.full(profiles, -1, dtype=np.int32)
-        if count:
-            first = matrix.argmax(axis=0).astype(np.int32)
-            serving = np.where(matrix.any(axis=0), first, serving).astype(np.int32)
+        for i in range(count - 1, -1, -1):
+            serving[matrix[i]] = i
         return Demand(
             cluster=entry.index,
             needs=needs,
@@ -552,4 +616,5 @@ class NeedsTable:
             profiles=profiles,
             dims=width,
             version=entry.version,
+            gang_domain=dict(entry.gang_domain),
         )
