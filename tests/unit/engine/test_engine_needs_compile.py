@@ -7,10 +7,10 @@ from dataclasses import fields, replace
 
 import numpy as np
 import pytest
-from plan_history import CLUSTERS, History, _random_need, _resized
 
 from shard_engine.model import Rollup
 from shard_engine.needs import Demand
+from tests.unit.engine.plan_history import CLUSTERS, History, _random_need, _resized
 
 
 def assert_same_demand(found: Demand, fresh: Demand) -> None:
