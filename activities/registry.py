@@ -1,15 +1,23 @@
-"""Every activity a shard's worker serves, bound to that shard's parts (wiring in one place)."""
+"""Every activity BigFleet's workers serve, bound to their process's parts (wiring in one place).
+
+shard_activities        task queue shard-<id>: machine operations, and the shard's
+                        halves of coordinator and membership instructions
+coordinator_activities  task queue bigfleet-coordinator: distribution, planning,
+                        instruction records, decommission and membership planning
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from activities.context import ActiveGuard, ShardContext
+from activities.context import ActiveGuard, ProviderCalls, ShardContext
+from activities.coordinator import CoordinatorActivities
 from activities.machines import MachineActivities
-from activities.membership import MembershipActivities, MembershipContext
+from activities.membership import MembershipActivities, MembershipContext, MembershipPlanner
 from activities.shard import ShardActivities
 from activities.transfers import TransferActivities, TransferContext
+from bigfleet.store import Store
 
 
 def activities_for(ctx: ShardContext) -> list[Callable[..., Any]]:
@@ -52,4 +60,21 @@ def shard_activities(
         moves.retire_machines,
         members.release_cluster,
         members.hand_over,
+    ]
+
+
+def coordinator_activities(
+    store: Store, providers: Mapping[str, ProviderCalls], *, rebalance_share: float
+) -> list[Callable[..., Any]]:
+    """Every activity the coordinator process serves on ``bigfleet-coordinator``."""
+    acts = CoordinatorActivities(store, providers, rebalance_share=rebalance_share)
+    membership = MembershipPlanner(store, providers)
+    return [
+        acts.distribute,
+        acts.plan,
+        acts.record_instruction,
+        acts.finish_instruction,
+        acts.plan_decommission,
+        membership.plan_membership,
+        membership.record_membership,
     ]

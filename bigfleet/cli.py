@@ -181,12 +181,7 @@ def dev(
 @app.command()
 def shard(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
     """Run one shard process configured from BIGFLEET_* environment variables."""
-    from bigfleet import temporal
-    from bigfleet.identity import client_security
-    from bigfleet.shard.process import ShardOptions, ShardProcess
-    from bigfleet.store import Database, Store
-    from providers.client import ProviderClient
-    from workflows.contracts import Deadlines, default_deadline_overrides
+    from bigfleet import bootstrap
 
     _logging(verbose)
     settings = _settings()
@@ -198,51 +193,21 @@ def shard(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> 
         _fail("BIGFLEET_PROVIDERS must name at least one provider (NAME=HOST:PORT)")
 
     async def main(stop: asyncio.Event) -> None:
-        assert settings.database_url and settings.temporal_address
-        db = Database.connect(settings.database_url)
-        await db.migrate()
-        client = await temporal.connect(
-            settings.temporal_address, settings.temporal_namespace, tls=_temporal_tls(settings)
-        )
-        await temporal.ensure_search_attributes(client, settings.temporal_namespace)
-        security = client_security(settings.tls)
-        providers = {
-            p.name: ProviderClient(p.address, security=security) for p in settings.providers
-        }
-        process = ShardProcess(
-            ShardOptions(
-                shard_id=settings.shard_id,
-                listen=settings.shard_listen,
-                holder=settings.holder,
-                lease_ttl_s=settings.lease_ttl_s,
-                lease_margin_s=settings.lease_margin_s,
-                cycle_interval_s=settings.cycle_interval_s,
-                observe_interval_s=settings.observe_interval_s,
-                report_interval_s=settings.report_interval_s,
-                reconcile_interval_s=settings.reconcile_interval_s,
-                deadlines=Deadlines(
-                    **{k: v * settings.deadline_scale for k, v in vars(Deadlines()).items()}
-                ),
-                deadline_overrides={
-                    key: {name: secs * settings.deadline_scale for name, secs in fields.items()}
-                    for key, fields in default_deadline_overrides().items()
-                },
-            ),
-            store=Store(db.engine),
-            temporal=client,
-            providers=providers,
-            tls=security.source if security is not None else None,
-        )
-        try:
-            await process.start()
-            await stop.wait()
-        finally:
-            await process.stop()
-            for p in providers.values():
-                await p.close()
-            await db.close()
+        async with bootstrap.connect(settings) as wiring:
+            process = bootstrap.shard_process(
+                bootstrap.shard_options(settings),
+                store=wiring.store,
+                temporal=wiring.temporal,
+                providers=wiring.providers,
+                tls=wiring.tls,
+            )
+            try:
+                await process.start()
+                await stop.wait()
+            finally:
+                await process.stop()
 
-    _run(_until_signalled(main))
+    _run_configured(_until_signalled(main))
 
 
 coordinator_app = typer.Typer(help="The global coordinator.", no_args_is_help=True)
@@ -258,11 +223,7 @@ def coordinator_run(
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run the coordinator: a new term, its worker, and the singleton workflow."""
-    from bigfleet import temporal
-    from bigfleet.coordinator import CoordinatorProcess
-    from bigfleet.identity import client_security
-    from bigfleet.store import Database, Store
-    from providers.client import ProviderClient
+    from bigfleet import bootstrap
 
     _logging(verbose)
     settings = _settings()
@@ -270,33 +231,21 @@ def coordinator_run(
         _fail("BIGFLEET_DATABASE_URL and BIGFLEET_TEMPORAL_ADDRESS must be set")
 
     async def main(stop: asyncio.Event) -> None:
-        assert settings.database_url and settings.temporal_address
-        db = Database.connect(settings.database_url)
-        await db.migrate()
-        client = await temporal.connect(
-            settings.temporal_address, settings.temporal_namespace, tls=_temporal_tls(settings)
-        )
-        security = client_security(settings.tls)
-        providers = {
-            p.name: ProviderClient(p.address, security=security) for p in settings.providers
-        }
-        process = CoordinatorProcess(
-            store=Store(db.engine),
-            temporal=client,
-            providers=providers,
-            interval_s=interval,
-            max_share=max_share,
-        )
-        try:
-            await process.start()
-            await stop.wait()
-        finally:
-            await process.stop()
-            for p in providers.values():
-                await p.close()
-            await db.close()
+        async with bootstrap.connect(settings, search_attributes=False) as wiring:
+            process = bootstrap.coordinator_process(
+                store=wiring.store,
+                temporal=wiring.temporal,
+                providers=wiring.providers,
+                interval_s=interval,
+                max_share=max_share,
+            )
+            try:
+                await process.start()
+                await stop.wait()
+            finally:
+                await process.stop()
 
-    _run(_until_signalled(main))
+    _run_configured(_until_signalled(main))
 
 
 @coordinator_app.command("status")
@@ -934,13 +883,20 @@ async def _open_store() -> AsyncIterator[Store]:
 
 def _temporal_tls(settings: Settings) -> TLSConfig | None:
     """The process's certificate for Temporal, when BIGFLEET_TEMPORAL_TLS asks for it."""
-    if not settings.temporal_tls:
-        return None
-    if settings.tls is None:
-        _fail("BIGFLEET_TEMPORAL_TLS needs BIGFLEET_TLS_CERT, BIGFLEET_TLS_KEY and BIGFLEET_TLS_CA")
-    from bigfleet.identity import KeyPairSource, temporal_tls
+    from bigfleet.bootstrap import temporal_tls_of
 
-    return temporal_tls(KeyPairSource(settings.tls))
+    try:
+        return temporal_tls_of(settings)
+    except ConfigError as err:
+        _fail(str(err))
+
+
+def _run_configured(coro: Awaitable[None]) -> None:
+    """Run a process; a configuration error found while wiring it is a clear failure."""
+    try:
+        _run(coro)
+    except ConfigError as err:
+        _fail(str(err))
 
 
 def _settings() -> Settings:

@@ -20,8 +20,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.worker import Worker
 
 from activities.context import ProviderCalls
-from activities.coordinator import CoordinatorActivities
-from activities.membership import MembershipPlanner
+from activities.registry import coordinator_activities
 from bigfleet.store import Store
 from workflows import coordinator as co
 from workflows.registry import COORDINATOR_WORKFLOWS
@@ -54,21 +53,13 @@ class CoordinatorProcess:
 
     async def start(self) -> None:
         self.term = await self.store.take_term()
-        acts = CoordinatorActivities(self.store, self.providers, rebalance_share=self.max_share)
-        membership = MembershipPlanner(self.store, self.providers)
         self._worker = Worker(
             self.temporal,
             task_queue=co.COORDINATOR_QUEUE,
             workflows=list(COORDINATOR_WORKFLOWS),
-            activities=[
-                acts.distribute,
-                acts.plan,
-                acts.record_instruction,
-                acts.finish_instruction,
-                acts.plan_decommission,
-                membership.plan_membership,
-                membership.record_membership,
-            ],
+            activities=coordinator_activities(
+                self.store, self.providers, rebalance_share=self.max_share
+            ),
             graceful_shutdown_timeout=timedelta(seconds=5),
         )
         self._task = asyncio.create_task(self._worker.run(), name="coordinator-worker")

@@ -28,7 +28,7 @@ from pathlib import Path
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-from bigfleet import temporal
+from bigfleet import bootstrap, temporal
 from bigfleet.certs import leaf_stem, write_bundle
 from bigfleet.config import TLSFiles
 from bigfleet.coordinator import CoordinatorProcess
@@ -163,9 +163,7 @@ class DevStack:
         else:
             self._pg = EmbeddedPostgres(o.data_dir / "postgres")
             self.database_url = await asyncio.to_thread(self._pg.start)
-        self.db = Database.connect(self.database_url)
-        await self.db.migrate()
-        self.store = Store(self.db.engine)
+        self.db, self.store = await bootstrap.open_store(self.database_url)
 
         if o.temporal_address:
             self.client = await temporal.connect(o.temporal_address)
@@ -218,7 +216,7 @@ class DevStack:
         host, _, port = o.shard_listen.rpartition(":")
         for i in range(o.shards):
             listen = f"{host}:{int(port) + i if int(port) else 0}"
-            process = ShardProcess(
+            process = bootstrap.shard_process(
                 ShardOptions(
                     shard_id=f"shard-{i}",
                     listen=listen,
@@ -240,7 +238,7 @@ class DevStack:
         self.shard = self.shards[0]
 
         if o.coordinator:
-            self.coordinator = CoordinatorProcess(
+            self.coordinator = bootstrap.coordinator_process(
                 store=self.store,
                 temporal=self.client,
                 providers=self.provider_clients,
