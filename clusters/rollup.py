@@ -123,14 +123,17 @@ def build_rollup(
     gap: bool = True,
     in_gap: Iterable[str] = (),
     extra: Mapping[str, int] | None = None,
+    keys: Mapping[str, AggregationKey] | None = None,
 ) -> capacity_pb2.ClusterCapacityNeeds:
     """One full-replacement roll-up for ``cluster_id`` from every pod it must run.
 
     ``in_gap`` names the best-effort pods that fit in the cluster's
     reclaimable gap (:func:`clusters.gap.fit_in_gap`); with ``gap`` on they
     are not asked for. ``extra`` maps a pod name to how many more times its
-    request is added (the fragmentation allowance). Needs come out in a
-    stable order (highest priority first, then key).
+    request is added (the fragmentation allowance). ``keys`` may hold pods'
+    aggregation keys already computed (:func:`need_key_of`; a caller that
+    builds roll-ups often keeps them per pod). Needs come out in a stable
+    order (highest priority first, then key).
     """
     skip = set(in_gap) if gap else set()
     extra = extra or {}
@@ -141,7 +144,9 @@ def build_rollup(
         request = pod.placement(gap=False) if pod.in_gap else pod.placement(gap=gap)
         if not any(request):
             continue
-        key = need_key_of(pod)
+        key = keys.get(pod.name) if keys is not None else None
+        if key is None:
+            key = need_key_of(pod)
         group = groups.get(key)
         if group is None:
             group = groups[key] = _Group(pod)

@@ -22,8 +22,10 @@ Nothing here decides what the engine or the planner would decide; it only
 carries the decisions out after the providers' simulated latency and reports
 back, like production. Differences from production, on purpose: no Temporal
 (transitions are followed directly on the provider core), no PostgreSQL
-(ownership lives in memory), an unchanged roll-up is not re-sent (the engine
-ignores it anyway), and nodes are not reported for health checks.
+(ownership lives in memory), a roll-up equal to the one the engine last
+applied is not re-sent (the engine would only move its timestamp; one that
+was quarantined is re-sent, since re-sends confirm it), and nodes are not
+reported for health checks.
 """
 
 from __future__ import annotations
@@ -131,6 +133,7 @@ class BigFleetPolicy:
         self.profile_of: dict[str, ProfileKey] = {}
         self.profiles: dict[ProfileKey, MachineRecord] = {}
         self.stats: Counter[str] = Counter()
+        self._applied: dict[str, bytes] = {}  # cluster -> its last applied roll-up, timestamp 0
         self._next_cycle = 0.0
         self._next_rollup = 0.0
         self._next_report = options.report_interval_s
@@ -192,16 +195,30 @@ class BigFleetPolicy:
         for cluster_id, cluster in self.clusters.items():
             if not cluster.dirty:
                 continue
-            msg = cluster.rollup(int(now * 1e9) + 1)
+            msg = cluster.rollup(0)
+            body = msg.SerializeToString(deterministic=True)
+            if self._applied.get(cluster_id) == body:
+                # The same needs and named release as the roll-up the engine last applied:
+                # applying it again would only move its timestamp (``NeedsTable.apply``'s
+                # unchanged path), so it is not converted and not sent.
+                self.stats["rollups_unchanged"] += 1
+                continue
+            msg.timestamp_unix_nanos = int(now * 1e9) + 1
             shard = self._shard_for(cluster_id)
             try:
                 rollup = rollup_from_wire(msg, session_cluster=cluster_id)
-                shard.engine.apply_rollup(rollup, now=now)
+                outcome = shard.engine.apply_rollup(rollup, now=now)
             except (InvalidRollup, RollupRejected) as err:
                 self.stats["rollups_rejected"] += 1
                 log.warning("cluster %s: roll-up refused: %s", cluster_id, err)
+                self._applied.pop(cluster_id, None)
                 continue
             self.stats["rollups"] += 1
+            # A quarantined roll-up waits for confirmations: re-sends of it must reach the engine.
+            if outcome.status == "applied":
+                self._applied[cluster_id] = body
+            else:
+                self._applied.pop(cluster_id, None)
             for need in rollup.needs:
                 self.needs[(cluster_id, need.key)] = need
 

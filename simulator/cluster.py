@@ -36,7 +36,7 @@ from bigfleet.v1alpha1 import capacity_pb2
 from clusters.gap import evict_for_gap, fit_in_gap
 from clusters.packing import FloatArray, Heuristic, choose_node
 from clusters.pods import DIMENSIONS, PodSpec
-from clusters.rollup import build_rollup
+from clusters.rollup import AggregationKey, build_rollup, need_key_of
 from shard_engine.coordination import labels_satisfy
 from shard_engine.model import AppClass, Operator, Requirement
 
@@ -94,6 +94,9 @@ class ClusterModel:
         self.gap = gap
         self.flap_window_s = flap_window_s
         self.pods: dict[str, PodState] = {}
+        self._keys: dict[str, AggregationKey] = {}  # pod -> its roll-up aggregation key
+        # pod -> (placement, reservation, borrows the gap): fixed for a pod's life
+        self._vec: dict[str, tuple[FloatArray, FloatArray, bool]] = {}
         self.pending: dict[str, None] = {}
         self.counters = Counters()
         self.dirty = True  # the roll-up changed since it was last built
@@ -205,6 +208,7 @@ class ClusterModel:
         if pod.name in self.pods:
             return
         self.pods[pod.name] = PodState(spec=pod, arrived=now)
+        self._keys[pod.name] = need_key_of(pod)
         self.pending[pod.name] = None
         self.dirty = True
         self._notify.add(self.cluster_id)
@@ -220,16 +224,25 @@ class ClusterModel:
         if state.node:
             self._unplace(state, now, evicted=False)
         self.pending.pop(name, None)
+        self._keys.pop(name, None)
+        self._vec.pop(name, None)
         self.dirty = True
         self._notify.add(self.cluster_id)
 
     def _vectors(self, pod: PodSpec) -> tuple[FloatArray, FloatArray, bool]:
-        """(placement, reservation, borrows-the-gap) as arrays."""
+        """(placement, reservation, borrows-the-gap) as arrays (computed once per pod)."""
+        known = self._vec.get(pod.name)
+        if known is not None:
+            return known
         borrowing = pod.in_gap and self.gap
         placement = np.array(pod.placement(gap=self.gap))
         reservation = np.array(pod.limit if borrowing else pod.reservation)
         if pod.app_class is AppClass.BEST_EFFORT and not self.gap:
             reservation = np.array(pod.limit)
+        placement.flags.writeable = False
+        reservation.flags.writeable = False
+        if pod.name in self.pods:
+            self._vec[pod.name] = (placement, reservation, borrowing)
         return placement, reservation, borrowing
 
     def _unplace(self, state: PodState, now: float, *, evicted: bool) -> None:
@@ -380,6 +393,7 @@ class ClusterModel:
             gap=self.gap,
             in_gap=in_gap,
             extra=extra,
+            keys=self._keys,
         )
         msg.release.SetInParent()  # present, even empty: reclaim only what is named
         msg.release.machine_ids.extend(self.releasable())

@@ -47,6 +47,14 @@ def _markdown(meta: dict[str, Any], results: Sequence[PolicyResult]) -> str:
         "|---|" + "---|" * len(names),
         _row("cost ($)", [x["cost_usd"] for x in s]),
     ]
+    categories = sorted({c for x in s for c in x.get("cost_by_category_usd", {})})
+    for category in categories:
+        lines.append(
+            _row(
+                f"… {category} ($)",
+                [x.get("cost_by_category_usd", {}).get(category, 0.0) for x in s],
+            )
+        )
     for dim in ("cpu", "memory", "gpu"):
         lines.append(_row(f"utilisation {dim}", [f"{x['utilisation'][dim]:.1%}" for x in s]))
     lines += [
