@@ -18,8 +18,10 @@ how many may go is computed as above, and the machines taken are the named
 ones of each group, never any other. A scheduler that keeps particular
 workers (a Nanook cluster's ``workers_to_keep``) thus never sees them
 reclaimed for excess; if too few named machines are configured, less is
-reclaimed and the rest waits for a later roll-up (ADR 0070). Preemption
-(Phase 2) is not restricted.
+reclaimed and the rest waits for a later roll-up (ADR 0070). A cluster
+that names nothing (or only machines this shard does not know) is skipped
+outright and does not use up a place among the clusters examined per cycle.
+Preemption (Phase 2) is not restricted.
 
 **Release idle.** An idle cloud machine is deleted once it has been idle for
 its capacity type's hold period, unless Phase 1 drew on that shape within
@@ -127,6 +129,12 @@ def reclaim_excess(
         ids = pools.by_cluster.get(cluster)
         if not ids:
             continue
+        named = _named_rows(sheet, release.get(cluster)) if release else None
+        if named is not None and not named:
+            # It named nothing it can give up (present and empty, or no machine we know):
+            # nothing of it may go for excess, so it costs neither work nor a place in
+            # this cycle's budget of examined clusters.
+            continue
         quiet_key = memo_key(sheet, demand)
         touched = sheet.touched(cluster)
         if not touched and memo.quiet.get(cluster) == quiet_key:
@@ -167,7 +175,6 @@ def reclaim_excess(
             else np.zeros(len(profiles))
         )
         order = np.lexsort((profiles, penalty, -price[profiles]))
-        named = _named_rows(sheet, release.get(cluster)) if release else None
         changed = False
         for position in order.tolist():
             if budget <= 0:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shard_engine.engine import ShardEngine
+from shard_engine.engine import EngineConfig, ShardEngine
 from shard_engine.model import MachineState, Preempt, Reclaim, Rollup
 from shard_engine.needs import RollupRejected
 from tests.unit.engine.engine_fleet import Carrier, fleet, machine_ids, need, of_kind, rollup
@@ -92,6 +92,20 @@ def test_an_empty_release_list_keeps_every_machine_despite_excess() -> None:
 
     assert all(p.actions == () for p in plans)
     assert configured_of(engine, "nanook") == set(ids)
+
+
+def test_a_cluster_that_names_nothing_does_not_use_up_the_reclaim_budget() -> None:
+    # One cluster examined per cycle; the one that names nothing comes first in the
+    # round robin and must not hold back the one that names a machine.
+    engine = ShardEngine(EngineConfig(reclaim_clusters_per_cycle=1))
+    fleet(engine, 4, prefix="keep", state=MachineState.CONFIGURED, cluster="a-keeps")
+    gives = fleet(engine, 4, prefix="give", state=MachineState.CONFIGURED, cluster="b-gives")
+    engine.apply_rollup(releasing(rollup("a-keeps", 1, need(cpu=4))), now=0)
+    engine.apply_rollup(releasing(rollup("b-gives", 1, need(cpu=4)), gives[0]), now=0)
+
+    plan = engine.cycle(now=1)
+
+    assert machine_ids(of_kind(plan, Reclaim)) == [gives[0]]
 
 
 def test_a_machine_of_another_cluster_named_for_release_is_not_touched() -> None:
