@@ -65,6 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         ("trace_generation_s", round(generated, 1), "s"),
         ("setup_s", result.summary.get("setup_seconds", 0.0), "s"),
+        ("setup_cpu_s", result.summary.get("setup_cpu_seconds", 0.0), "s"),
+        (
+            "replay_cpu_s",
+            round(result.summary["cpu_seconds"] - result.summary["setup_cpu_seconds"], 1),
+            "s",
+        ),
         ("wall_s", round(result.wall_s, 1), "s"),
         ("speedup", result.summary["speedup"], "x"),
         ("virtual_s", args.duration, "s"),

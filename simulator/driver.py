@@ -106,6 +106,7 @@ def run_policy(
     if policy_name not in POLICIES:
         raise ValueError(f"policy: unknown {policy_name!r}; choose from {', '.join(POLICIES)}")
     started = time.perf_counter()
+    cpu_started = time.process_time()
     scheduler = ManualScheduler()
     fleet = Fleet.build(
         FleetOptions(
@@ -125,6 +126,7 @@ def run_policy(
     policy.start(0.0)
     fleet.drain_changes()
     setup = time.perf_counter() - started
+    setup_cpu = time.process_time() - cpu_started
     recorder = Recorder(sample_s=options.sample_s)
     events = trace.events
     index = 0
@@ -167,6 +169,9 @@ def run_policy(
     wall = time.perf_counter() - started
     summary["wall_seconds"] = round(wall, 2)
     summary["setup_seconds"] = round(setup, 2)
+    # CPU time of this process: on a shared machine wall time is several times larger.
+    summary["cpu_seconds"] = round(time.process_time() - cpu_started, 2)
+    summary["setup_cpu_seconds"] = round(setup_cpu, 2)
     summary["speedup"] = round(trace.duration / wall, 1) if wall > 0 else 0.0
     return PolicyResult(policy_name, summary, recorder.series, wall)
 

@@ -31,7 +31,9 @@ def expected_path(name: str) -> Path:
 def figures(summary: dict[str, Any]) -> dict[str, Any]:
     """The part of a summary that must not drift (everything but wall time and speed)."""
     return {
-        k: v for k, v in summary.items() if k not in ("wall_seconds", "speedup", "setup_seconds")
+        k: v
+        for k, v in summary.items()
+        if k not in ("wall_seconds", "speedup", "setup_seconds", "cpu_seconds", "setup_cpu_seconds")
     }
 
 
