@@ -29,6 +29,7 @@ from temporalio.workflow import ParentClosePolicy
 
 from workflows import membership as ms
 from workflows.contracts import DrainInput, MachineTarget, RequirementSpec
+from workflows.retries import INSTRUCTION_RETRY, QUICK
 
 COORDINATOR_ID = "bigfleet-coordinator"
 COORDINATOR_QUEUE = "bigfleet-coordinator"
@@ -258,10 +259,6 @@ class CoordinatorInput:
     rounds: int = 0
 
 
-_QUICK = timedelta(seconds=30)
-_RETRY = RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds=10))
-
-
 @workflow.defn(name="TransferWorkflow")
 class TransferWorkflow:
     """Move machines from a donor shard to a receiver: release, then adopt, then record."""
@@ -272,8 +269,8 @@ class TransferWorkflow:
         await workflow.execute_activity(
             RECORD_INSTRUCTION,
             InstructionRecord(inp.term, inp.seq, spec.kind, spec.donor, spec.receiver, spec),
-            start_to_close_timeout=_QUICK,
-            retry_policy=_RETRY,
+            start_to_close_timeout=QUICK,
+            retry_policy=INSTRUCTION_RETRY,
         )
         if spec.kind == "preempt":
             refused = await self._preempt(inp)
@@ -286,7 +283,7 @@ class TransferWorkflow:
                 result_type=ReleaseResult,
                 task_queue=f"shard-{spec.donor}",
                 schedule_to_close_timeout=timedelta(minutes=2),
-                retry_policy=_RETRY,
+                retry_policy=INSTRUCTION_RETRY,
             )
         except ActivityError as err:
             return await self._finish(inp, "failed", 0, f"donor {spec.donor}: {err.cause or err}")
@@ -300,7 +297,7 @@ class TransferWorkflow:
                     result_type=AdoptResult,
                     task_queue=f"shard-{spec.receiver}",
                     schedule_to_close_timeout=timedelta(minutes=2),
-                    retry_policy=_RETRY,
+                    retry_policy=INSTRUCTION_RETRY,
                 )
             except ActivityError as err:
                 # Ownership already moved in PostgreSQL: the receiver loads it
@@ -334,7 +331,7 @@ class TransferWorkflow:
                 result_type=PreemptionPlan,
                 task_queue=f"shard-{spec.donor}",
                 schedule_to_close_timeout=timedelta(minutes=2),
-                retry_policy=_RETRY,
+                retry_policy=INSTRUCTION_RETRY,
             )
         except ActivityError as err:
             return f"could not prepare the preemption: {err.cause or err}"
@@ -364,8 +361,8 @@ class TransferWorkflow:
         await workflow.execute_activity(
             FINISH_INSTRUCTION,
             InstructionOutcome(inp.term, inp.seq, status, outcome),
-            start_to_close_timeout=_QUICK,
-            retry_policy=_RETRY,
+            start_to_close_timeout=QUICK,
+            retry_policy=INSTRUCTION_RETRY,
         )
         return TransferResult(status, moved, outcome)
 
@@ -399,8 +396,8 @@ class DecommissionWorkflow:
             PLAN_DECOMMISSION,
             inp,
             result_type=DecommissionPlan,
-            start_to_close_timeout=_QUICK,
-            retry_policy=_RETRY,
+            start_to_close_timeout=QUICK,
+            retry_policy=INSTRUCTION_RETRY,
         )
 
         async def retire(shard_id: str, ids: list[str]) -> tuple[str, int]:
@@ -410,7 +407,7 @@ class DecommissionWorkflow:
                 result_type=RetireResult,
                 task_queue=f"shard-{shard_id}",
                 schedule_to_close_timeout=timedelta(minutes=10),
-                retry_policy=_RETRY,
+                retry_policy=INSTRUCTION_RETRY,
             )
             return shard_id, result.retired
 
@@ -499,7 +496,7 @@ class CoordinatorWorkflow:
                 DistributeInput(inp.term, inp.seq),
                 result_type=DistributeResult,
                 start_to_close_timeout=timedelta(minutes=2),
-                retry_policy=_RETRY,
+                retry_policy=INSTRUCTION_RETRY,
             )
         except ActivityError as err:
             workflow.logger.warning("distribution failed this round: %s", err)
@@ -553,8 +550,8 @@ class CoordinatorWorkflow:
                     PLAN,
                     PlanInput(reports, inp.max_share),
                     result_type=PlanResult,
-                    start_to_close_timeout=_QUICK,
-                    retry_policy=_RETRY,
+                    start_to_close_timeout=QUICK,
+                    retry_policy=INSTRUCTION_RETRY,
                 )
             ).transfers
         for spec in planned.transfers:
@@ -574,7 +571,7 @@ class CoordinatorWorkflow:
                 ms.MembershipPlanInput(inp.term),
                 result_type=ms.MembershipPlan,
                 start_to_close_timeout=timedelta(minutes=2),
-                retry_policy=_RETRY,
+                retry_policy=INSTRUCTION_RETRY,
             )
         except ActivityError as err:
             workflow.logger.warning("membership planning failed this round: %s", err)

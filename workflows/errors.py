@@ -6,6 +6,8 @@ workflows branch on the type. Anything in ``NON_RETRYABLE`` is final.
 
 from __future__ import annotations
 
+from temporalio.exceptions import ActivityError, ApplicationError
+
 # A provider refused our fencing token: this shard process is a zombie.
 FENCED = "Fenced"
 # The cluster's operator answered a bootstrap request with an error or not at all.
@@ -26,3 +28,15 @@ NON_RETRYABLE = (FENCED, BOOTSTRAP_UNAVAILABLE, INVALID_ARGUMENT, LEASE_LOST)
 INVALID_TRANSITION = "InvalidTransition"
 NOT_FOUND = "NotFound"
 UNIMPLEMENTED = "Unimplemented"
+
+
+def error_type(err: ActivityError) -> str | None:
+    """The ``ApplicationError.type`` an activity failed with, if any."""
+    cause = err.cause
+    return cause.type if isinstance(cause, ApplicationError) else None
+
+
+def error_message(err: ActivityError) -> str:
+    """The message an activity failed with."""
+    cause = err.cause
+    return cause.message if isinstance(cause, ApplicationError) else str(err)

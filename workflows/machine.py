@@ -54,35 +54,25 @@ from workflows.contracts import (
 )
 from workflows.errors import (
     FENCED,
-    INVALID_ARGUMENT,
     LEASE_LOST,
-    NON_RETRYABLE,
     NOT_FOUND,
     UNIMPLEMENTED,
+    error_message,
+    error_type,
+)
+from workflows.retries import (
+    CALL_TIMEOUT,
+    LEASE_WAIT_INITIAL_S,
+    LEASE_WAIT_MAX_S,
+    PROVIDER_RETRY,
+    RECORD_RETRY,
 )
 
 T = TypeVar("T")
 
-# Provider calls only accept a transition; they are quick and cheap to retry.
-CALL_TIMEOUT = timedelta(seconds=30)
-RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=30),
-    non_retryable_error_types=list(NON_RETRYABLE),
-)
-# Recording an outcome is retried until it lands (ADR 0101): whatever the store or
-# the lease does, a finished operation is never dropped. Only a malformed request stops it.
-RECORD_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=10),
-    maximum_attempts=0,
-    non_retryable_error_types=[INVALID_ARGUMENT],
-)
-# How long to wait before asking again when the shard process is not acting.
-LEASE_WAIT_INITIAL_S = 5.0
-LEASE_WAIT_MAX_S = 300.0
+# Kept under its old name for importers; defined once in workflows.retries.
+RETRY = PROVIDER_RETRY
+
 MAX_NOTES = 20
 # A provider that keeps refusing a step this many times in a row is left to an operator.
 MAX_REFUSALS = 3
@@ -255,10 +245,10 @@ class MachineWorkflow:
                 )
                 return result
             except ActivityError as err:
-                kind = _error_type(err)
+                kind = error_type(err)
                 if kind == FENCED:
                     self._set_phase(sa.FENCED_PHASE)
-                    self._fail_reason(_error_message(err))
+                    self._fail_reason(error_message(err))
                     raise ApplicationError(
                         f"shard {self._view.shard_id} was fenced by a provider; stopping",
                         type=FENCED,
@@ -266,7 +256,7 @@ class MachineWorkflow:
                     ) from err
                 if kind != LEASE_LOST:
                     raise
-                self._note(f"the shard is not acting ({_error_message(err)}); waiting {wait_s:g} s")
+                self._note(f"the shard is not acting ({error_message(err)}); waiting {wait_s:g} s")
                 await workflow.sleep(timedelta(seconds=wait_s))
                 wait_s = min(wait_s * 2, LEASE_WAIT_MAX_S)
 
@@ -514,23 +504,3 @@ class MachineWorkflow:
 
 def _stamp(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _error_type(err: ActivityError) -> str | None:
-    cause = err.cause
-    return cause.type if isinstance(cause, ApplicationError) else None
-
-
-def _error_message(err: ActivityError) -> str:
-    cause = err.cause
-    return cause.message if isinstance(cause, ApplicationError) else str(err)
-
-
-def error_type(err: ActivityError) -> str | None:
-    """The ``ApplicationError.type`` an activity failed with, if any."""
-    return _error_type(err)
-
-
-def error_message(err: ActivityError) -> str:
-    """The message an activity failed with."""
-    return _error_message(err)

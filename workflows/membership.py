@@ -26,6 +26,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 from workflows.contracts import MachineTarget
+from workflows.retries import INSTRUCTION_RETRY, QUICK
 
 # Coordinator-side activities (task queue bigfleet-coordinator).
 PLAN_MEMBERSHIP = "bigfleet.coordinator.plan_membership"
@@ -154,8 +155,6 @@ class _Outcome:
     outcome: str
 
 
-_QUICK = timedelta(seconds=30)
-_RETRY = RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds=10))
 # A donor waits for machines in motion by failing retryably: the wait is visible
 # in the Temporal UI as the activity's last failure, and bounded by the schedule.
 _WAIT = RetryPolicy(
@@ -168,7 +167,7 @@ _WAIT = RetryPolicy(
 
 async def _record(record: MembershipRecord) -> None:
     await workflow.execute_activity(
-        RECORD_MEMBERSHIP, record, start_to_close_timeout=_QUICK, retry_policy=_RETRY
+        RECORD_MEMBERSHIP, record, start_to_close_timeout=QUICK, retry_policy=INSTRUCTION_RETRY
     )
 
 
@@ -176,8 +175,8 @@ async def _finish(term: int, seq: int, status: str, moved: int, outcome: str) ->
     await workflow.execute_activity(
         FINISH_INSTRUCTION,
         _Outcome(term, seq, status, outcome),
-        start_to_close_timeout=_QUICK,
-        retry_policy=_RETRY,
+        start_to_close_timeout=QUICK,
+        retry_policy=INSTRUCTION_RETRY,
     )
     return MembershipResult(status, moved, outcome)
 
@@ -193,7 +192,7 @@ async def _adopt(term: int, seq: int, receiver: str, machines: list[MachineTarge
             result_type=_AdoptResult,
             task_queue=f"shard-{receiver}",
             schedule_to_close_timeout=timedelta(minutes=2),
-            retry_policy=_RETRY,
+            retry_policy=INSTRUCTION_RETRY,
         )
     except ActivityError as err:
         # Ownership is in PostgreSQL already: the receiver loads it when it
@@ -280,7 +279,7 @@ class HandoverWorkflow:
                 result_type=HandOverResult,
                 task_queue=f"shard-{spec.donor}",
                 schedule_to_close_timeout=timedelta(minutes=5),
-                retry_policy=_RETRY,
+                retry_policy=INSTRUCTION_RETRY,
             )
         except ActivityError as err:
             return await _finish(

@@ -56,8 +56,20 @@ from workflows.contracts import (
     StartRecoveriesInput,
     TransitionResults,
 )
-from workflows.errors import BOOTSTRAP_UNAVAILABLE, FENCED, LEASE_LOST, NON_RETRYABLE
-from workflows.machine import LEASE_WAIT_INITIAL_S, LEASE_WAIT_MAX_S, RECORD_RETRY
+from workflows.errors import (
+    BOOTSTRAP_UNAVAILABLE,
+    FENCED,
+    LEASE_LOST,
+    error_message,
+    error_type,
+)
+from workflows.retries import (
+    CALL_TIMEOUT,
+    LEASE_WAIT_INITIAL_S,
+    LEASE_WAIT_MAX_S,
+    PROVIDER_RETRY,
+    RECORD_RETRY,
+)
 
 # Marks histories that hand failed machines to RecoverWorkflows; older ones
 # recorded failures in the batch and still replay that way.
@@ -70,13 +82,6 @@ LEASE_WAIT_PATCH = "wait-out-lease-loss"
 T = TypeVar("T")
 
 # Provider calls are quick (they only accept a transition); retries are cheap.
-_CALL_TIMEOUT = timedelta(seconds=30)
-_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=30),
-    non_retryable_error_types=list(NON_RETRYABLE),
-)
 
 
 @workflow.defn(name="ProvisionWorkflow")
@@ -151,7 +156,7 @@ class ProvisionWorkflow:
                 self._set_phase(CONFIGURING)
                 await self._configure(inp, ready)
         except ActivityError as err:
-            if _error_type(err) == FENCED:
+            if error_type(err) == FENCED:
                 self._set_phase("Fenced")
                 raise ApplicationError(
                     f"shard {inp.shard_id} was fenced by a provider; stopping",
@@ -226,14 +231,14 @@ class ProvisionWorkflow:
                     inp.requirements,
                 ),
                 TransitionResults,
-                start_to_close=_CALL_TIMEOUT * 2,
+                start_to_close=CALL_TIMEOUT * 2,
             )
         except ActivityError as err:
-            if _error_type(err) != BOOTSTRAP_UNAVAILABLE:
+            if error_type(err) != BOOTSTRAP_UNAVAILABLE:
                 raise
             # The cluster cannot bootstrap a node right now: the machines stay
             # idle (usable by others) and the reason is kept on each of them.
-            reason = _error_message(err)
+            reason = error_message(err)
             for m in targets:
                 self._machines[m.machine_id].last_error = f"bootstrap unavailable: {reason}"
             return
@@ -303,8 +308,8 @@ class ProvisionWorkflow:
         arg: Any,
         result_type: type[T],
         *,
-        start_to_close: timedelta = _CALL_TIMEOUT,
-        retry: RetryPolicy = _RETRY,
+        start_to_close: timedelta = CALL_TIMEOUT,
+        retry: RetryPolicy = PROVIDER_RETRY,
     ) -> T:
         """Run an activity; a shard that is not acting (``LeaseLost``) is waited out on a
         durable timer, so the batch carries on with whichever process holds the lease next."""
@@ -320,7 +325,7 @@ class ProvisionWorkflow:
                 )
                 return result
             except ActivityError as err:
-                if _error_type(err) != LEASE_LOST or not workflow.patched(LEASE_WAIT_PATCH):
+                if error_type(err) != LEASE_LOST or not workflow.patched(LEASE_WAIT_PATCH):
                     raise
                 self._waits += 1
                 await workflow.sleep(timedelta(seconds=wait_s))
@@ -329,13 +334,3 @@ class ProvisionWorkflow:
     def _set_phase(self, phase: str) -> None:
         self._phase = phase
         workflow.upsert_search_attributes([sa.PHASE.value_set(phase)])
-
-
-def _error_type(err: ActivityError) -> str | None:
-    cause = err.cause
-    return cause.type if isinstance(cause, ApplicationError) else None
-
-
-def _error_message(err: ActivityError) -> str:
-    cause = err.cause
-    return cause.message if isinstance(cause, ApplicationError) else str(err)

@@ -49,7 +49,7 @@ from workflows.contracts import (
     RecoverInput,
     TransitionResults,
 )
-from workflows.errors import BOOTSTRAP_UNAVAILABLE
+from workflows.errors import BOOTSTRAP_UNAVAILABLE, error_message, error_type
 from workflows.machine import (
     ABANDON,
     FORCE,
@@ -57,8 +57,6 @@ from workflows.machine import (
     RETRY_CMD,
     Command,
     MachineWorkflow,
-    error_message,
-    error_type,
 )
 
 

@@ -123,17 +123,19 @@ def test_batches_are_cut_where_the_machine_ids_stop_fitting_one_search_attribute
 
 
 def test_the_coordinator_report_carries_blocked_preemption_drains() -> None:
-    from bigfleet.shard.process import ShardOptions, ShardProcess
+    from bigfleet.shard.options import ShardOptions
+    from bigfleet.shard.parts import assemble
 
-    process = ShardProcess(
+    # The shard's parts, not started: nothing here reaches the store or Temporal.
+    parts = assemble(
         ShardOptions(shard_id="s"),
         store=None,  # type: ignore[arg-type]
         temporal=None,  # type: ignore[arg-type]
         providers={},
         clock=lambda: 1_000.0 + 5 * 60,
     )
-    process.lifecycle.report_blocked(_blocked("m7", 900_000, requested=1_000.0))
-    report = process.parts.reporter.build_report()
+    parts.lifecycle.report_blocked(_blocked("m7", 900_000, requested=1_000.0))
+    report = parts.reporter.build_report()
     (shortfall,) = report.shortfalls
     assert (shortfall.cluster_id, shortfall.need_key, shortfall.priority) == (
         "urgent",
