@@ -17,6 +17,7 @@ from activities.context import ProviderCalls
 from activities.membership import plan_decommission
 from bigfleet.store import Store
 from bigfleet.v1alpha1 import provider_pb2
+from shard_engine.catalog import LABEL_RACK
 from shard_engine.coordination import (
     ProfileSupply,
     ShardShortfall,
@@ -30,7 +31,6 @@ from workflows.contracts import MachineTarget
 
 log = logging.getLogger(__name__)
 
-RACK_LABEL = "topology.kubernetes.io/rack"
 BARE_METAL = provider_pb2.CAPACITY_TYPE_BARE_METAL
 
 
@@ -80,7 +80,7 @@ class CoordinatorActivities:
             samples: dict[str, provider_pb2.Machine] = {}
             for m in listing.machines:
                 if m.capacity_type == BARE_METAL:
-                    rack = m.labels.get(RACK_LABEL, m.zone)
+                    rack = m.labels.get(LABEL_RACK, m.zone)
                     racks[rack].append(m.id)
                     if m.id in owners:
                         rack_owner.setdefault(rack, owners[m.id])

@@ -22,6 +22,7 @@ from temporalio.exceptions import ApplicationError
 from activities.context import ActiveGuard, ProviderCalls, ensure_active
 from bigfleet.store import Store
 from bigfleet.v1alpha1 import provider_pb2
+from shard_engine.catalog import LABEL_RACK
 from shard_engine.decommission import take_evenly
 from shard_engine.membership import DrainingMachine, plan_drain
 from workflows import membership as ms
@@ -35,7 +36,6 @@ __all__ = [
     "plan_decommission",
 ]
 
-RACK_LABEL = "topology.kubernetes.io/rack"
 BARE_METAL = provider_pb2.CAPACITY_TYPE_BARE_METAL
 SPECULATIVE = provider_pb2.MACHINE_STATE_SPECULATIVE
 IDLE = provider_pb2.MACHINE_STATE_IDLE
@@ -56,7 +56,7 @@ def _group(provider: str, m: provider_pb2.Machine) -> str:
 
 
 def _rack(m: provider_pb2.Machine) -> str:
-    return m.labels.get(RACK_LABEL, m.zone) if m.capacity_type == BARE_METAL else ""
+    return m.labels.get(LABEL_RACK, m.zone) if m.capacity_type == BARE_METAL else ""
 
 
 class MembershipPlanner:

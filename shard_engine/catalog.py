@@ -35,6 +35,7 @@ __all__ = [
 ]
 
 LABEL_ZONE = "topology.kubernetes.io/zone"
+LABEL_RACK = "topology.kubernetes.io/rack"
 LABEL_INSTANCE_TYPE = "node.kubernetes.io/instance-type"
 LABEL_CAPACITY_TYPE = "bigfleet.io/capacity-type"
 LABEL_PROVIDER = "bigfleet.io/provider"

@@ -27,14 +27,24 @@ from bigfleet.shard.nodes import NodeView
 from bigfleet.store import LeaseLost, Store
 from shard_engine.engine import ShardEngine
 from shard_engine.model import MachineState
-from workflows.contracts import MachineOutcome, RecordMachineInput, RecordOutcomesInput
+from workflows.contracts import (
+    CONFIGURED,
+    FAILED,
+    OP_CONFIGURE,
+    OP_DELETE,
+    OP_PROVISION,
+    SPECULATIVE,
+    MachineOutcome,
+    RecordMachineInput,
+    RecordOutcomesInput,
+)
 
 log = logging.getLogger(__name__)
 
 __all__ = ["OutcomeRecorder"]
 
 # The state each batch operation is meant to reach; anything else is recorded as its failure.
-_TARGET_STATE = {"provision": "CONFIGURED", "configure": "CONFIGURED", "delete": "SPECULATIVE"}
+_TARGET_STATE = {OP_PROVISION: CONFIGURED, OP_CONFIGURE: CONFIGURED, OP_DELETE: SPECULATIVE}
 
 
 class OutcomeRecorder:
@@ -62,13 +72,13 @@ class OutcomeRecorder:
     async def record_outcomes(self, outcome: RecordOutcomesInput) -> None:
         """Persist and settle every machine of a finished batch (idempotent)."""
         for result in outcome.outcomes:
-            configured = result.state == "CONFIGURED"
+            configured = result.state == CONFIGURED
             reached = result.state == _TARGET_STATE.get(outcome.operation, result.state)
             await self._persist(
                 result,
                 cluster_id=outcome.cluster_id if configured else None,
                 operation=outcome.operation
-                if reached and result.state != "FAILED"
+                if reached and result.state != FAILED
                 else f"{outcome.operation}-failed",
                 operation_seq=outcome.operation_seq,
                 shard_metadata={META_NEED: outcome.need_key} if configured else {},
@@ -135,7 +145,7 @@ class OutcomeRecorder:
     def _settle(self, result: MachineOutcome, *, cluster_hint: str) -> None:
         """Take the machine out of the engine's in-flight marks, with its outcome's state."""
         current = self._engine.machine(result.machine_id)
-        if result.state == "FAILED":
+        if result.state == FAILED:
             self._lifecycle.declare_failed(result.machine_id, result.last_error)
             if current is not None:
                 current = replace(current, state=MachineState.FAILED, last_error=result.last_error)
