@@ -150,6 +150,8 @@ class Settings:
     reconcile_interval_s: float = 60.0
     # Multiplies every transitional-state deadline (fault drills and tests shorten them).
     deadline_scale: float = 1.0
+    # A roll-up stamped further ahead of the shard's clock than this is rejected.
+    rollup_max_skew_s: float = 300.0
     data_dir: Path = field(default_factory=lambda: Path(".bigfleet"))
     holder: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
     # Mutual TLS for every gRPC edge of the process; None means plaintext.
@@ -182,6 +184,7 @@ class Settings:
             report_interval_s=_float(env, "BIGFLEET_REPORT_SECONDS", 30.0, minimum=0.1),
             reconcile_interval_s=_float(env, "BIGFLEET_RECONCILE_SECONDS", 60.0, minimum=0.1),
             deadline_scale=_float(env, "BIGFLEET_DEADLINE_SCALE", 1.0, minimum=0.001),
+            rollup_max_skew_s=_float(env, "BIGFLEET_ROLLUP_MAX_SKEW_SECONDS", 300.0, minimum=1.0),
             data_dir=Path(env.get("BIGFLEET_DATA_DIR", ".bigfleet")),
             tls=parse_tls(env),
             temporal_tls=_flag(env, "BIGFLEET_TEMPORAL_TLS"),
@@ -207,6 +210,9 @@ class Settings:
             "and its engine and repairs drift (default 60; ADR 0103)",
             "BIGFLEET_DEADLINE_SCALE": "multiplies every transitional-state deadline "
             "(default 1: creating/configuring/deleting 10 min, draining grace + 5 min)",
+            "BIGFLEET_ROLLUP_MAX_SKEW_SECONDS": (
+                "reject roll-ups stamped further ahead of the shard's clock (default 300)"
+            ),
             "BIGFLEET_DATA_DIR": "local state (embedded Postgres, Temporal dev DB)",
             "BIGFLEET_TLS_CERT": "PEM cert with one bigfleet:// URI SAN (mTLS: all three or none)",
             "BIGFLEET_TLS_KEY": "PEM private key of BIGFLEET_TLS_CERT",

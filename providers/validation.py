@@ -7,6 +7,7 @@ provider contract and are listed in providers/README.md.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 
 from providers.errors import InvalidArgument
@@ -15,6 +16,27 @@ from providers.model import FencingToken, State
 #: Longest machine, cluster or shard id accepted (a DNS subdomain's limit,
 #: since a machine id becomes a Kubernetes node name).
 MAX_ID_LENGTH = 253
+
+# The same naming rules the shard applies (``shard_engine.names``; providers
+# are deployed on their own and import only the wire, so the rules are
+# restated here and a test checks that both agree):
+# machine and shard ids are printable ASCII without whitespace, cluster ids
+# are DNS-1123 subdomains.
+_PRINTABLE = re.compile(r"[!-~]+\Z")
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
+
+
+def _shown(value: str) -> str:
+    return repr(value) if len(value) <= 40 else f"{value[:40]!r}… ({len(value)} characters)"
+
+
+def _bounded(field: str, value: str) -> None:
+    if len(value) > MAX_ID_LENGTH:
+        raise InvalidArgument(
+            f"{field} is {len(value)} characters long; at most {MAX_ID_LENGTH} are allowed"
+        )
+
+
 #: Largest bootstrap blob accepted by Configure, in bytes.
 MAX_BOOTSTRAP_BYTES = 1024 * 1024
 #: Most shard_metadata entries accepted by Configure.
@@ -24,11 +46,14 @@ MAX_METADATA_BYTES = 64 * 1024
 
 
 def machine_id(value: str) -> str:
-    """A machine id must be non-empty and at most `MAX_ID_LENGTH` characters."""
+    """A machine id: 1 to `MAX_ID_LENGTH` printable ASCII characters, no whitespace."""
     if not value:
         raise InvalidArgument("machine_id is required")
-    if len(value) > MAX_ID_LENGTH:
-        raise InvalidArgument(f"machine_id longer than {MAX_ID_LENGTH} characters")
+    _bounded("machine_id", value)
+    if _PRINTABLE.match(value) is None:
+        raise InvalidArgument(
+            f"machine_id {_shown(value)} must be printable ASCII without whitespace"
+        )
     return value
 
 
@@ -40,17 +65,24 @@ def token(value: FencingToken | None) -> FencingToken | None:
         raise InvalidArgument(
             f"fencing token epoch and sequence must be >= 0, got ({value.epoch}, {value.sequence})"
         )
-    if len(value.shard_id) > MAX_ID_LENGTH:
-        raise InvalidArgument(f"shard_id longer than {MAX_ID_LENGTH} characters")
+    _bounded("shard_id", value.shard_id)
+    if value.shard_id and _PRINTABLE.match(value.shard_id) is None:
+        raise InvalidArgument(
+            f"shard_id {_shown(value.shard_id)} must be printable ASCII without whitespace"
+        )
     return value
 
 
 def cluster_id(value: str) -> str:
-    """Configure needs a non-empty cluster id of bounded length."""
+    """Configure needs a cluster id that is a DNS-1123 subdomain (at most 253 characters)."""
     if not value:
         raise InvalidArgument("cluster_id is required")
-    if len(value) > MAX_ID_LENGTH:
-        raise InvalidArgument(f"cluster_id longer than {MAX_ID_LENGTH} characters")
+    _bounded("cluster_id", value)
+    if _SUBDOMAIN.match(value) is None:
+        raise InvalidArgument(
+            f"cluster_id {_shown(value)} is not a DNS-1123 subdomain (lowercase letters, "
+            "digits, '-' and '.', starting and ending with a letter or digit)"
+        )
     return value
 
 

@@ -86,6 +86,9 @@ class EngineConfig:
 
     # Safety rails and health.
     quarantine: QuarantineRule = field(default_factory=QuarantineRule)
+    # A roll-up stamped further ahead of ``now`` than this is rejected (one bad
+    # clock must not make every later roll-up of its cluster stale). None: no bound.
+    rollup_max_skew_seconds: float | None = 300.0
     health_miss_threshold: int = 3
 
     # Topology: bound on per-machine placement steps for one spread need per cycle.
@@ -103,6 +106,8 @@ class EngineConfig:
             raise ValueError("escalate_after_cycles: must not be negative")
         if not 0.0 <= self.reclaim_fraction_per_cycle <= 1.0:
             raise ValueError("reclaim_fraction_per_cycle: must be within [0, 1]")
+        if self.rollup_max_skew_seconds is not None and not self.rollup_max_skew_seconds >= 0:
+            raise ValueError("rollup_max_skew_seconds: must not be negative")
         if self.health_miss_threshold < 1:
             raise ValueError("health_miss_threshold: must be at least 1")
         thresholds = [t for t, _ in self.grace_thresholds]

@@ -33,7 +33,14 @@ from shard_engine.inventory import (
     Inventory,
     validate_record,
 )
-from shard_engine.model import MachineRecord, MachineState, Plan, Rollup, Shortfall
+from shard_engine.model import (
+    MachineRecord,
+    MachineState,
+    Need,
+    Plan,
+    Rollup,
+    Shortfall,
+)
 from shard_engine.needs import Demand, NeedsTable, RollupOutcome, RollupRejected
 from shard_engine.pending import REASON_PAUSED
 from shard_engine.requirements import RELATIVE_TOLERANCE, RequirementMasks
@@ -174,8 +181,20 @@ class ShardEngine:
         Returns ``applied``, ``stale`` (older than the newest seen) or
         ``quarantined`` (suspicious drop, waiting for confirmation). Raises
         :class:`RollupRejected` on a semantic problem, leaving the previous
-        needs in force.
+        needs in force; one stamped more than ``rollup_max_skew_seconds``
+        ahead of ``now`` is such a problem (``now`` and the stamp must share
+        a clock: seconds and nanoseconds since the epoch in the shard).
         """
+        skew = self.config.rollup_max_skew_seconds
+        stamp = rollup.timestamp_ns
+        if skew is not None and type(stamp) is int:
+            ahead_ns = stamp - int(now * 1e9)
+            if ahead_ns > skew * 1e9:
+                raise RollupRejected(
+                    "timestamp_ns",
+                    f"{ahead_ns // 10**9} s ahead of the shard's clock; "
+                    f"at most {skew:g} s of clock skew is accepted",
+                )
         outcome, entry = self._table.apply(rollup)
         if entry is not None:
             self._table.demand(entry)  # compile now, on ingestion, not in the cycle
@@ -554,6 +573,12 @@ class ShardEngine:
     def shortfalls(self) -> tuple[Shortfall, ...]:
         """The shortfalls of the last committed cycle (for the coordinator report)."""
         return self._memory.shortfalls
+
+    def needs_of(self, cluster_id: str) -> tuple[Need, ...]:
+        """The needs in force for a cluster, normalised, in cycle order (empty if none)."""
+        index = self._clusters.find(cluster_id)
+        entry = self._table.entry(index) if index is not None else None
+        return entry.needs if entry is not None else ()
 
     def why_not(self, cluster_id: str) -> Mapping[str, str]:
         """need_key -> why that need was not satisfied in the last committed cycle."""

@@ -30,12 +30,15 @@ import numpy.typing as npt
 from shard_engine.catalog import ProfileCatalog
 from shard_engine.clusters import ClusterIndex
 from shard_engine.model import AppClass, Need, Rollup, TopologySpread, WhenUnsatisfiable
+from shard_engine.names import KNOWN_LABEL_KEYS, label_key_problem, machine_id_problem
+from shard_engine.quantity import MAX_QUANTITY, MIN_QUANTITY, quantity_problem
 from shard_engine.quarantine import QuarantineRule
 from shard_engine.requirements import MaskKey, RequirementMasks, mask_key, validate_requirements
 from shard_engine.resources import APP_CLASS_VICTIM_RANK, InvalidResource, ResourceVec
 from shard_engine.topology import domain_codes, same_keys
 
 __all__ = [
+    "MAX_NEEDS",
     "ClusterNeeds",
     "Demand",
     "NeedsTable",
@@ -52,6 +55,9 @@ PINNED_DOLLARS = 1e12
 
 _INT32_MIN = -(2**31)
 _INT32_MAX = 2**31 - 1
+
+MAX_NEEDS = 10_000
+"""Most need rows one roll-up may carry."""
 
 
 class RollupRejected(ValueError):
@@ -81,20 +87,16 @@ def _penalty(value: float, *, field: str) -> float:
 
 def _resources(amounts: Mapping[str, float], *, field: str) -> dict[str, float]:
     out: dict[str, float] = {}
+    known = KNOWN_LABEL_KEYS
     for name, value in amounts.items():
         if (
             isinstance(value, bool)
             or not isinstance(value, int | float)
-            or not math.isfinite(value)
-            or value < 0
-            or not isinstance(name, str)
-            or not name
+            or not 0.0 <= value <= MAX_QUANTITY  # NaN, infinities, negatives, overflow
+            or 0.0 < value < MIN_QUANTITY  # underflow
+            or name not in known
         ):
-            try:  # the resource algebra says precisely what is wrong
-                ResourceVec.from_mapping({name: value}, field=field)
-            except InvalidResource as exc:
-                raise RollupRejected(exc.field, exc.reason) from None
-            raise RollupRejected(f"{field}[{name}]", f"invalid amount {value!r}")
+            _check_resource(name, value, field=field)
         if value > 0:
             out[name] = float(value)
     return out
@@ -106,10 +108,42 @@ def _validate_release(release: frozenset[str] | None) -> None:
     if not isinstance(release, frozenset):
         raise RollupRejected("release", f"not a set of machine ids: {type(release).__name__}")
     for machine_id in release:
-        if not isinstance(machine_id, str) or not machine_id:
-            raise RollupRejected(
-                "release", f"machine ids must be non-empty strings: {machine_id!r}"
-            )
+        if not isinstance(machine_id, str):
+            raise RollupRejected("release", f"machine ids must be strings: {machine_id!r}")
+        problem = machine_id_problem(machine_id)
+        if problem is not None:
+            raise RollupRejected("release", f"machine id {problem}")
+
+
+def _check_resource(name: str, value: float, *, field: str) -> None:
+    """Raise :class:`RollupRejected` naming what is wrong with one resource amount."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+        or not isinstance(name, str)
+        or not name
+    ):
+        try:  # the resource algebra says precisely what is wrong
+            ResourceVec.from_mapping({name: value}, field=field)
+        except InvalidResource as exc:
+            raise RollupRejected(exc.field, exc.reason) from None
+        raise RollupRejected(f"{field}[{name}]", f"invalid amount {value!r}")
+    problem = label_key_problem(name)
+    if problem is not None:
+        raise RollupRejected(field, f"resource name {problem}")
+    problem = quantity_problem(value)
+    if problem is not None:
+        raise RollupRejected(f"{field}[{name}]", problem)
+
+
+def _sizes(need: Need, *, field: str) -> tuple[dict[str, float], dict[str, float]]:
+    """A need's aggregate and ``min_unit``, checked and without zero amounts."""
+    return (
+        _resources(need.aggregate, field=f"{field}.aggregate"),
+        _resources(need.min_unit, field=f"{field}.min_unit"),
+    )
 
 
 Validated = tuple[Need, Need, str]
@@ -140,8 +174,11 @@ def _validate_need(need: Need, *, field: str) -> Need:
         raise RollupRejected(where, why) from None
     for j, spread in enumerate(need.spread):
         where = f"{field}.spread[{j}]"
-        if not spread.topology_key:
+        if not isinstance(spread.topology_key, str) or not spread.topology_key:
             raise RollupRejected(f"{where}.topology_key", "empty")
+        problem = label_key_problem(spread.topology_key)
+        if problem is not None:
+            raise RollupRejected(f"{where}.topology_key", problem)
         if isinstance(spread.max_skew, bool) or not isinstance(spread.max_skew, int):
             raise RollupRejected(f"{where}.max_skew", "not an integer")
         if spread.max_skew < 1:
@@ -154,10 +191,11 @@ def _validate_need(need: Need, *, field: str) -> Need:
         else TopologySpread(s.topology_key, s.max_skew, WhenUnsatisfiable.DO_NOT_SCHEDULE)
         for s in need.spread
     )
+    aggregate, unit = _sizes(need, field=field)
     return replace(
         need,
-        aggregate=_resources(need.aggregate, field=f"{field}.aggregate"),
-        min_unit=_resources(need.min_unit, field=f"{field}.min_unit"),
+        aggregate=aggregate,
+        min_unit=unit,
         interruption_penalty=_penalty(
             need.interruption_penalty, field=f"{field}.interruption_penalty"
         ),
@@ -187,6 +225,10 @@ def validate_rollup(
         raise RollupRejected("cluster_id", "empty")
     if isinstance(rollup.timestamp_ns, bool) or not isinstance(rollup.timestamp_ns, int):
         raise RollupRejected("timestamp_ns", f"not an integer: {rollup.timestamp_ns!r}")
+    if rollup.timestamp_ns < 0:
+        raise RollupRejected("timestamp_ns", f"negative: {rollup.timestamp_ns}")
+    if len(rollup.needs) > MAX_NEEDS:
+        raise RollupRejected("needs", f"{len(rollup.needs)} needs; at most {MAX_NEEDS}")
     if rollup.reported_nodes is not None and any(
         not isinstance(n, str) for n in rollup.reported_nodes
     ):
@@ -200,11 +242,8 @@ def validate_rollup(
         if before is not None and raw == before[0]:
             need, key = before[1], before[2]
         elif before is not None and _same_identity(raw, before[0]):
-            need = replace(
-                before[1],
-                aggregate=_resources(raw.aggregate, field=f"{field}.aggregate"),
-                min_unit=_resources(raw.min_unit, field=f"{field}.min_unit"),
-            )
+            aggregate, unit = _sizes(raw, field=field)
+            need = replace(before[1], aggregate=aggregate, min_unit=unit)
             key = before[2]
         else:
             need = _validate_need(raw, field=field)

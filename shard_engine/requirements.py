@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from shard_engine.catalog import ProfileCatalog
 from shard_engine.model import Operator, Requirement
+from shard_engine.names import label_key_problem, selector_value_problem
 
 __all__ = ["MaskKey", "RequirementMasks", "mask_key", "validate_requirements"]
 
@@ -55,6 +56,9 @@ def validate_requirements(requirements: tuple[Requirement, ...], *, field: str) 
         where = f"{field}[{i}]"
         if not isinstance(req.key, str) or not req.key:
             raise ValueError(f"{where}.key: empty label key")
+        problem = label_key_problem(req.key)
+        if problem is not None:
+            raise ValueError(f"{where}.key: {problem}")
         try:
             op = Operator(req.operator)
         except ValueError:
@@ -63,8 +67,12 @@ def validate_requirements(requirements: tuple[Requirement, ...], *, field: str) 
             raise ValueError(f"{where}.values: {op.name} needs at least one value")
         if op in (Operator.EXISTS, Operator.DOES_NOT_EXIST) and req.values:
             raise ValueError(f"{where}.values: {op.name} takes no values")
-        if any(not isinstance(v, str) for v in req.values):
-            raise ValueError(f"{where}.values: values must be strings")
+        for j, value in enumerate(req.values):
+            if not isinstance(value, str):
+                raise ValueError(f"{where}.values[{j}]: not a string")
+            problem = selector_value_problem(value)
+            if problem is not None:
+                raise ValueError(f"{where}.values[{j}]: {problem}")
 
 
 class RequirementMasks:

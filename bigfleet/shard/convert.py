@@ -1,14 +1,22 @@
 """Translation between the wire (``bigfleet.v1alpha1``) and the engine's values.
 
-Validation happens here, once, at the edge: a roll-up either converts into a
-fully valid :class:`shard_engine.model.Rollup` or raises :class:`InvalidRollup`
-naming the offending field path (``needs[2].min_unit[cpu]``) and the reason.
+Roll-ups are validated once, by the engine (``shard_engine.needs``: names,
+ranges, requirements, spreads, priorities, counts, the clock-skew bound).
+This edge only translates: a quantity string that does not parse, an enum
+value the engine has no name for, or a penalty bucket that does not exist
+cannot become an engine value and is refused here as :class:`InvalidRollup`,
+as are the two rules of the wire's own meaning of ``min_unit`` (a need names
+at least one resource, and no unit exceeds its aggregate) that the engine
+does not need. :func:`wire_field` maps the engine's field paths
+(``needs[2].aggregate[cpu]``) onto the wire's (``needs[2].aggregate_resources[cpu]``)
+so an operator always reads the name it sent.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import re
 from collections.abc import Mapping, Sequence
 
 from bigfleet.v1alpha1 import capacity_pb2, provider_pb2
@@ -24,17 +32,22 @@ from shard_engine.model import (
     WhenUnsatisfiable,
     penalty_bucket_dollars,
 )
+from shard_engine.names import label_key_problem, label_value_problem, machine_id_problem, shown
+from shard_engine.needs import MAX_NEEDS
 from shard_engine.quantity import InvalidQuantity, format_quantity, parse_quantity
 from workflows.contracts import RequirementSpec
 
 __all__ = [
     "InvalidMachine",
     "InvalidRollup",
+    "error_text",
     "machine_record",
+    "metadata_priority",
     "requirement_specs",
     "requirements_to_wire",
     "resources_to_wire",
     "rollup_from_wire",
+    "wire_field",
 ]
 
 
@@ -54,10 +67,7 @@ class InvalidMachine(ValueError):
         super().__init__(f"machine {machine_id!r}: {field}: {reason}")
 
 
-_MAX_NEEDS = 10_000
 _MAX_RELEASE = 100_000
-_VALUED = (Operator.IN, Operator.NOT_IN)
-_UNVALUED = (Operator.EXISTS, Operator.DOES_NOT_EXIST)
 
 
 #: Quantity strings repeat across roll-ups ("4", "16Gi"): parse each once. Bounded;
@@ -68,45 +78,33 @@ _quantity = functools.lru_cache(maxsize=16384)(parse_quantity)
 def _resources(raw: Mapping[str, str], field: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for name, text in raw.items():
-        if not name:
-            raise InvalidRollup(field, "resource name must not be empty")
         try:
             out[name] = _quantity(text)
         except InvalidQuantity as err:
             raise InvalidRollup(
-                f"{field}[{name}]", f"invalid quantity {text!r}: {err.reason}"
+                f"{field}[{name}]" if len(name) <= 64 else field,
+                f"invalid quantity {shown(text)}: {err.reason}",
             ) from None
     return out
 
 
 def _requirement(req: capacity_pb2.NodeSelectorRequirement, field: str) -> Requirement:
-    if not req.key:
-        raise InvalidRollup(f"{field}.key", "must not be empty")
     try:
         op = Operator(req.operator)
     except ValueError:
         raise InvalidRollup(
             f"{field}.operator", f"unknown or unspecified operator {req.operator}"
         ) from None
-    values = tuple(req.values)
-    if op in _VALUED and not values:
-        raise InvalidRollup(f"{field}.values", f"{op.name} needs at least one value")
-    if op in _UNVALUED and values:
-        raise InvalidRollup(f"{field}.values", f"{op.name} takes no values")
-    return Requirement(req.key, op, values)
+    return Requirement(req.key, op, tuple(req.values))
 
 
 def _spread(spread: capacity_pb2.TopologySpread, field: str) -> TopologySpread:
-    if not spread.topology_key:
-        raise InvalidRollup(f"{field}.topology_key", "must not be empty")
-    if spread.max_skew < 1:
-        raise InvalidRollup(f"{field}.max_skew", f"must be at least 1, got {spread.max_skew}")
     try:
         when = WhenUnsatisfiable(spread.when_unsatisfiable)
     except ValueError:
-        raise InvalidRollup(f"{field}.when_unsatisfiable", "unknown value") from None
-    if when is WhenUnsatisfiable.UNSPECIFIED:
-        when = WhenUnsatisfiable.DO_NOT_SCHEDULE
+        raise InvalidRollup(
+            f"{field}.when_unsatisfiable", f"unknown value {spread.when_unsatisfiable}"
+        ) from None
     return TopologySpread(spread.topology_key, spread.max_skew, when)
 
 
@@ -140,8 +138,8 @@ def _need(need: capacity_pb2.CapacityNeed, i: int) -> Need:
         if unit > aggregate.get(name, 0.0):
             raise InvalidRollup(
                 f"{field}.min_unit[{name}]",
-                f"{need.min_unit[name]} exceeds the aggregate "
-                f"{need.aggregate_resources.get(name, '0')}",
+                f"{shown(need.min_unit[name])} exceeds the aggregate "
+                f"{shown(need.aggregate_resources.get(name, '0'))}",
             )
     return Need(
         requirements=tuple(
@@ -166,9 +164,10 @@ def rollup_from_wire(
     session_cluster: str,
     known: dict[bytes, Need] | None = None,
 ) -> Rollup:
-    """Validate and convert one roll-up received on ``session_cluster``'s session.
+    """Translate one roll-up received on ``session_cluster``'s session into engine values.
 
-    ``known`` maps the wire bytes of the needs of the session's previous
+    The engine's rules (``shard_engine.needs.validate_rollup``) judge the
+    result; see the module docstring. ``known`` maps the wire bytes of the needs of the session's previous
     roll-up to their converted values. A need sent again unchanged (most of
     them, every ten seconds) is then reused instead of converted again; the
     engine also recognises a reused value at once. The map is replaced, in
@@ -176,12 +175,11 @@ def rollup_from_wire(
     """
     if msg.cluster_id and msg.cluster_id != session_cluster:
         raise InvalidRollup(
-            "cluster_id", f"{msg.cluster_id!r} does not match the session's {session_cluster!r}"
+            "cluster_id",
+            f"{shown(msg.cluster_id)} does not match the session's {session_cluster!r}",
         )
-    if msg.timestamp_unix_nanos < 0:
-        raise InvalidRollup("timestamp_unix_nanos", "must not be negative")
-    if len(msg.needs) > _MAX_NEEDS:
-        raise InvalidRollup("needs", f"{len(msg.needs)} needs exceed the limit of {_MAX_NEEDS}")
+    if len(msg.needs) > MAX_NEEDS:  # the engine's rule, checked before translating them all
+        raise InvalidRollup("needs", f"{len(msg.needs)} needs; at most {MAX_NEEDS}")
     if known is None:
         needs = tuple(_need(n, i) for i, n in enumerate(msg.needs))
     else:
@@ -209,16 +207,87 @@ def _release(ids: Sequence[str]) -> frozenset[str]:
             "release.machine_ids", f"{len(ids)} machine ids exceed the limit of {_MAX_RELEASE}"
         )
     for i, machine_id in enumerate(ids):
-        if not machine_id:
-            raise InvalidRollup(f"release.machine_ids[{i}]", "must not be empty")
+        problem = machine_id_problem(machine_id)
+        if problem is not None:
+            raise InvalidRollup(f"release.machine_ids[{i}]", problem)
     return frozenset(ids)
 
 
+_ENGINE_TO_WIRE = (
+    (re.compile(r"^timestamp_ns\b"), "timestamp_unix_nanos"),
+    (re.compile(r"^(needs\[\d+\])\.aggregate\b"), r"\1.aggregate_resources"),
+    (
+        re.compile(r"^(needs\[\d+\])\.(interruption|reclamation)_penalty\b"),
+        r"\1.\2_penalty_bucket",
+    ),
+)
+
+
+def wire_field(field: str) -> str:
+    """The wire's name for a field path the engine reports (identity where they agree)."""
+    for pattern, replacement in _ENGINE_TO_WIRE:
+        field = pattern.sub(replacement, field, count=1)
+    return field
+
+
+MAX_ERROR_TEXT = 1024
+"""Longest ``last_error`` kept from a provider (the rest is cut, marked with "…")."""
+
+
+def _names(m: provider_pb2.Machine) -> None:
+    """Refuse a machine whose id, labels or placement names break the naming rules."""
+    problem = machine_id_problem(m.id)
+    if problem is not None:
+        raise InvalidMachine(shown(m.id), "id", problem)
+    for key, value in m.labels.items():
+        problem = label_key_problem(key)
+        if problem is not None:
+            raise InvalidMachine(m.id, "labels", f"key {problem}")
+        problem = label_value_problem(value)
+        if problem is not None:
+            raise InvalidMachine(m.id, f"labels[{key}]", problem)
+    for name, value in (("zone", m.zone), ("instance_type", m.instance_type)):
+        problem = label_value_problem(value)
+        if problem is not None:
+            raise InvalidMachine(m.id, name, problem)
+    for name, value in (("cluster", m.cluster), ("host.ref", m.host.ref)):
+        problem = machine_id_problem(value) if value else None
+        if problem is not None:
+            raise InvalidMachine(m.id, name, problem)
+
+
+def error_text(text: str) -> str:
+    """A provider's free-text error made safe to store: no NUL, at most ``MAX_ERROR_TEXT``."""
+    text = text.replace("\x00", "\\0")
+    return text if len(text) <= MAX_ERROR_TEXT else text[: MAX_ERROR_TEXT - 1] + "…"
+
+
+def metadata_priority(m: provider_pb2.Machine, key: str) -> int | None:
+    """The int32 priority a shard stamped into ``shard_metadata[key]``, or None if unusable."""
+    raw = m.shard_metadata.get(key, "")
+    digits = raw[1:] if raw.startswith("-") else raw
+    if not digits or len(digits) > 10 or not digits.isascii() or not digits.isdigit():
+        return None
+    value = int(raw)
+    return value if -(2**31) <= value < 2**31 else None
+
+
 def machine_record(provider: str, m: provider_pb2.Machine) -> MachineRecord:
-    """Convert a provider's machine into the engine's record, refusing nonsense values."""
+    """Convert a provider's machine into the engine's record, refusing nonsense values.
+
+    Names follow ``shard_engine.names`` (a provider that lists a machine id
+    with a NUL byte, or a label no Kubernetes node could carry, gets that
+    machine ignored with a log line, not a crashed observer).
+    """
+    _names(m)
     raw = m.allocatable.resources if m.HasField("allocatable") else m.resources.resources
     try:
-        allocatable = {name: parse_quantity(text) for name, text in raw.items()}
+        allocatable = {}
+        for name, text in raw.items():
+            problem = label_key_problem(name)
+            if problem is not None:
+                raise InvalidMachine(m.id, "allocatable", f"resource name {problem}")
+            allocatable[name] = parse_quantity(text, field=name)
     except InvalidQuantity as err:
         raise InvalidMachine(m.id, "allocatable", str(err)) from None
     if not math.isfinite(m.price_per_hour) or m.price_per_hour < 0:
@@ -246,7 +315,7 @@ def machine_record(provider: str, m: provider_pb2.Machine) -> MachineRecord:
         labels=dict(m.labels),
         cluster=m.cluster,
         host_ref=m.host.ref,
-        last_error=m.last_error,
+        last_error=error_text(m.last_error),
     )
 
 

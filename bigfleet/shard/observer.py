@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from activities.context import ProviderCalls
 from activities.machines import META_NEED, META_PRIORITY
-from bigfleet.shard.convert import InvalidMachine, machine_record
+from bigfleet.shard.convert import InvalidMachine, machine_record, metadata_priority
 from bigfleet.shard.holdings import Holdings
 from bigfleet.shard.lifecycle import MachineLifecycle
 from bigfleet.shard.nodes import NodeView
@@ -106,9 +106,9 @@ class ProviderObserver:
         )
         if declared is not None:
             record = replace(record, state=MachineState.FAILED, last_error=declared)
-        priority = machine.shard_metadata.get(META_PRIORITY)
-        if priority and priority.lstrip("-").isdigit():
-            self._holdings.priorities[record.id] = int(priority)
+        priority = metadata_priority(machine, META_PRIORITY)
+        if priority is not None:
+            self._holdings.priorities[record.id] = priority
         elif not record.cluster:
             self._holdings.priorities.pop(record.id, None)
         need_key = machine.shard_metadata.get(META_NEED)

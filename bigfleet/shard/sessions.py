@@ -32,13 +32,21 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import grpc
+from google.protobuf.message import DecodeError
 from prometheus_client import Counter
 
 from activities.context import BootstrapBlob
 from bigfleet.identity import Guard, Role
-from bigfleet.shard.convert import InvalidRollup, requirements_to_wire, rollup_from_wire
+from bigfleet.shard.convert import (
+    InvalidRollup,
+    requirements_to_wire,
+    rollup_from_wire,
+    wire_field,
+)
 from bigfleet.v1alpha1 import shard_pb2, shard_pb2_grpc
 from shard_engine.model import Need, Rollup
+from shard_engine.names import cluster_id_problem, shown
+from shard_engine.needs import RollupRejected
 from workflows.contracts import RequirementSpec
 
 log = logging.getLogger(__name__)
@@ -186,12 +194,16 @@ class OperatorSession:
         self.unavailable: str | None = None
         # The session's roll-up rate limit (set by the servicer from SessionLimits).
         self.rate = TokenBucket(float("inf"), 1)
+        # Set when the operator sent a frame that does not decode: the stream
+        # ends with INVALID_ARGUMENT and this reason.
+        self.undecodable: str | None = None
 
     def resolve_bootstrap(self, resp: shard_pb2.BootstrapBlobResponse) -> bool:
         waiting = self.pending.pop(resp.request_id, None)
         if waiting is None:
             return False
-        blob = BootstrapBlob(bytes(resp.user_data), int(resp.ttl_seconds), resp.error)
+        error = resp.error if len(resp.error) <= 1024 else resp.error[:1023] + "…"
+        blob = BootstrapBlob(bytes(resp.user_data), int(resp.ttl_seconds), error)
         _settle(waiting, result=blob)
         return True
 
@@ -432,12 +444,17 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
             first = await anext(aiter(request_iterator))
         except StopAsyncIteration:
             return
+        except DecodeError as err:
+            log.warning("session refused: the first frame does not decode: %s", err)
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"the first frame does not decode: {err}"
+            )
         if first.WhichOneof("payload") != "hello":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first frame must be Hello")
-        if not first.hello.cluster_id:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, "hello.cluster_id: must not be empty"
-            )
+        problem = hello_problem(first.hello)
+        if problem is not None:
+            log.warning("session refused: %s", problem)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         cluster_id = first.hello.cluster_id
         await self._guard.authorize(context, {Role.CLUSTER}, name=cluster_id)
         if len(self._hub) >= self._limits.max_sessions:
@@ -482,6 +499,8 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
                 await self._shed(context, *session.shed)
             if session.unavailable is not None:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, session.unavailable)
+            if session.undecodable is not None:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, session.undecodable)
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -518,19 +537,22 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
                         log.warning(
                             "cluster %s answered unknown bootstrap request %s",
                             session.cluster_id,
-                            msg.bootstrap_response.request_id,
+                            shown(msg.bootstrap_response.request_id),
                         )
                 elif kind == "reclaim_ack":
                     log.info(
                         "cluster %s started draining %d nodes for %s",
                         session.cluster_id,
                         msg.reclaim_ack.nodes_started,
-                        msg.reclaim_ack.instruction_id,
+                        shown(msg.reclaim_ack.instruction_id),
                     )
                 elif kind == "hello":
                     session.outbox.put(self._ack("hello-ignored: session already open"))
         except grpc.aio.AioRpcError:
             pass
+        except DecodeError as err:
+            session.undecodable = f"a frame does not decode: {err}"
+            log.warning("cluster %s: session ended: %s", session.cluster_id, session.undecodable)
         finally:
             session.outbox.close()
 
@@ -539,11 +561,25 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
             rollup = rollup_from_wire(
                 msg.rollup, session_cluster=session.cluster_id, known=session.known
             )
-        except InvalidRollup as err:
-            log.warning("cluster %s: roll-up rejected: %s", session.cluster_id, err)
-            return f"rollup-rejected: {err}"
-        try:
             return self._sink.apply_rollup(rollup)
+        except (InvalidRollup, RollupRejected) as err:
+            reason = f"{wire_field(err.field)}: {err.reason}"
         except ValueError as err:
-            log.warning("cluster %s: roll-up rejected by the engine: %s", session.cluster_id, err)
-            return f"rollup-rejected: {err}"
+            reason = str(err)
+        log.warning("cluster %s: roll-up rejected: %s", session.cluster_id, reason)
+        return f"rollup-rejected: {reason}"
+
+
+def hello_problem(hello: shard_pb2.Hello) -> str | None:
+    """Why a Hello cannot open a session (naming the field), or None.
+
+    The cluster id must be a DNS-1123 subdomain (``shard_engine.names``): it
+    becomes a database key, a log label and a certificate SAN.
+    """
+    problem = cluster_id_problem(hello.cluster_id)
+    if problem is not None:
+        return f"hello.cluster_id: {problem}"
+    version = hello.protocol_version
+    if len(version) > 64 or not (version.isascii() and version.isprintable()):
+        return f"hello.protocol_version: {shown(version)} is not at most 64 printable characters"
+    return None

@@ -53,3 +53,11 @@ def test_deadlines_can_be_scaled_for_drills_but_not_to_nothing() -> None:
     assert Settings.from_env({"BIGFLEET_DEADLINE_SCALE": "0.05"}).deadline_scale == 0.05
     with pytest.raises(ConfigError, match="BIGFLEET_DEADLINE_SCALE"):
         Settings.from_env({"BIGFLEET_DEADLINE_SCALE": "0"})
+
+
+def test_the_rollup_clock_skew_bound_is_a_listed_setting_defaulting_to_five_minutes() -> None:
+    assert Settings.from_env({}).rollup_max_skew_s == 300.0
+    assert Settings.from_env({"BIGFLEET_ROLLUP_MAX_SKEW_SECONDS": "60"}).rollup_max_skew_s == 60
+    assert "BIGFLEET_ROLLUP_MAX_SKEW_SECONDS" in Settings.describe()
+    with pytest.raises(ConfigError, match="BIGFLEET_ROLLUP_MAX_SKEW_SECONDS"):
+        Settings.from_env({"BIGFLEET_ROLLUP_MAX_SKEW_SECONDS": "-1"})

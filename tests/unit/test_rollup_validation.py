@@ -1,12 +1,25 @@
-"""Roll-ups are validated once at the edge; a bad one names its field and changes nothing."""
+"""Roll-ups are translated at the edge and validated once, by the engine.
+
+Whichever of the two refuses a roll-up, the operator reads the wire's name
+of the offending field, and nothing of the roll-up is applied.
+"""
 
 from __future__ import annotations
 
 import pytest
 
-from bigfleet.shard.convert import InvalidMachine, InvalidRollup, machine_record, rollup_from_wire
+from bigfleet.shard.convert import (
+    InvalidMachine,
+    InvalidRollup,
+    machine_record,
+    metadata_priority,
+    rollup_from_wire,
+    wire_field,
+)
 from bigfleet.v1alpha1 import capacity_pb2, provider_pb2
+from shard_engine.engine import ShardEngine
 from shard_engine.model import MachineState, Operator
+from shard_engine.needs import RollupRejected
 
 
 def _need(**kw: object) -> capacity_pb2.CapacityNeed:
@@ -21,11 +34,26 @@ def _need(**kw: object) -> capacity_pb2.CapacityNeed:
 
 
 def _rollup(
-    *needs: capacity_pb2.CapacityNeed, cluster: str = "c1"
+    *needs: capacity_pb2.CapacityNeed, cluster: str = "c1", stamp: int = 5
 ) -> capacity_pb2.ClusterCapacityNeeds:
     return capacity_pb2.ClusterCapacityNeeds(
-        cluster_id=cluster, timestamp_unix_nanos=5, needs=needs
+        cluster_id=cluster, timestamp_unix_nanos=stamp, needs=needs
     )
+
+
+def _refused(msg: capacity_pb2.ClusterCapacityNeeds) -> tuple[str, str]:
+    """(wire field, reason) of the refusal, as the session reports it; fails if accepted."""
+    engine = ShardEngine()
+    try:
+        engine.apply_rollup(rollup_from_wire(msg, session_cluster="c1"), now=1000.0)
+    except (InvalidRollup, RollupRejected) as err:
+        assert engine.summary().needs == 0
+        return wire_field(err.field), err.reason
+    raise AssertionError("the roll-up was accepted")
+
+
+def _requirement(key: str, operator: int, *values: str) -> capacity_pb2.NodeSelectorRequirement:
+    return capacity_pb2.NodeSelectorRequirement(key=key, operator=operator, values=values)  # type: ignore[arg-type]
 
 
 def test_a_valid_rollup_converts_to_canonical_units() -> None:
@@ -48,63 +76,82 @@ def test_an_empty_rollup_is_valid_and_means_no_demand() -> None:
         (_need(aggregate_resources={"cpu": "-1"}), "needs[0].aggregate_resources[cpu]"),
         (_need(aggregate_resources={}), "needs[0].aggregate_resources"),
         (_need(min_unit={"cpu": "16"}), "needs[0].min_unit[cpu]"),
-        (
-            _need(
-                requirements=[
-                    capacity_pb2.NodeSelectorRequirement(
-                        key="", operator=capacity_pb2.NodeSelectorRequirement.OPERATOR_IN
-                    )
-                ]
-            ),
-            "needs[0].requirements[0].key",
-        ),
-        (
-            _need(
-                requirements=[
-                    capacity_pb2.NodeSelectorRequirement(
-                        key="zone",
-                        operator=capacity_pb2.NodeSelectorRequirement.OPERATOR_UNSPECIFIED,
-                    )
-                ]
-            ),
-            "needs[0].requirements[0].operator",
-        ),
-        (
-            _need(
-                requirements=[
-                    capacity_pb2.NodeSelectorRequirement(
-                        key="zone", operator=capacity_pb2.NodeSelectorRequirement.OPERATOR_IN
-                    )
-                ]
-            ),
-            "needs[0].requirements[0].values",
-        ),
-        (
-            _need(
-                requirements=[
-                    capacity_pb2.NodeSelectorRequirement(
-                        key="gpu",
-                        operator=capacity_pb2.NodeSelectorRequirement.OPERATOR_EXISTS,
-                        values=["x"],
-                    )
-                ]
-            ),
-            "needs[0].requirements[0].values",
-        ),
+        (_need(requirements=[_requirement("", 1, "a")]), "needs[0].requirements[0].key"),
+        (_need(requirements=[_requirement("zone", 0, "a")]), "needs[0].requirements[0].operator"),
+        (_need(requirements=[_requirement("zone", 1)]), "needs[0].requirements[0].values"),
+        (_need(requirements=[_requirement("gpu", 3, "x")]), "needs[0].requirements[0].values"),
         (
             _need(spread=[capacity_pb2.TopologySpread(topology_key="zone", max_skew=0)]),
             "needs[0].spread[0].max_skew",
         ),
         (_need(interruption_penalty_bucket=99), "needs[0].interruption_penalty_bucket"),
+        # Hostile input: overflow, underflow, NUL bytes, over-long and blank names.
+        (_need(aggregate_resources={"cpu": "1e400"}), "needs[0].aggregate_resources[cpu]"),
+        (_need(aggregate_resources={"cpu": "1e-400"}), "needs[0].aggregate_resources[cpu]"),
+        (_need(aggregate_resources={"cpu": "9" * 5000}), "needs[0].aggregate_resources[cpu]"),
+        (_need(min_unit={"cpu": "1e-10"}), "needs[0].min_unit[cpu]"),
+        (_need(aggregate_resources={"cpu\x00": "1"}, min_unit={}), "needs[0].aggregate_resources"),
+        (
+            _need(aggregate_resources={"x" * 10_000: "1"}, min_unit={}),
+            "needs[0].aggregate_resources",
+        ),
+        (
+            _need(aggregate_resources={"cpu": "1", "  ": "1"}, min_unit={}),
+            "needs[0].aggregate_resources",
+        ),
+        (_need(requirements=[_requirement("zone\x00", 1, "a")]), "needs[0].requirements[0].key"),
+        (_need(requirements=[_requirement("   ", 3)]), "needs[0].requirements[0].key"),
+        (_need(requirements=[_requirement("k" * 400, 3)]), "needs[0].requirements[0].key"),
+        (
+            _need(requirements=[_requirement("zone", 1, "a", "b\x00")]),
+            "needs[0].requirements[0].values[1]",
+        ),
+        (
+            _need(requirements=[_requirement("zone", 2, "v" * 10_000)]),
+            "needs[0].requirements[0].values[0]",
+        ),
+        (
+            _need(spread=[capacity_pb2.TopologySpread(topology_key="\t", max_skew=1)]),
+            "needs[0].spread[0].topology_key",
+        ),
     ],
 )
 def test_an_invalid_need_is_refused_naming_its_field(
     need: capacity_pb2.CapacityNeed, field: str
 ) -> None:
-    with pytest.raises(InvalidRollup) as caught:
-        rollup_from_wire(_rollup(_need(), need), session_cluster="c1")
-    assert caught.value.field == field.replace("needs[0]", "needs[1]")
-    assert field.replace("needs[0]", "needs[1]") in str(caught.value)
+    refused, reason = _refused(_rollup(_need(), need))
+    assert refused == field.replace("needs[0]", "needs[1]")
+    assert reason and len(reason) < 400
+
+
+def test_a_refusal_never_echoes_a_long_value_in_full() -> None:
+    _, reason = _refused(_rollup(_need(aggregate_resources={"y" * 10_000: "1"}, min_unit={})))
+    assert "10000 characters" in reason and len(reason) < 200
+
+
+def test_a_rollup_stamped_before_the_epoch_is_refused() -> None:
+    assert _refused(_rollup(_need(), stamp=-1))[0] == "timestamp_unix_nanos"
+
+
+def test_a_rollup_stamped_beyond_the_clock_skew_bound_is_refused_with_the_reason() -> None:
+    # The shard's clock reads 1000 s; the bound is 300 s.
+    field, reason = _refused(_rollup(_need(), stamp=1_301 * 10**9 + 1))
+    assert field == "timestamp_unix_nanos"
+    assert "ahead of the shard's clock" in reason and "300 s" in reason
+
+
+def test_a_rollup_within_the_clock_skew_bound_is_applied() -> None:
+    engine = ShardEngine()
+    rollup = rollup_from_wire(_rollup(_need(), stamp=1_299 * 10**9), session_cluster="c1")
+    assert engine.apply_rollup(rollup, now=1000.0).status == "applied"
+
+
+def test_the_engines_field_names_map_onto_the_wires() -> None:
+    assert wire_field("timestamp_ns") == "timestamp_unix_nanos"
+    assert wire_field("needs[3].aggregate[cpu]") == "needs[3].aggregate_resources[cpu]"
+    assert wire_field("needs[3].aggregate") == "needs[3].aggregate_resources"
+    assert wire_field("needs[0].reclamation_penalty") == "needs[0].reclamation_penalty_bucket"
+    assert wire_field("needs[0].requirements[1].key") == "needs[0].requirements[1].key"
 
 
 def test_machines_offered_for_release_arrive_as_a_set() -> None:
@@ -174,6 +221,16 @@ def test_allocatable_falls_back_to_resources_when_unset() -> None:
         ({"interruption_probability": 1.5}, "interruption_probability"),
         ({"interruption_probability": float("nan")}, "interruption_probability"),
         ({"allocatable": provider_pb2.Resources(resources={"cpu": "x"})}, "allocatable"),
+        ({"allocatable": provider_pb2.Resources(resources={"cpu": "1e400"})}, "allocatable"),
+        ({"allocatable": provider_pb2.Resources(resources={"c\x00": "1"})}, "allocatable"),
+        ({"id": "m\x001"}, "id"),
+        ({"id": "m" * 10_000}, "id"),
+        ({"id": " "}, "id"),
+        ({"labels": {"zone\x00": "a"}}, "labels"),
+        ({"labels": {"topology.kubernetes.io/zone": "a b"}}, "labels[topology.kubernetes.io/zone]"),
+        ({"zone": "x" * 64}, "zone"),
+        ({"instance_type": "m5\x00large"}, "instance_type"),
+        ({"cluster": "c1\x00"}, "cluster"),
     ],
 )
 def test_nonsense_from_a_provider_is_refused_not_absorbed(
@@ -182,3 +239,29 @@ def test_nonsense_from_a_provider_is_refused_not_absorbed(
     with pytest.raises(InvalidMachine) as caught:
         machine_record("sim", _machine(**kw))
     assert caught.value.field == field
+
+
+def test_a_providers_error_text_is_kept_short_and_without_nul_bytes() -> None:
+    rec = machine_record("sim", _machine(last_error="boom\x00" + "x" * 5000))
+    assert "\x00" not in rec.last_error and len(rec.last_error) <= 1024
+
+
+@pytest.mark.parametrize(
+    ("raw", "priority"),
+    [
+        ("1000", 1000),
+        ("-5", -5),
+        ("", None),
+        ("-", None),
+        ("12a", None),
+        ("²", None),
+        ("9" * 5000, None),
+        (str(2**31), None),
+        (str(-(2**31)), -(2**31)),
+    ],
+)
+def test_a_stamped_priority_is_read_only_when_it_is_an_int32(
+    raw: str, priority: int | None
+) -> None:
+    machine = _machine(shard_metadata={"bigfleet.io/priority": raw})
+    assert metadata_priority(machine, "bigfleet.io/priority") == priority

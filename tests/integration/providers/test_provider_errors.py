@@ -169,3 +169,32 @@ async def test_the_wire_codes_are_the_documented_ones(harness: Harness) -> None:
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await call
             assert caught.value.code() == code
+
+
+@pytest.mark.parametrize("bad", ["m\x001", " ", "m 1", "x" * 10_000, "mé"])
+async def test_machine_ids_with_nul_bytes_whitespace_or_no_end_are_invalid(
+    harness: Harness, bad: str
+) -> None:
+    token = harness.shard().token()
+    with pytest.raises(InvalidArgument, match="machine_id"):
+        await harness.client.get(bad)
+    with pytest.raises(InvalidArgument, match="machine_id"):
+        await harness.client.create(bad, token)
+
+
+@pytest.mark.parametrize("bad", ["c\x00", "   ", "Prod", "x" * 10_000, "-c"])
+async def test_configure_refuses_a_cluster_id_that_is_not_a_dns_subdomain(
+    harness: Harness, bad: str
+) -> None:
+    shard = harness.shard()
+    machine = await harness.idle(shard)
+    with pytest.raises(InvalidArgument, match="cluster_id"):
+        await harness.client.configure(machine.id, bad, b"", shard.token())
+    assert (await harness.client.get(machine.id)).state == pb.MACHINE_STATE_IDLE
+
+
+async def test_a_shard_id_with_a_nul_byte_is_invalid_and_moves_no_mark(harness: Harness) -> None:
+    machine = await harness.machine()
+    with pytest.raises(InvalidArgument, match="shard_id"):
+        await harness.client.create(machine.id, FencingToken("shard\x00", 1, 1))
+    assert (await harness.client.get(machine.id)).state == pb.MACHINE_STATE_SPECULATIVE

@@ -35,6 +35,41 @@ def test_unparseable_quantities_are_refused_with_the_text_in_the_message(text: s
     assert "aggregate[cpu]" in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("1e400", "overflows"),
+        ("1E400", "overflows"),
+        ("9Ei", "overflows"),
+        ("1e" + "9" * 60, "overflows"),
+        ("1e-400", "underflows"),
+        ("0.5n", "underflows"),
+        ("0.0000000001", "underflows"),
+        ("1" * 65, "at most 64"),
+    ],
+)
+def test_quantities_out_of_range_are_refused_not_turned_into_infinity_or_zero(
+    text: str, reason: str
+) -> None:
+    with pytest.raises(InvalidQuantity, match=reason):
+        parse_quantity(text)
+
+
+@pytest.mark.parametrize(("text", "value"), [("8Ei", 2.0**63), ("1n", 1e-9), ("0e-999", 0.0)])
+def test_the_range_bounds_themselves_are_accepted(text: str, value: float) -> None:
+    assert parse_quantity(text) == value
+
+
+@given(st.text(max_size=80))
+def test_any_text_parses_or_is_refused_as_an_invalid_quantity(text: str) -> None:
+    try:
+        value = parse_quantity(text)
+    except InvalidQuantity as err:
+        assert len(str(err)) < 200
+    else:
+        assert value == 0.0 or 1e-9 <= value <= 2.0**63
+
+
 def test_a_bad_resource_map_names_the_resource() -> None:
     with pytest.raises(InvalidQuantity, match=r"needs\[0\]\[memory\]"):
         parse_resources({"cpu": "1", "memory": "lots"}, field="needs[0]")
