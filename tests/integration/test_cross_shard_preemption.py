@@ -1,7 +1,7 @@
 """The paper's GPU story across shards.
 
-Cluster A (priority 500000) holds every GPU machine of the tiny cloud, half of
-them on loan from the other shard. Cluster B (priority 1000000) on the other
+Cluster ``a`` (priority 500000) holds every GPU machine of the tiny cloud, half
+of them on loan from the other shard. Cluster ``b`` (priority 1000000) on the other
 shard then asks for two with nothing free anywhere. Its shortfall escalates;
 the coordinator has shard-0 drain two of A's machines with the grace the
 priority gap gives (exactly 500000 -> 2 minutes), ownership moves, and
@@ -46,22 +46,22 @@ async def test_a_higher_priority_on_another_shard_preempts_with_the_gap_scaled_g
     assert stack.store is not None and stack.client is not None
     await eventually(lambda: all(len(p.owned) == 6 for p in stack.shards), what="distribution")
     # A lands on shard-0 (first contact) and takes all four GPU machines.
-    owner_a = await stack.store.assign_cluster("A")
-    a = SimulatedCluster("A", shard(stack, owner_a).address, gpu_demand(4, priority=500_000))
+    owner_a = await stack.store.assign_cluster("a")
+    a = SimulatedCluster("a", shard(stack, owner_a).address, gpu_demand(4, priority=500_000))
     a.start()
     stack.clusters.append(a)
-    await eventually(lambda: _at_least(stack, "A", 4), within=90, what="A holding 4 GPU machines")
+    await eventually(lambda: _at_least(stack, "a", 4), within=90, what="A holding 4 GPU machines")
 
-    owner_b = await stack.store.assign_cluster("B")
+    owner_b = await stack.store.assign_cluster("b")
     assert owner_b != owner_a
-    b = SimulatedCluster("B", shard(stack, owner_b).address, gpu_demand(2, priority=1_000_000))
+    b = SimulatedCluster("b", shard(stack, owner_b).address, gpu_demand(2, priority=1_000_000))
     b.start()
     stack.clusters.append(b)
     got = await eventually(
-        lambda: _at_least(stack, "B", 2), within=120, what="B configured by preemption"
+        lambda: _at_least(stack, "b", 2), within=120, what="B configured by preemption"
     )
     assert len(got) == 2
-    assert len(await configured_for(stack, "A")) == 2, "A keeps the machines not needed"
+    assert len(await configured_for(stack, "a")) == 2, "A keeps the machines not needed"
 
     # The drains ran on the donor with the table's grace, each its own workflow.
     drains = [
@@ -75,7 +75,7 @@ async def test_a_higher_priority_on_another_shard_preempts_with_the_gap_scaled_g
         assert wf.status == WorkflowExecutionStatus.COMPLETED
         assert wf.typed_search_attributes.get(sa.GRACE_SECONDS) == 120
     # Ownership moved by CAS: B's machines belong to B's shard, nobody owns twice.
-    owners = await stack.store.owners([m.id for m in await configured_for(stack, "B")])
+    owners = await stack.store.owners([m.id for m in await configured_for(stack, "b")])
     assert set(owners.values()) == {owner_b}
     moved = [
         i for i in await stack.store.instructions() if i.kind == "preempt" and i.status == "applied"
