@@ -349,7 +349,19 @@ def _in_loop(loop: asyncio.AbstractEventLoop) -> Callable[[Coroutine[Any, Any, T
 
 
 def _no_tracebacks(caplog: pytest.LogCaptureFixture) -> None:
-    bad = [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+    """Nothing logged with a traceback or at ERROR, client-side leftovers aside.
+
+    grpc's client keeps a task per streaming call that feeds it requests;
+    when an earlier test's channel is collected, asyncio reports that task
+    as destroyed while pending. That is the client's bookkeeping, not the
+    shard's, so it is the one record ignored.
+    """
+    bad = [
+        r
+        for r in caplog.records
+        if (r.exc_info or r.levelno >= logging.ERROR)
+        and not (r.name == "asyncio" and "_StreamRequestMixin" in r.getMessage())
+    ]
     assert not bad, [r.getMessage()[:300] for r in bad]
 
 
