@@ -41,7 +41,7 @@ from shard_engine.model import (
     Rollup,
     Shortfall,
 )
-from shard_engine.needs import Demand, NeedsTable, RollupOutcome, RollupRejected
+from shard_engine.needs import Demand, NeedsTable, RollupOutcome, RollupRejected, check_clock
 from shard_engine.pending import REASON_PAUSED
 from shard_engine.requirements import RELATIVE_TOLERANCE, RequirementMasks
 from shard_engine.worksheet import ClusterMemo, Worksheet
@@ -185,16 +185,9 @@ class ShardEngine:
         ahead of ``now`` is such a problem (``now`` and the stamp must share
         a clock: seconds and nanoseconds since the epoch in the shard).
         """
-        skew = self.config.rollup_max_skew_seconds
-        stamp = rollup.timestamp_ns
-        if skew is not None and type(stamp) is int:
-            ahead_ns = stamp - int(now * 1e9)
-            if ahead_ns > skew * 1e9:
-                raise RollupRejected(
-                    "timestamp_ns",
-                    f"{ahead_ns // 10**9} s ahead of the shard's clock; "
-                    f"at most {skew:g} s of clock skew is accepted",
-                )
+        check_clock(
+            rollup.timestamp_ns, now=now, max_skew_seconds=self.config.rollup_max_skew_seconds
+        )
         outcome, entry = self._table.apply(rollup)
         if entry is not None:
             self._table.demand(entry)  # compile now, on ingestion, not in the cycle

@@ -44,6 +44,8 @@ __all__ = [
     "NeedsTable",
     "RollupOutcome",
     "RollupRejected",
+    "Validated",
+    "check_clock",
     "validate_rollup",
 ]
 
@@ -204,6 +206,24 @@ def _validate_need(need: Need, *, field: str) -> Need:
         ),
         spread=spreads,
     )
+
+
+def check_clock(stamp_ns: object, *, now: float, max_skew_seconds: float | None) -> None:
+    """Refuse a stamp more than ``max_skew_seconds`` ahead of ``now`` (seconds since the epoch).
+
+    One operator with a clock a year ahead must not make every later roll-up
+    of its cluster stale: its roll-up is refused (and so not remembered)
+    instead. ``None`` accepts any stamp.
+    """
+    if max_skew_seconds is None or type(stamp_ns) is not int:
+        return
+    ahead_ns = stamp_ns - int(now * 1e9)
+    if ahead_ns > max_skew_seconds * 1e9:
+        raise RollupRejected(
+            "timestamp_ns",
+            f"{ahead_ns // 10**9} s ahead of the shard's clock; "
+            f"at most {max_skew_seconds:g} s of clock skew is accepted",
+        )
 
 
 def validate_rollup(

@@ -167,10 +167,11 @@ def rollup_from_wire(
     """Translate one roll-up received on ``session_cluster``'s session into engine values.
 
     The engine's rules (``shard_engine.needs.validate_rollup``) judge the
-    result; see the module docstring. ``known`` maps the wire bytes of the needs of the session's previous
-    roll-up to their converted values. A need sent again unchanged (most of
-    them, every ten seconds) is then reused instead of converted again; the
-    engine also recognises a reused value at once. The map is replaced, in
+    result; see the module docstring. ``known`` maps the wire bytes of the
+    needs of the session's previous roll-up to their converted values. A
+    need sent again unchanged (most of them, every ten seconds) is then
+    reused instead of converted again; the engine also recognises a reused
+    value at once. The map is replaced, in
     place, by this roll-up's needs — so it never holds more than one roll-up.
     """
     if msg.cluster_id and msg.cluster_id != session_cluster:

@@ -5,11 +5,18 @@
                      Intake.take_all() before every cycle        (the cycle sees every ack)
 
 An acknowledged roll-up is one the shard has validated and will apply before
-its next decision cycle; the engine's verdict on it (applied, quarantined
-as a suspicious drop, refused on a semantic rule) is logged and counted
-rather than sent back. Only the newest roll-up of a cluster is kept: roll-ups
-are full replacements, so a newer one makes an older unapplied one moot,
-and the intake holds at most one roll-up per cluster.
+its next decision cycle. "Validated" means by the engine's own rules
+(``shard_engine.needs.validate_rollup``: names, ranges, requirements,
+spreads, counts) and its clock-skew bound (``check_clock``), run here on the
+sessions thread so a refusal reaches the operator as ``rollup-rejected``
+naming the field (ADR 0110). Each cluster's last accepted rows are kept so
+that a row re-sent unchanged, or changed only in size, is not checked in
+full again. The engine's later verdict (applied, or quarantined as a
+suspicious drop) is logged and counted rather than sent back.
+
+Only the newest roll-up of a cluster is kept: roll-ups are full
+replacements, so a newer one makes an older unapplied one moot, and the
+intake holds at most one roll-up per cluster.
 
 Thread-safe: :meth:`offer` runs on the session thread, the rest on the shard's loop.
 """
@@ -17,9 +24,11 @@ Thread-safe: :meth:`offer` runs on the session thread, the rest on the shard's l
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 from shard_engine.model import Rollup
+from shard_engine.needs import Validated, check_clock, validate_rollup
 
 __all__ = ["STALE", "Intake"]
 
@@ -29,11 +38,20 @@ STALE = "rollup-stale"
 class Intake:
     """The newest unapplied roll-up per cluster, and each cluster's newest timestamp."""
 
-    def __init__(self, *, on_ready: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        on_ready: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.time,
+        max_skew_s: float | None = 300.0,
+    ) -> None:
         self._lock = threading.Lock()
         self._staged: dict[str, Rollup] = {}
         self._newest: dict[str, int] = {}
+        self._validated: dict[str, tuple[Validated, ...]] = {}
         self._on_ready = on_ready
+        self._clock = clock
+        self._max_skew_s = max_skew_s
         self.offered = 0
         self.superseded = 0
 
@@ -42,12 +60,21 @@ class Intake:
         self._on_ready = on_ready
 
     def offer(self, rollup: Rollup) -> str:
-        """Stage a validated roll-up; the acknowledgement echo (``rollup`` or stale)."""
+        """Check a roll-up and stage it; the acknowledgement echo (``rollup`` or stale).
+
+        Raises ``RollupRejected`` naming the field when the engine's rules or
+        the clock-skew bound refuse it; nothing is staged or remembered then.
+        """
+        check_clock(rollup.timestamp_ns, now=self._clock(), max_skew_seconds=self._max_skew_s)
+        with self._lock:
+            previous = self._validated.get(rollup.cluster_id, ())
+        _, validated = validate_rollup(rollup, previous)
         with self._lock:
             newest = self._newest.get(rollup.cluster_id)
             if newest is not None and rollup.timestamp_ns < newest:
                 return f"{STALE}: timestamp {rollup.timestamp_ns} older than {newest}"
             self._newest[rollup.cluster_id] = rollup.timestamp_ns
+            self._validated[rollup.cluster_id] = validated
             was_empty = not self._staged
             if self._staged.pop(rollup.cluster_id, None) is not None:
                 self.superseded += 1
@@ -77,6 +104,7 @@ class Intake:
         with self._lock:
             self._staged.pop(cluster_id, None)
             self._newest.pop(cluster_id, None)
+            self._validated.pop(cluster_id, None)
 
     def __len__(self) -> int:
         return len(self._staged)

@@ -83,7 +83,7 @@ class ShardProcess:
         self._lease_task: asyncio.Task[None] | None = None
         self._server: IngestServer | None = None
         # Roll-ups acknowledged on the sessions thread, applied on this loop (intake.py).
-        self.intake = Intake()
+        self.intake = Intake(clock=clock, max_skew_s=options.engine.rollup_max_skew_seconds)
         self._staged = asyncio.Event()
         # Hellos ask PostgreSQL for their cluster's shard in batches (admissions.py).
         self._admissions = Admissions(store.assign_clusters)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from bigfleet.shard.intake import Intake
 from shard_engine.model import Need, Rollup
+from shard_engine.needs import RollupRejected
 
 
 def _rollup(cluster: str, ts: int, cpu: float = 1.0) -> Rollup:
@@ -81,3 +84,23 @@ def test_offers_from_many_threads_lose_nothing_and_keep_the_newest() -> None:
     assert sorted(r.cluster_id for r in staged) == [f"c{i}" for i in range(8)]
     assert all(r.timestamp_ns == 499 for r in staged)
     assert intake.offered == 8 * 500
+
+
+def test_a_rollup_the_engine_would_refuse_is_refused_before_the_ack_and_not_staged() -> None:
+    intake = Intake(clock=lambda: 1000.0)
+    bad = Rollup("a", 5, (Need(requirements=(), aggregate={"cpu\x00": 1.0}, priority=1),))
+    with pytest.raises(RollupRejected) as caught:
+        intake.offer(bad)
+    assert caught.value.field == "needs[0].aggregate"
+    assert len(intake) == 0
+    assert intake.offer(_rollup("a", 4)) == "rollup", "a refused stamp is not remembered"
+
+
+def test_a_rollup_stamped_beyond_the_skew_bound_is_refused_and_does_not_freeze_its_cluster() -> (
+    None
+):
+    intake = Intake(clock=lambda: 1000.0, max_skew_s=300.0)
+    with pytest.raises(RollupRejected, match="ahead of the shard's clock"):
+        intake.offer(_rollup("a", 1_400 * 10**9))
+    assert intake.offer(_rollup("a", 999 * 10**9)) == "rollup"
+    assert intake.offer(_rollup("a", 1_299 * 10**9)) == "rollup"
