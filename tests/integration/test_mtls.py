@@ -6,6 +6,7 @@ import asyncio
 import logging
 import socket
 import ssl
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,7 +64,7 @@ class EngineSink:
         return None
 
     def apply_rollup(self, rollup: Rollup) -> str:
-        outcome = self.engine.apply_rollup(rollup, now=0.0)
+        outcome = self.engine.apply_rollup(rollup, now=time.time())
         return "rollup" if outcome.status == "applied" else f"rollup-{outcome.status}"
 
     def ack_fields(self) -> tuple[int, int]:
