@@ -18,7 +18,9 @@ import matplotlib.pyplot as plt
 
 from simulator.driver import PolicyResult
 
-__all__ = ["PLOTS", "write_report"]
+__all__ = ["CATEGORY_PLOT", "PLOTS", "write_report"]
+
+CATEGORY_PLOT = "cost_by_category.png"
 
 PLOTS: tuple[tuple[str, str, str], ...] = (
     ("cost_rate", "cost rate ($/h)", "cost.png"),
@@ -90,6 +92,7 @@ def _markdown(meta: dict[str, Any], results: Sequence[PolicyResult]) -> str:
     lines += ["", "## Plots", ""]
     for _, title, filename in PLOTS:
         lines.append(f"![{title}]({filename})")
+    lines.append(f"![cost by category]({CATEGORY_PLOT})")
     lines.append("")
     return "\n".join(lines)
 
@@ -109,6 +112,26 @@ def _plot(results: Sequence[PolicyResult], key: str, title: str, path: Path) -> 
     plt.close(fig)
 
 
+def _plot_categories(results: Sequence[PolicyResult], path: Path) -> None:
+    """Stacked bars: each policy's dollars by cost category (what the money went on)."""
+    totals = [r.summary.get("cost_by_category_usd", {}) for r in results]
+    categories = sorted({c for t in totals for c in t})
+    fig, ax = plt.subplots(figsize=(7, 2.8), dpi=80)
+    names = [r.policy for r in results]
+    bottom = [0.0] * len(results)
+    for category in categories:
+        values = [t.get(category, 0.0) for t in totals]
+        ax.barh(names, values, left=bottom, label=category)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.set_title("cost by category ($ over the run)", fontsize=10)
+    ax.tick_params(labelsize=8)
+    ax.grid(alpha=0.3, axis="x")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def write_report(out: Path, meta: dict[str, Any], results: Sequence[PolicyResult]) -> Path:
     """Write summary.json, report.md and the plots into ``out``; returns report.md's path."""
     out.mkdir(parents=True, exist_ok=True)
@@ -116,6 +139,7 @@ def write_report(out: Path, meta: dict[str, Any], results: Sequence[PolicyResult
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     for key, title, filename in PLOTS:
         _plot(results, key, title, out / filename)
+    _plot_categories(results, out / CATEGORY_PLOT)
     report = out / "report.md"
     report.write_text(_markdown(meta, results))
     return report
