@@ -101,10 +101,11 @@ class _Group:
     largest: list[float] = field(default_factory=lambda: [0.0] * len(DIMENSIONS))
 
     def add(self, request: Vector, times: int = 1) -> None:
+        total, largest = self.total, self.largest
         for i, amount in enumerate(request):
-            self.total[i] += amount * times
-            if amount > self.largest[i]:
-                self.largest[i] = amount
+            total[i] += amount * times
+            if amount > largest[i]:
+                largest[i] = amount
 
 
 def _resources(values: list[float], names: set[str]) -> dict[str, str]:
@@ -123,34 +124,40 @@ def build_rollup(
     gap: bool = True,
     in_gap: Iterable[str] = (),
     extra: Mapping[str, int] | None = None,
-    keys: Mapping[str, AggregationKey] | None = None,
+    prepared: Mapping[str, tuple[AggregationKey, Vector]] | None = None,
 ) -> capacity_pb2.ClusterCapacityNeeds:
     """One full-replacement roll-up for ``cluster_id`` from every pod it must run.
 
     ``in_gap`` names the best-effort pods that fit in the cluster's
     reclaimable gap (:func:`clusters.gap.fit_in_gap`); with ``gap`` on they
     are not asked for. ``extra`` maps a pod name to how many more times its
-    request is added (the fragmentation allowance). ``keys`` may hold pods'
-    aggregation keys already computed (:func:`need_key_of`; a caller that
-    builds roll-ups often keeps them per pod). Needs come out in a stable
-    order (highest priority first, then key).
+    request is added (the fragmentation allowance). ``prepared`` may hold,
+    per pod name, its aggregation key (:func:`need_key_of`) and the request
+    this function would add for it (a caller that builds roll-ups often
+    keeps them per pod, as both are fixed for a pod's life). Needs come out
+    in a stable order (highest priority first, then key).
     """
     skip = set(in_gap) if gap else set()
     extra = extra or {}
     groups: dict[AggregationKey, _Group] = {}
+    known = prepared or {}
     for pod in pods:
-        if pod.name in skip and pod.in_gap:
+        name = pod.name
+        if skip and name in skip and pod.in_gap:
             continue
-        request = pod.placement(gap=False) if pod.in_gap else pod.placement(gap=gap)
+        entry = known.get(name)
+        if entry is None:
+            request = pod.placement(gap=False) if pod.in_gap else pod.placement(gap=gap)
+            key = need_key_of(pod) if any(request) else None
+        else:
+            key, request = entry
         if not any(request):
             continue
-        key = keys.get(pod.name) if keys is not None else None
-        if key is None:
-            key = need_key_of(pod)
+        assert key is not None
         group = groups.get(key)
         if group is None:
             group = groups[key] = _Group(pod)
-        group.add(request, 1 + max(0, extra.get(pod.name, 0)))
+        group.add(request, 1 + max(0, extra.get(name, 0)) if extra else 1)
     needs = []
     for key in sorted(groups, key=lambda k: (-k[1], repr(k))):
         group = groups[key]

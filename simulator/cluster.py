@@ -35,7 +35,7 @@ import numpy as np
 from bigfleet.v1alpha1 import capacity_pb2
 from clusters.gap import evict_for_gap, fit_in_gap
 from clusters.packing import FloatArray, Heuristic, choose_node
-from clusters.pods import DIMENSIONS, PodSpec
+from clusters.pods import DIMENSIONS, PodSpec, Vector
 from clusters.rollup import AggregationKey, build_rollup, need_key_of
 from shard_engine.coordination import labels_satisfy
 from shard_engine.model import AppClass, Operator, Requirement
@@ -94,7 +94,8 @@ class ClusterModel:
         self.gap = gap
         self.flap_window_s = flap_window_s
         self.pods: dict[str, PodState] = {}
-        self._keys: dict[str, AggregationKey] = {}  # pod -> its roll-up aggregation key
+        # pod -> (its roll-up aggregation key, the request the roll-up adds for it)
+        self._keys: dict[str, tuple[AggregationKey, Vector]] = {}
         # pod -> (placement, reservation, borrows the gap): fixed for a pod's life
         self._vec: dict[str, tuple[FloatArray, FloatArray, bool]] = {}
         self.pending: dict[str, None] = {}
@@ -110,6 +111,8 @@ class ClusterModel:
         self._reserved = np.zeros((0, _D))
         self._borrowed = np.zeros((0, _D))
         self._left_at: dict[str, float] = {}
+        # usage() until a node or a placement changes (the metrics read it every sample)
+        self._usage: tuple[FloatArray, FloatArray, FloatArray] | None = None
 
     # -- nodes ------------------------------------------------------------------------
     @property
@@ -148,6 +151,7 @@ class ClusterModel:
         self._reserved = np.vstack([self._reserved, zero])
         self._borrowed = np.vstack([self._borrowed, zero])
         self.counters.nodes_joined += 1
+        self._usage = None
         self.dirty = True
         self._notify.add(self.cluster_id)
 
@@ -193,6 +197,7 @@ class ClusterModel:
         self._reserved = self._reserved[:last]
         self._borrowed = self._borrowed[:last]
         self.counters.nodes_left += 1
+        self._usage = None
         self.dirty = True
         self._notify.add(self.cluster_id)
         return len(evicted)
@@ -208,7 +213,8 @@ class ClusterModel:
         if pod.name in self.pods:
             return
         self.pods[pod.name] = PodState(spec=pod, arrived=now)
-        self._keys[pod.name] = need_key_of(pod)
+        request = pod.placement(gap=False) if pod.in_gap else pod.placement(gap=self.gap)
+        self._keys[pod.name] = (need_key_of(pod), request)
         self.pending[pod.name] = None
         self.dirty = True
         self._notify.add(self.cluster_id)
@@ -246,6 +252,7 @@ class ClusterModel:
         return placement, reservation, borrowing
 
     def _unplace(self, state: PodState, now: float, *, evicted: bool) -> None:
+        self._usage = None
         row = self._row.get(state.node)
         if row is not None:
             placement, reservation, borrowing = self._vectors(state.spec)
@@ -264,6 +271,7 @@ class ClusterModel:
         self.dirty = True
 
     def _place(self, state: PodState, row: int, now: float) -> None:
+        self._usage = None
         placement, reservation, borrowing = self._vectors(state.spec)
         if borrowing:
             self._borrowed[row] += reservation
@@ -393,7 +401,7 @@ class ClusterModel:
             gap=self.gap,
             in_gap=in_gap,
             extra=extra,
-            keys=self._keys,
+            prepared=self._keys,
         )
         msg.release.SetInParent()  # present, even empty: reclaim only what is named
         msg.release.machine_ids.extend(self.releasable())
@@ -418,10 +426,14 @@ class ClusterModel:
         Expected use is the guaranteed pods' reservations plus the borrowing
         best-effort pods' limits.
         """
-        alloc: FloatArray = self._alloc.sum(axis=0)
-        placed: FloatArray = self._placed.sum(axis=0) + self._borrowed.sum(axis=0)
-        used: FloatArray = self._reserved.sum(axis=0) + self._borrowed.sum(axis=0)
-        return alloc, placed, used
+        if self._usage is None:
+            alloc: FloatArray = self._alloc.sum(axis=0)
+            placed: FloatArray = self._placed.sum(axis=0) + self._borrowed.sum(axis=0)
+            used: FloatArray = self._reserved.sum(axis=0) + self._borrowed.sum(axis=0)
+            for total in (alloc, placed, used):
+                total.flags.writeable = False
+            self._usage = (alloc, placed, used)
+        return self._usage
 
     def pending_counts(self) -> tuple[int, int]:
         """(pending pods, of which fragmented)."""
