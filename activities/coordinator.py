@@ -26,7 +26,7 @@ from shard_engine.coordination import (
     plan_transfers,
 )
 from shard_engine.model import Operator, Requirement
-from workflows import coordinator as co
+from workflows import coordinator_contracts as co
 from workflows.contracts import MachineTarget
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from bigfleet.v1alpha1 import provider_pb2
 from shard_engine.catalog import LABEL_RACK
 from shard_engine.decommission import take_evenly
 from shard_engine.membership import DrainingMachine, plan_drain
-from workflows import membership as ms
+from workflows import membership_contracts as ms
 from workflows.contracts import MachineTarget
 
 __all__ = [

@@ -12,7 +12,7 @@ from typing import Protocol
 from temporalio import activity
 
 from activities.context import ActiveGuard, ensure_active
-from workflows import coordinator as co
+from workflows import coordinator_contracts as co
 
 
 class TransferContext(Protocol):

@@ -18,7 +18,6 @@ an operator's ``bigfleet shards drain`` is the only thing that sets it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from datetime import timedelta
 
 from temporalio import workflow
@@ -26,134 +25,33 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 from workflows.contracts import MachineTarget
+from workflows.coordinator_contracts import (
+    ADOPT_MACHINES,
+    FINISH_INSTRUCTION,
+    AdoptInput,
+    AdoptResult,
+    InstructionOutcome,
+)
+from workflows.membership_contracts import (
+    HAND_OVER,
+    MACHINES_IN_MOTION,
+    PLAN_MEMBERSHIP,
+    RECORD_MEMBERSHIP,
+    RELEASE_CLUSTER,
+    ClusterMoveInput,
+    ClusterMoveSpec,
+    HandOverInput,
+    HandoverInput,
+    HandOverResult,
+    HandoverSpec,
+    MembershipPlan,
+    MembershipPlanInput,
+    MembershipRecord,
+    MembershipResult,
+    ReleaseClusterInput,
+    ReleaseClusterResult,
+)
 from workflows.retries import INSTRUCTION_RETRY, QUICK
-
-# Coordinator-side activities (task queue bigfleet-coordinator).
-PLAN_MEMBERSHIP = "bigfleet.coordinator.plan_membership"
-RECORD_MEMBERSHIP = "bigfleet.coordinator.record_membership"
-# Shard-side activities (task queue shard-<id>).
-RELEASE_CLUSTER = "bigfleet.shard.release_cluster"
-HAND_OVER = "bigfleet.shard.hand_over"
-# Shared with the coordinator's transfers.
-ADOPT_MACHINES = "bigfleet.shard.adopt_machines"
-FINISH_INSTRUCTION = "bigfleet.coordinator.finish_instruction"
-
-# The error type a donor raises while the cluster still has machines in motion.
-MACHINES_IN_MOTION = "MachinesInMotion"
-
-
-@dataclass
-class MembershipPlanInput:
-    term: int
-
-
-@dataclass
-class ClusterMoveSpec:
-    cluster_id: str
-    donor: str
-    receiver: str
-
-
-@dataclass
-class HandoverSpec:
-    donor: str
-    receiver: str
-    machines: list[MachineTarget] = field(default_factory=list)
-
-
-@dataclass
-class MembershipPlan:
-    moves: list[ClusterMoveSpec] = field(default_factory=list)
-    handovers: list[HandoverSpec] = field(default_factory=list)
-
-
-@dataclass
-class MembershipRecord:
-    """A membership instruction, persisted before it is carried out."""
-
-    term: int
-    seq: int
-    kind: str
-    donor: str
-    receiver: str
-    cluster_id: str = ""
-    machine_ids: list[str] = field(default_factory=list)
-
-
-@dataclass
-class ClusterMoveInput:
-    term: int
-    seq: int
-    spec: ClusterMoveSpec
-
-
-@dataclass
-class HandoverInput:
-    term: int
-    seq: int
-    spec: HandoverSpec
-
-
-@dataclass
-class ReleaseClusterInput:
-    term: int
-    seq: int
-    cluster_id: str
-    receiver: str
-
-
-@dataclass
-class ReleaseClusterResult:
-    """What moved, and the shard that now serves the cluster (may differ from the one asked
-    for when an earlier move already won)."""
-
-    machines: list[MachineTarget] = field(default_factory=list)
-    receiver: str = ""
-    refused: str = ""
-
-
-@dataclass
-class HandOverInput:
-    term: int
-    seq: int
-    receiver: str
-    machines: list[MachineTarget] = field(default_factory=list)
-
-
-@dataclass
-class HandOverResult:
-    moved: list[MachineTarget] = field(default_factory=list)
-    refused: str = ""
-
-
-@dataclass
-class MembershipResult:
-    status: str
-    moved: int
-    outcome: str
-
-
-# The shapes of the shared activities (same fields as workflows.coordinator's).
-@dataclass
-class _AdoptInput:
-    term: int
-    seq: int
-    machines: list[MachineTarget]
-
-
-@dataclass
-class _AdoptResult:
-    adopted: int
-    refused: str = ""
-
-
-@dataclass
-class _Outcome:
-    term: int
-    seq: int
-    status: str
-    outcome: str
-
 
 # A donor waits for machines in motion by failing retryably: the wait is visible
 # in the Temporal UI as the activity's last failure, and bounded by the schedule.
@@ -174,7 +72,7 @@ async def _record(record: MembershipRecord) -> None:
 async def _finish(term: int, seq: int, status: str, moved: int, outcome: str) -> MembershipResult:
     await workflow.execute_activity(
         FINISH_INSTRUCTION,
-        _Outcome(term, seq, status, outcome),
+        InstructionOutcome(term, seq, status, outcome),
         start_to_close_timeout=QUICK,
         retry_policy=INSTRUCTION_RETRY,
     )
@@ -188,8 +86,8 @@ async def _adopt(term: int, seq: int, receiver: str, machines: list[MachineTarge
     try:
         adopted = await workflow.execute_activity(
             ADOPT_MACHINES,
-            _AdoptInput(term, seq, machines),
-            result_type=_AdoptResult,
+            AdoptInput(term, seq, machines),
+            result_type=AdoptResult,
             task_queue=f"shard-{receiver}",
             schedule_to_close_timeout=timedelta(minutes=2),
             retry_policy=INSTRUCTION_RETRY,

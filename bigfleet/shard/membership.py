@@ -29,8 +29,8 @@ from bigfleet.shard.terms import CoordinatorTerms
 from bigfleet.store import Store
 from shard_engine.engine import ShardEngine
 from shard_engine.model import MachineRecord
-from workflows import coordinator as co
-from workflows import membership as ms
+from workflows import coordinator_contracts as co
+from workflows import membership_contracts as ms
 from workflows.contracts import MachineTarget
 
 log = logging.getLogger(__name__)

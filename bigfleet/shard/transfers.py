@@ -46,7 +46,7 @@ from shard_engine.transfers import (
     choose_donations,
     saturation_of,
 )
-from workflows import coordinator as co
+from workflows import coordinator_contracts as co
 from workflows.contracts import OP_DRAIN, REASON_PREEMPT, DrainInput, MachineTarget, PollPolicy
 
 log = logging.getLogger(__name__)

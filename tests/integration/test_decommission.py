@@ -12,7 +12,7 @@ from temporalio.exceptions import ActivityError
 from bigfleet.devstack import DevStack
 from bigfleet.shard.process import ShardProcess
 from tests.integration.multishard import eventually, options
-from workflows import coordinator as co
+from workflows import coordinator_contracts as co
 
 pytestmark = pytest.mark.e2e
 

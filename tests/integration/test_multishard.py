@@ -26,7 +26,7 @@ from tests.integration.multishard import (
     options,
     shard,
 )
-from workflows import coordinator as co
+from workflows import coordinator_contracts as co
 
 pytestmark = pytest.mark.e2e
 

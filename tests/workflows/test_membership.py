@@ -14,7 +14,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from workflows import coordinator as co
+from workflows import coordinator_contracts as co
 from workflows import membership as ms
 from workflows.contracts import MachineTarget
 

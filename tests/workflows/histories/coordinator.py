@@ -34,7 +34,7 @@ from providers.model import FencingToken
 from tests.workflows.harness import PROVIDER, AdvancingProvider, HarnessContext
 from tests.workflows.rig import FAST_POLL
 from workflows import coordinator as co
-from workflows import membership as ms
+from workflows import membership_contracts as ms
 from workflows.contracts import DrainInput, MachineTarget
 from workflows.registry import ALL_WORKFLOWS, COORDINATOR_WORKFLOWS
 

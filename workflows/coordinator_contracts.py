@@ -1,0 +1,241 @@
+"""Contracts of the coordinator's workflows and activities: names, inputs and results.
+
+One dataclass in and one out per workflow, activity and signal (the Temporal
+samples' habit), so fields can be added compatibly. The workflows that use
+them are in ``workflows.coordinator``; the activities in
+``activities.coordinator`` (coordinator side) and ``activities.transfers``
+(shard side).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from workflows.contracts import DrainInput, MachineTarget, RequirementSpec
+
+COORDINATOR_ID = "bigfleet-coordinator"
+COORDINATOR_QUEUE = "bigfleet-coordinator"
+
+# Coordinator-side activities (task queue COORDINATOR_QUEUE).
+DISTRIBUTE = "bigfleet.coordinator.distribute"
+PLAN = "bigfleet.coordinator.plan"
+RECORD_INSTRUCTION = "bigfleet.coordinator.record_instruction"
+FINISH_INSTRUCTION = "bigfleet.coordinator.finish_instruction"
+# Shard-side activities (task queue shard-<id>, run by the lease holder).
+ADOPT_MACHINES = "bigfleet.shard.adopt_machines"
+RELEASE_MACHINES = "bigfleet.shard.release_machines"
+PREPARE_PREEMPTION = "bigfleet.shard.prepare_preemption"
+RETIRE_MACHINES = "bigfleet.shard.retire_machines"
+PLAN_DECOMMISSION = "bigfleet.coordinator.plan_decommission"
+
+
+@dataclass
+class ProfileReport:
+    """One machine shape a shard holds, and how many are idle, speculative or configured."""
+
+    provider: str
+    instance_type: str
+    zone: str
+    capacity_type: int
+    labels: dict[str, str]
+    allocatable: dict[str, float]
+    idle: int = 0
+    speculative: int = 0
+    # priority (as a string key: JSON objects have string keys) -> configured count
+    configured_by_priority: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class ShortfallReport:
+    cluster_id: str
+    need_key: str
+    priority: int
+    deficit: dict[str, float]
+    requirements: list[RequirementSpec] = field(default_factory=list)
+    min_unit: dict[str, float] = field(default_factory=dict)
+    age_cycles: int = 0
+    escalated: bool = False
+    # Why the shard could not meet it (e.g. "drain requested 12 min ago, priority 1000000 waiting").
+    reason: str = ""
+
+
+@dataclass
+class ShardReport:
+    """What a shard tells the coordinator every report interval."""
+
+    shard_id: str
+    epoch: int
+    sent_at: float
+    total_machines: int
+    profiles: list[ProfileReport] = field(default_factory=list)
+    shortfalls: list[ShortfallReport] = field(default_factory=list)
+    highest_term_seen: int = 0
+
+
+@dataclass
+class TransferSpec:
+    """One planned instruction (see ``shard_engine.coordination.Instruction``)."""
+
+    kind: str
+    donor: str
+    receiver: str
+    provider: str
+    instance_type: str
+    zone: str
+    capacity_type: int
+    count: int
+    cluster_id: str
+    need_key: str
+    priority: int
+    below_priority: int = 0
+
+
+@dataclass
+class PlanInput:
+    reports: list[ShardReport]
+    max_share: float
+
+
+@dataclass
+class PlanResult:
+    transfers: list[TransferSpec]
+
+
+@dataclass
+class DistributeInput:
+    term: int
+    seq: int
+
+
+@dataclass
+class Adoption:
+    shard_id: str
+    machines: list[MachineTarget]
+
+
+@dataclass
+class DistributeResult:
+    adoptions: list[Adoption]
+    rebalance: list[TransferSpec] = field(default_factory=list)
+
+
+@dataclass
+class AdoptInput:
+    term: int
+    seq: int
+    machines: list[MachineTarget]
+
+
+@dataclass
+class AdoptResult:
+    adopted: int
+    refused: str = ""
+
+
+@dataclass
+class ReleaseInput:
+    term: int
+    seq: int
+    spec: TransferSpec
+
+
+@dataclass
+class ReleaseResult:
+    moved: list[MachineTarget]
+    refused: str = ""
+
+
+@dataclass
+class DrainStart:
+    """A drain the donor prepared for a cross-shard preemption (id and input)."""
+
+    workflow_id: str
+    input: DrainInput
+
+
+@dataclass
+class PreemptionPlan:
+    drains: list[DrainStart]
+    refused: str = ""
+
+
+@dataclass
+class DecommissionInput:
+    """Retire ``count`` machines of a domain (``label`` = ``value``) at ``provider``."""
+
+    provider: str
+    label: str
+    value: str
+    count: int
+    reason: str = "decommissioned"
+
+
+@dataclass
+class DecommissionPlan:
+    # shard id -> machine ids it gives up (every shard the same share)
+    by_shard: dict[str, list[str]]
+
+
+@dataclass
+class RetireInput:
+    machine_ids: list[str]
+    reason: str
+
+
+@dataclass
+class RetireResult:
+    retired: int
+    draining: int
+
+
+@dataclass
+class DecommissionResult:
+    retired: dict[str, int]
+
+
+@dataclass
+class InstructionRecord:
+    term: int
+    seq: int
+    kind: str
+    donor: str
+    receiver: str
+    spec: TransferSpec
+
+
+@dataclass
+class InstructionOutcome:
+    term: int
+    seq: int
+    status: str
+    outcome: str
+
+
+@dataclass
+class TransferInput:
+    term: int
+    seq: int
+    spec: TransferSpec
+
+
+@dataclass
+class TransferResult:
+    status: str
+    moved: int
+    outcome: str
+
+
+@dataclass
+class CoordinatorInput:
+    """The coordinator's whole state, carried through continue-as-new."""
+
+    term: int
+    interval_s: float = 30.0
+    max_share: float = 0.05
+    seq: int = 0
+    reports: dict[str, ShardReport] = field(default_factory=dict)
+    # (receiver|cluster|need) -> workflow.now() timestamp before which it is not re-planned
+    cooldown: dict[str, float] = field(default_factory=dict)
+    rounds_per_run: int = 200
+    # Planning rounds completed by this coordinator term, across continue-as-new.
+    rounds: int = 0
