@@ -123,10 +123,15 @@ async def test_a_drained_shard_hands_over_its_cluster_and_machines_and_is_remove
     assert owners[idle_id] == "shard-0"
     idle = receiver.engine.machine(idle_id)
     assert idle is not None and idle.state.name == "IDLE"
-    assert any(
-        i.kind == "handover" and i.status == "applied" and idle_id in str(i.payload)
-        for i in instructions
-    )
+
+    async def handed_over() -> bool:
+        # The handover's outcome is recorded after the ownership moved: wait for it.
+        return any(
+            i.kind == "handover" and i.status == "applied" and idle_id in str(i.payload)
+            for i in await stack.store.instructions(limit=200)  # type: ignore[union-attr]
+        )
+
+    await eventually(handed_over, what="the handover's outcome to be recorded")
 
     # An operator that still dials the old shard is sent to the new one.
     stray = SimulatedCluster("leaving", donor.address, small_demand(3), rollup_interval_s=0.5)
