@@ -58,7 +58,7 @@ def verify(*, sheet: Worksheet, suspects: set[int], in_flight: set[int] | None =
     inventory = sheet.inventory
     busy = in_flight or set()
     for row in sorted(suspects):
-        if row in sheet.taken or row in busy:
+        if row in busy or sheet.is_taken(row):
             continue
         if int(inventory.state[row]) != int(MachineState.CONFIGURED):
             continue

@@ -99,6 +99,10 @@ class Pools:
         """How many machines the pool holds."""
         return int(self.counts[pool])
 
+    def position(self, row: int) -> int:
+        """Where ``row`` sits in its pool's stack (meaningful only while it is in one)."""
+        return int(self._pos[row])
+
     def members(self, pool: int) -> IntArray:
         """Rows in the pool (a view; do not keep across mutations)."""
         return self._stacks[pool][: int(self.counts[pool])]

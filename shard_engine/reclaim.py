@@ -144,9 +144,13 @@ def reclaim_excess(
             break
         examined += 1
         pool_ids = np.array(ids, dtype=np.int64)
-        available = pools.counts[pool_ids].copy()
-        for i, pool in enumerate(pool_ids.tolist()):
-            available[i] -= sheet.consumed.get(pool, 0)
+        counts = pools.counts[pool_ids]
+        consumed = sheet.consumed
+        available = (
+            counts - np.array([consumed.get(pool, 0) for pool in ids], dtype=np.int64)
+            if consumed
+            else counts.copy()
+        )
         live = available > 0
         if not live.any():
             if not touched:
@@ -163,7 +167,7 @@ def reclaim_excess(
             if not touched:
                 sheet.memo.quiet[cluster] = quiet_key
             continue
-        configured = int(pools.counts[np.array(ids, dtype=np.int64)].sum())
+        configured = int(counts.sum())
         budget = max(
             config.reclaim_minimum_per_cycle,
             math.floor(config.reclaim_fraction_per_cycle * configured),
@@ -175,16 +179,22 @@ def reclaim_excess(
             else np.zeros(len(profiles))
         )
         order = np.lexsort((profiles, penalty, -price[profiles]))
-        changed = False
+        bounds: list[int] = bound.tolist()
+        left: list[int] = available.tolist()
+        profile_of: list[int] = profiles.tolist()
+        # Per position, which needs its profile matches: a bound is recomputed only
+        # when the surplus of one of those needs shrank since it was computed.
+        matched: list[list[bool]] = demand.matrix[:, profiles].T.tolist() if demand.needs else []
+        shrunk: set[int] = set()
         for position in order.tolist():
             if budget <= 0:
                 break
-            if bound[position] <= 0:
+            if bounds[position] <= 0:
                 continue  # bounds only shrink as machines are taken
-            profile = int(profiles[position])
-            if changed:
-                bound[position] = _excess_of(demand, surplus, profile, alloc)
-            machines = int(min(bound[position], available[position], budget))
+            profile = profile_of[position]
+            if shrunk and any(matched[position][n] for n in shrunk):
+                bounds[position] = _excess_of(demand, surplus, profile, alloc)
+            machines = min(bounds[position], left[position], budget)
             if machines <= 0:
                 continue
             key = PoolKey(TIER_BOUND, cluster, profile)
@@ -192,20 +202,21 @@ def reclaim_excess(
             if named is None:
                 rows, pool = sheet.take(key, machines)
             else:
-                rows, pool = sheet.take_named(key, named, machines), pools.find(key)
+                found = pools.find(key)
+                rows, pool = sheet.take_named(key, named, machines), -1 if found is None else found
             if not len(rows):
                 continue
             budget -= len(rows)
-            changed = True
             sheet.move_supply(cluster, profile, -len(rows))
             if demand.needs:
                 matches = demand.matrix[:, profile]
                 surplus[matches] -= len(rows) * alloc[profile]
+                shrunk.update(np.flatnonzero(matches).tolist())
             sheet.log.add(
                 ActionKind.RECLAIM,
                 rows,
                 cluster=cluster,
-                pool=-1 if pool is None else pool,
+                pool=pool,
                 tail=tail,
                 grace=config.reclaim_grace_seconds,
             )

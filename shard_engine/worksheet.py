@@ -83,6 +83,7 @@ class Worksheet:
     free: dict[int, npt.NDArray[np.int64]] = field(default_factory=dict)
     log: ActionLog = field(default_factory=ActionLog)
     dropped: list[int] = field(default_factory=list)
+    # Machines named other than from a pool's tail (promised, released, named, verified).
     taken: set[int] = field(default_factory=set)
     drawn: set[int] = field(default_factory=set)
     gang_choices: dict[tuple[int, str], int] = field(default_factory=dict)
@@ -137,8 +138,25 @@ class Worksheet:
         self.consumed[pool] = skip + taken
         if key.tier != TIER_BOUND:
             self.free[key.tier][key.profile] -= taken
-        self.taken.update(rows.tolist())
         return rows, pool
+
+    def is_taken(self, row: int) -> bool:
+        """True when this cycle already named the machine: picked, or taken from its pool's tail.
+
+        Tail takes are not listed one by one (``consumed`` says how many of
+        each pool's last machines are gone), so a machine in a pool is taken
+        when its position lies in that consumed tail.
+        """
+        if row in self.taken:
+            return True
+        inventory = self.inventory
+        key = inventory.pool_key(row)
+        pool = None if key is None else inventory.pools.find(key)
+        if pool is None:
+            return False
+        consumed = self.consumed.get(pool, 0)
+        pools = inventory.pools
+        return consumed > 0 and pools.position(row) >= pools.count(pool) - consumed
 
     def take_named(self, key: PoolKey, named: set[int], machines: int) -> IntArray:
         """Take up to ``machines`` rows of pool ``key`` that are in ``named``.

@@ -199,3 +199,16 @@ def test_a_snapshot_decodes_the_strings_as_they_were_when_taken(
     assert snapshot.decode() == texts
     assert [snapshot.get(i) for i in range(len(texts))] == texts
     assert snapshot.decode(1, 3) == texts[1:3]
+
+
+def test_a_suspect_reclaimed_in_the_same_cycle_is_not_also_verified() -> None:
+    """A machine taken from its pool's tail counts as taken for every later phase."""
+    engine = ShardEngine()
+    [suspect] = fleet(engine, 1, prefix="node", state=MachineState.CONFIGURED, cluster="c1")
+    for t in range(1, 4):  # three reports without it make it a suspect; no need keeps it
+        engine.apply_rollup(rollup("c1", t, reported=()), now=t)
+
+    plan = engine.cycle(now=4)
+
+    assert [type(a).__name__ for a in plan.actions] == ["Reclaim"]
+    assert machine_ids(plan.actions) == [suspect]

@@ -117,3 +117,39 @@ def test_water_filling_by_domain_decides_as_the_machine_by_machine_rule(
         assert np.array_equal(a, b)
     for e, f in zip(fast_state.eligible, reference_state.eligible, strict=True):
         assert np.array_equal(e, f)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), groups=st.integers(1, selection.SMALL), dims=st.integers(1, 3))
+def test_the_plain_cost_cover_decides_as_the_vectorised_one_up_to_its_size_limit(
+    data: st.DataObject, groups: int, dims: int
+) -> None:
+    values = st.sampled_from((0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 96.0))
+    alloc = np.array([[data.draw(values) for _ in range(dims)] for _ in range(groups)])
+    available = np.array([data.draw(st.integers(0, 5)) for _ in range(groups)], dtype=np.int64)
+    cost = np.array([data.draw(st.sampled_from((0.0, 0.1, 1.0, 2.3, 6.0))) for _ in range(groups)])
+    deficit = np.array(
+        [data.draw(st.sampled_from((0.0, 0.3, 3.0, 17.0, 300.0))) for _ in range(dims)]
+    )
+    names = ("cpu", "memory", "nvidia.com/gpu")[:dims]
+
+    def cover(small: int) -> tuple[list[selection.Pick], npt.NDArray[np.float64]]:
+        saved = selection.SMALL
+        try:
+            selection.SMALL = small
+            return selection.cover_by_cost(
+                deficit=deficit,
+                aggregate=deficit,
+                available=available,
+                alloc=alloc,
+                cost=cost,
+                names=names,
+                tolerance=1e-9,
+            )
+        finally:
+            selection.SMALL = saved
+
+    plain, vectorised = cover(groups), cover(-1)
+
+    assert plain[0] == vectorised[0]
+    assert np.array_equal(plain[1], vectorised[1])
