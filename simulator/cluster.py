@@ -113,6 +113,7 @@ class ClusterModel:
         self._left_at: dict[str, float] = {}
         # usage() until a node or a placement changes (the metrics read it every sample)
         self._usage: tuple[FloatArray, FloatArray, FloatArray] | None = None
+        self._masks: dict[tuple[Requirement, ...], np.ndarray] = {}  # cleared as nodes change
 
     # -- nodes ------------------------------------------------------------------------
     @property
@@ -152,6 +153,7 @@ class ClusterModel:
         self._borrowed = np.vstack([self._borrowed, zero])
         self.counters.nodes_joined += 1
         self._usage = None
+        self._masks.clear()
         self.dirty = True
         self._notify.add(self.cluster_id)
 
@@ -198,6 +200,7 @@ class ClusterModel:
         self._borrowed = self._borrowed[:last]
         self.counters.nodes_left += 1
         self._usage = None
+        self._masks.clear()
         self.dirty = True
         self._notify.add(self.cluster_id)
         return len(evicted)
@@ -290,13 +293,21 @@ class ClusterModel:
         self.dirty = True
 
     def _mask(self, requirements: tuple[Requirement, ...]) -> np.ndarray:
+        """Which nodes satisfy ``requirements`` (kept until a node joins or leaves)."""
+        known = self._masks.get(requirements)
+        if known is not None:
+            return known
         if not requirements:
-            return np.ones(len(self._ids), dtype=bool)
-        return np.fromiter(
-            (labels_satisfy(requirements, labels) for labels in self._labels),
-            dtype=bool,
-            count=len(self._labels),
-        )
+            mask = np.ones(len(self._ids), dtype=bool)
+        else:
+            mask = np.fromiter(
+                (labels_satisfy(requirements, labels) for labels in self._labels),
+                dtype=bool,
+                count=len(self._labels),
+            )
+        mask.flags.writeable = False
+        self._masks[requirements] = mask
+        return mask
 
     def _gang_requirements(self, pod: PodSpec) -> tuple[Requirement, ...]:
         """A gang member must land in the domain its placed peers hold."""
