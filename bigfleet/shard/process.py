@@ -2,9 +2,9 @@
 
     lease loop     LeaseKeeper renews every ttl/3   -> the epoch on every fencing token
     observe loop   ProviderObserver lists providers -> engine.upsert_machine, NodeView
-    sessions       operator roll-ups, on their own  -> Intake (this class is the
-                   thread (server.IngestServer)        sessions' RollupSink), acked at once
-    apply loop     Intake, a few ms at a time        -> engine.apply_rollup
+    sessions       operator roll-ups, on their own  -> SessionSink -> Intake, acked at once
+                   thread (server.IngestServer)
+    apply loop     SessionSink, a few ms at a time   -> engine.apply_rollup
     cycle loop     engine.cycle -> Executor          -> workflows on task queue shard-<id>
     report loop    CoordinatorReporter              -> signal to the coordinator
     reconcile loop Reconciler: providers' List vs PostgreSQL vs engine -> repairs (ADR 0103)
@@ -28,7 +28,6 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
 
-from prometheus_client import Counter
 from temporalio.client import Client
 from temporalio.worker import Worker
 
@@ -40,19 +39,12 @@ from bigfleet.shard.executor import claim_running
 from bigfleet.shard.intake import Intake
 from bigfleet.shard.options import ShardOptions, task_queue
 from bigfleet.shard.parts import assemble
+from bigfleet.shard.rollups import SessionSink
 from bigfleet.shard.server import IngestOptions, IngestServer
-from bigfleet.shard.sessions import ShardUnavailable
 from bigfleet.store import Store
-from shard_engine.model import Rollup
 from workflows.registry import ALL_WORKFLOWS, workflow_runner
 
 log = logging.getLogger(__name__)
-
-ROLLUPS = Counter(
-    "bigfleet_shard_rollups_total",
-    "Acknowledged roll-ups by the engine's verdict (applied, stale, quarantined, rejected)",
-    ["outcome"],
-)
 
 __all__ = ["ShardOptions", "ShardProcess", "task_queue"]
 
@@ -82,11 +74,6 @@ class ShardProcess:
         self._tasks: list[asyncio.Task[None]] = []
         self._lease_task: asyncio.Task[None] | None = None
         self._server: IngestServer | None = None
-        # Roll-ups acknowledged on the sessions thread, applied on this loop (intake.py).
-        self.intake = Intake(clock=clock, max_skew_s=options.engine.rollup_max_skew_seconds)
-        self._staged = asyncio.Event()
-        # Hellos ask PostgreSQL for their cluster's shard in batches (admissions.py).
-        self._admissions = Admissions(store.assign_clusters)
         self._worker: Worker | None = None
         self._stopping = False
         self.parts = assemble(
@@ -100,6 +87,23 @@ class ShardProcess:
         # Machines PostgreSQL records as ours (id -> provider); only these are acted on.
         self.owned = self.parts.holdings.owned
         self.lease.on_stop(self._stopped_acting)
+        # The Session port's sink: Hellos admitted, roll-ups staged then applied.
+        self.sink = SessionSink(
+            shard_id=options.shard_id,
+            acting=lambda: self.active,
+            lease=self.lease,
+            # Hellos ask PostgreSQL for their cluster's shard in batches.
+            admissions=Admissions(store.assign_clusters),
+            membership=self.parts.membership,
+            # Acknowledged on the sessions thread, applied on this loop.
+            intake=Intake(clock=clock, max_skew_s=options.engine.rollup_max_skew_seconds),
+            engine=self.engine,
+            needs=self.parts.needs,
+            terms=self.parts.terms,
+            clock=clock,
+            slice_s=options.apply_slice_s,
+            coalesce_s=options.apply_coalesce_s,
+        )
 
     # ------------------------------------------------------------ identity
 
@@ -160,7 +164,7 @@ class ShardProcess:
         # The Session port runs on its own thread: acks never wait for the cycle.
         self._server = IngestServer(
             self.hub,
-            self,
+            self.sink,
             IngestOptions(listen=self.options.listen, limits=self.options.session_limits),
             tls=self.tls,
         )
@@ -184,7 +188,7 @@ class ShardProcess:
             asyncio.create_task(self._worker.run(), name="worker"),
             self._every(self.options.observe_interval_s, self._observe, name="observe"),
             self._every(self.options.cycle_interval_s, self._cycle, name="cycle"),
-            asyncio.create_task(self._apply_loop(), name="apply-rollups"),
+            asyncio.create_task(self.sink.run(), name="apply-rollups"),
             self._every(self.options.report_interval_s, self._report, name="report"),
             self._every(self.options.reconcile_interval_s, self._reconcile, name="reconcile"),
         ]
@@ -276,7 +280,7 @@ class ShardProcess:
         """
         if not self.active:
             return 0
-        self.apply_staged()  # every roll-up acknowledged so far counts in this cycle
+        self.sink.apply_staged()  # every roll-up acknowledged so far counts in this cycle
         plan = self.engine.cycle(now=self.clock())
         self.cycles += 1
         self.last_plan_actions = len(plan.actions)
@@ -299,88 +303,6 @@ class ShardProcess:
         if provider is not None:
             self.parts.observer.forget_cursor(provider)
         return released or stored
-
-    # ------------------------------------------------- RollupSink (sessions)
-
-    async def admit_cluster(self, cluster_id: str) -> None:
-        if not self.active:
-            raise ShardUnavailable(
-                f"shard {self.shard_id} is not acting (it cannot prove it holds its lease); "
-                "reconnect"
-            )
-        owner = await self._admissions.owner(cluster_id)
-        if owner != self.shard_id:
-            raise await self.parts.membership.elsewhere(cluster_id, owner)
-        # A cluster that just moved here may connect before its machines were adopted.
-        await self.parts.membership.adopt_bound(cluster_id)
-
-    def apply_rollup(self, rollup: Rollup) -> str:
-        """Stage a validated roll-up for the engine (called on the sessions thread).
-
-        The acknowledgement does not wait for the engine: the roll-up is
-        applied within milliseconds by ``_apply_loop``, and in any case before
-        the next cycle (ADR 0066). The engine's verdict is logged and counted.
-        """
-        deferred = self.parts.membership.deferral(rollup.cluster_id)
-        if deferred:
-            return f"rollup-deferred: {deferred}"
-        return self.intake.offer(rollup)
-
-    def _apply(self, rollup: Rollup) -> None:
-        """Apply one staged roll-up to the engine (on the shard's loop)."""
-        if self.parts.membership.deferral(rollup.cluster_id):
-            return  # the cluster started leaving after the ack; its needs go with it
-        try:
-            result = self.engine.apply_rollup(rollup, now=self.clock())
-        except ValueError as err:
-            ROLLUPS.labels("rejected").inc()
-            log.warning("cluster %s: roll-up refused by the engine: %s", rollup.cluster_id, err)
-            return
-        ROLLUPS.labels(result.status).inc()
-        if result.status == "applied":
-            self.parts.needs.remember(rollup)
-        elif result.status == "quarantined":
-            log.info("cluster %s: roll-up quarantined: %s", rollup.cluster_id, result.detail)
-
-    def apply_staged(self) -> int:
-        """Apply every staged roll-up now (before a cycle). Returns how many."""
-        staged = self.intake.take_all()
-        for rollup in staged:
-            self._apply(rollup)
-        return len(staged)
-
-    async def _apply_loop(self) -> None:
-        """Apply staged roll-ups as they come, a few milliseconds at a time.
-
-        The applier waits ``apply_coalesce_s`` after the first roll-up arrives,
-        so a cluster that sends faster than that has only its newest roll-up
-        applied; the engine's needs lag the acks by about that much, and
-        never beyond the next cycle (``run_cycle`` applies what is staged).
-        """
-        loop = asyncio.get_running_loop()
-
-        def ready() -> None:
-            loop.call_soon_threadsafe(self._staged.set)
-
-        self.intake.set_on_ready(ready)
-        budget = self.options.apply_slice_s
-        while True:
-            await self._staged.wait()
-            # Let a cluster's roll-ups coalesce: only the newest one is applied.
-            await asyncio.sleep(self.options.apply_coalesce_s)
-            self._staged.clear()
-            while len(self.intake):
-                deadline = time.monotonic() + budget
-                while time.monotonic() < deadline:
-                    batch = self.intake.take(16)
-                    if not batch:
-                        break
-                    for rollup in batch:
-                        self._apply(rollup)
-                await asyncio.sleep(0)
-
-    def ack_fields(self) -> tuple[int, int]:
-        return 0, self.epoch
 
     def _resync(self, cluster_id: str) -> None:
         self.parts.nodes.resync(cluster_id)

@@ -331,7 +331,7 @@ class Operator:
         echo = await _ack(call)
         # The ack does not wait for the engine (roll-ups are staged in an intake);
         # apply what was staged before reading the needs in force.
-        self.served.shard.apply_staged()
+        self.served.shard.sink.apply_staged()
         after = engine.needs_of(self.cluster)
         try:
             rollup = rollup_from_wire(msg.rollup, session_cluster=self.cluster)
@@ -388,7 +388,7 @@ async def _still_serving(served: Served, cluster: str = CLUSTER) -> None:
         .SerializeToString()
     )
     assert await _ack(call) == "rollup"
-    served.shard.apply_staged()
+    served.shard.sink.apply_staged()
     assert [n.priority for n in served.shard.engine.needs_of(cluster)] == [7]
     await operator.finish()
 
@@ -544,15 +544,15 @@ async def test_one_bad_clock_cannot_freeze_a_cluster(served: Served) -> None:
         return await _ack(call)
 
     assert await rollup("2", time.time_ns()) == "rollup"
-    served.shard.apply_staged()
+    served.shard.sink.apply_staged()
     year_ahead = time.time_ns() + 365 * 24 * 3600 * 10**9
     echo = await rollup("64", year_ahead)
     assert echo.startswith("rollup-rejected: timestamp_unix_nanos: ")
     assert "ahead of the shard's clock" in echo and "300 s" in echo
-    served.shard.apply_staged()
+    served.shard.sink.apply_staged()
     assert served.shard.engine.needs_of(CLUSTER)[0].aggregate == {"cpu": 2.0}
     # The cluster's next roll-up from a good clock is applied, not stale.
     assert await rollup("3", time.time_ns()) == "rollup"
-    served.shard.apply_staged()
+    served.shard.sink.apply_staged()
     assert served.shard.engine.needs_of(CLUSTER)[0].aggregate == {"cpu": 3.0}
     await operator.finish()
