@@ -36,3 +36,10 @@ def test_every_top_level_package_has_a_readme_naming_its_modules() -> None:
         ]
         missing = [m for m in modules if m not in text]
         assert not missing, f"{package}/README.md does not mention {missing}"
+
+
+def test_the_application_readme_names_every_part_of_the_shard_process() -> None:
+    text = (ROOT / "bigfleet" / "README.md").read_text()
+    parts = [p.name for p in (ROOT / "bigfleet" / "shard").glob("*.py") if p.name != "__init__.py"]
+    missing = [p for p in parts if f"shard/{p}" not in text]
+    assert not missing, f"bigfleet/README.md does not mention {missing}"
