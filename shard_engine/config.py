@@ -50,6 +50,13 @@ class EngineConfig:
     ``idle_hold_seconds`` is how long an idle machine of each capacity type
     is held before it is released (Delete); ``None`` means never (bare metal
     cannot be deleted and reserved capacity is paid for either way).
+
+    Reclaim waits for excess to persist (see ``reclaim``): it is judged
+    against each need's peak over ``reclaim_window_seconds``, must be found in
+    ``reclaim_hysteresis_cycles`` consecutive cycles, and only machines
+    configured at least ``reclaim_min_age_seconds`` ago are reclaimed.
+    ``reclaim_hysteresis_cycles=1`` with ``reclaim_min_age_seconds=0`` and
+    ``reclaim_window_seconds=0`` reclaims on the first sight of excess.
     """
 
     # Phase 2: preemption.
@@ -76,6 +83,10 @@ class EngineConfig:
     reclaim_fraction_per_cycle: float = 0.05
     reclaim_minimum_per_cycle: int = 1
     reclaim_clusters_per_cycle: int = 8
+    reclaim_hysteresis_cycles: int = 3
+    reclaim_min_age_seconds: float = 600.0
+    reclaim_window_seconds: float = 600.0
+    reclaim_swing_margin: float = 0.5
     idle_hold_seconds: Mapping[CapacityType, float | None] = field(default_factory=_default_hold)
     demand_window_seconds: float = 600.0
     max_releases_per_cycle: int = 100
@@ -108,6 +119,14 @@ class EngineConfig:
             raise ValueError("reclaim_fraction_per_cycle: must be within [0, 1]")
         if self.rollup_max_skew_seconds is not None and not self.rollup_max_skew_seconds >= 0:
             raise ValueError("rollup_max_skew_seconds: must not be negative")
+        if self.reclaim_hysteresis_cycles < 1:
+            raise ValueError("reclaim_hysteresis_cycles: must be at least 1")
+        if not self.reclaim_min_age_seconds >= 0:
+            raise ValueError("reclaim_min_age_seconds: must not be negative")
+        if not self.reclaim_swing_margin >= 0:
+            raise ValueError("reclaim_swing_margin: must not be negative")
+        if not self.reclaim_window_seconds >= 0:
+            raise ValueError("reclaim_window_seconds: must not be negative")
         if self.health_miss_threshold < 1:
             raise ValueError("health_miss_threshold: must be at least 1")
         thresholds = [t for t, _ in self.grace_thresholds]

@@ -26,6 +26,7 @@ from shard_engine.actions import ActionKind, ActionLog, ActionTable
 from shard_engine.catalog import ProfileCatalog
 from shard_engine.clusters import NO_CLUSTER, ClusterIndex
 from shard_engine.config import EngineConfig, VictimWeights
+from shard_engine.demand_history import DemandHistory
 from shard_engine.inventory import (
     FLAG_IN_FLIGHT,
     FLAG_PROMISED,
@@ -151,6 +152,7 @@ class ShardEngine:
         self._memory = _Memory()
         self._memo = ClusterMemo()
         self._recent_draw = np.full(0, -np.inf)
+        self._reclaim = reclaim.ReclaimMemory(DemandHistory(self.config.reclaim_window_seconds))
 
     # -- observations ------------------------------------------------------------
     def upsert_machine(self, record: MachineRecord, *, now: float) -> None:
@@ -190,7 +192,8 @@ class ShardEngine:
         )
         outcome, entry = self._table.apply(rollup)
         if entry is not None:
-            self._table.demand(entry)  # compile now, on ingestion, not in the cycle
+            demand = self._table.demand(entry)  # compile now, on ingestion, not in the cycle
+            self._reclaim.history.observe(demand, now=now)
             health.observe_rollup(
                 inventory=self._inventory,
                 cluster=entry.index,
@@ -214,6 +217,7 @@ class ShardEngine:
         if index is None:
             return False
         forgot = self._table.forget(index)
+        self._reclaim.forget(index)
         self._memory.ages = {k: v for k, v in self._memory.ages.items() if k[0] != index}
         self._memory.why_not.pop(index, None)
         return forgot
@@ -276,6 +280,8 @@ class ShardEngine:
             catalog=self._catalog,
             config=config,
             tolerance=RELATIVE_TOLERANCE,
+            memory=self._reclaim,
+            record=not dry_run,
             release=self._table.releases(),
         )
         reclaim.release_idle(

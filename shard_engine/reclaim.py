@@ -1,13 +1,35 @@
 """Phase 3: give back what clusters no longer need, then release idle cloud machines.
 
 **Reclaim excess.** A configured machine is excess when its cluster's needs
-stay covered without it: removing it leaves every need it matches at or
-above its aggregate (a machine that matches no need of its cluster is
-excess outright). Excess is drained back to *idle*, not deleted, because
-another need arriving in minutes is served far faster from idle. Which
-excess goes first: the most expensive per hour (holding on-demand costs
-money, holding bare metal does not), then the lower reclamation penalty
-(keep the machine with more accumulated value). At most
+stay covered without it. Excess is drained back to *idle*, not deleted,
+because another need arriving in minutes is served far faster from idle.
+Reclaiming on the first sight of excess churns: roll-ups are noisy and
+demand moves in waves, so a machine reclaimed on a dip is provisioned again
+at the next rise. Reclaim therefore waits for the excess to *persist*, and
+every rule below is a reason to keep a machine:
+
+1. **Unmet demand blocks.** Only settled, configured machines count as
+   covering a need: machines still creating or configuring for it do not
+   (they may fail, and until they arrive the cluster is short). A need that
+   is short, or that has machines on their way to it, blocks the reclaim of
+   every machine that could serve it.
+2. **Recent peak.** Each need is judged at the peak of its aggregate over
+   the last ``reclaim_window_seconds`` (``demand_history``); a need that
+   vanished from the roll-ups within the window still holds the machines it
+   matched.
+3. **Hysteresis.** A (cluster, profile) group must show excess in
+   ``reclaim_hysteresis_cycles`` consecutive cycles; the count reclaimed is
+   the smallest excess seen over that streak.
+4. **Minimum age.** A machine configured less than
+   ``reclaim_min_age_seconds`` ago stays: it was wanted that recently.
+   The same holds for its need: while the youngest machine that could
+   serve a need is younger than that, the need grew recently (demand is
+   rising, or noisy enough to set new highs) and none of the machines that
+   could serve it is reclaimed.
+
+Which excess goes first: the most expensive per hour (holding on-demand
+costs money, holding bare metal does not), then the lower reclamation
+penalty (keep the machine with more accumulated value). At most
 ``max(1, 5 %)`` of a cluster's configured machines are reclaimed per cycle
 — a wrong roll-up must not empty a cluster in one step. Clusters that never
 sent a roll-up, and machines in flight, are left alone.
@@ -15,7 +37,9 @@ sent a roll-up, and machines in flight, are left alone.
 **Named release.** A cluster whose roll-up names machines it can give up
 (``Rollup.release``, even none) loses excess only from those machines: the bound on
 how many may go is computed as above, and the machines taken are the named
-ones of each group, never any other. A scheduler that keeps particular
+ones of each group, never any other. The list says *which* machines may
+go, not *whether* any should: rules 1–4 decide that for every cluster
+alike, and a named machine younger than the minimum age waits too. A scheduler that keeps particular
 workers (a Nanook cluster's ``workers_to_keep``) thus never sees them
 reclaimed for excess; if too few named machines are configured, less is
 reclaimed and the rest waits for a later roll-up (ADR 0070). A cluster
@@ -33,6 +57,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -41,32 +66,74 @@ from shard_engine.actions import ActionKind
 from shard_engine.catalog import ProfileCatalog
 from shard_engine.clusters import NO_CLUSTER
 from shard_engine.config import EngineConfig
+from shard_engine.demand_history import DemandHistory
 from shard_engine.model import CapacityType
 from shard_engine.needs import Demand
-from shard_engine.phase1 import cluster_have, memo_key
+from shard_engine.phase1 import memo_key
 from shard_engine.pools import TIER_BOUND, TIER_IDLE, PoolKey
 from shard_engine.worksheet import Worksheet
 
-__all__ = ["excess_groups", "reclaim_excess", "release_idle"]
+__all__ = ["ReclaimMemory", "excess_groups", "reclaim_excess", "release_idle"]
 
 FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+IntArray = npt.NDArray[np.int64]
+
+_NO_ROWS: IntArray = np.zeros(0, dtype=np.int64)
+
+_UNBOUNDED = 2**62
+# Surplus of a need that blocks reclaim outright (finite, so bounds stay finite).
+_BLOCKED = -1e18
+
+
+@dataclass(slots=True)
+class _Streak:
+    """Consecutive cycles a (cluster, profile) group showed excess, and the least excess seen."""
+
+    first_cycle: int
+    least: int
+
+
+@dataclass(slots=True)
+class ReclaimMemory:
+    """What Phase 3 carries from one committed cycle to the next.
+
+    ``history`` holds each need's recent peak; ``streaks`` per cluster and
+    profile the hysteresis count; ``recheck_at`` per cluster found quiet the
+    instant time alone may change the answer (a peak leaving the window, a
+    machine coming of age). ``cycle`` counts committed cycles.
+    """
+
+    history: DemandHistory
+    cycle: int = 0
+    streaks: dict[int, dict[int, _Streak]] = field(default_factory=dict)
+    recheck_at: dict[int, float] = field(default_factory=dict)
+
+    def forget(self, cluster: int) -> None:
+        """Drop everything about a cluster that left this shard."""
+        self.history.forget(cluster)
+        self.streaks.pop(cluster, None)
+        self.recheck_at.pop(cluster, None)
 
 
 def excess_groups(
-    demand: Demand, surplus: FloatArray, profiles: npt.NDArray[np.int64], alloc: FloatArray
+    matrix: BoolArray, surplus: FloatArray, profiles: npt.NDArray[np.int64], alloc: FloatArray
 ) -> npt.NDArray[np.int64]:
     """How many machines of each candidate profile could go without any need falling short.
 
-    ``surplus`` is have minus aggregate per need (rows) and resource
-    (columns). For a profile, the bound from each need it matches is
-    ``min_d floor(surplus_d / allocatable_d)`` over resources it offers; a
-    profile no need matches is unbounded (``2**62``).
+    ``matrix`` says which profiles may serve which need (rows); ``surplus``
+    is have minus aggregate per need and resource (columns). For a profile,
+    the bound from each need it matches is ``min_d floor(surplus_d /
+    allocatable_d)`` over resources it offers; a profile no need matches is
+    unbounded (``2**62``).
     """
-    unbounded = np.int64(2**62)
     shapes = alloc[profiles]
-    if not demand.needs:
-        return np.full(len(profiles), unbounded, dtype=np.int64)
-    matches = demand.matrix[:, profiles]
+    if matrix.shape[0] == 0:
+        return np.full(len(profiles), _UNBOUNDED, dtype=np.int64)
+    width = matrix.shape[1]
+    inside = profiles < width
+    matches = np.zeros((matrix.shape[0], len(profiles)), dtype=np.bool_)
+    matches[:, inside] = matrix[:, profiles[inside]]
     offered = shapes > 0
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(
@@ -77,23 +144,34 @@ def excess_groups(
     per_need = ratio.min(axis=2)
     per_need = np.where(matches, per_need, np.inf)
     bound = per_need.min(axis=0)
-    bound = np.where(np.isinf(bound), float(unbounded), np.maximum(bound, 0.0))
+    bound = np.where(np.isinf(bound), float(_UNBOUNDED), np.maximum(bound, 0.0))
     result: npt.NDArray[np.int64] = bound.astype(np.int64)
     return result
 
 
-def _excess_of(demand: Demand, surplus: FloatArray, profile: int, alloc: FloatArray) -> int:
+def _excess_of(matrix: BoolArray, surplus: FloatArray, profile: int, alloc: FloatArray) -> int:
     """:func:`excess_groups` for one profile, in plain Python (it runs inside a loop)."""
-    if not demand.needs:
-        return 2**62
+    if matrix.shape[0] == 0 or profile >= matrix.shape[1]:
+        return _UNBOUNDED
     shape = alloc[profile].tolist()
     offered = [d for d, amount in enumerate(shape) if amount > 0]
-    best = 2**62
-    for n in np.flatnonzero(demand.matrix[:, profile]).tolist():
+    best = _UNBOUNDED
+    for n in np.flatnonzero(matrix[:, profile]).tolist():
         row = surplus[n].tolist()
         for d in offered:
             best = min(best, math.floor(row[d] / shape[d] + 1e-9))
     return max(best, 0)
+
+
+def _settled_have(
+    matrix: BoolArray, settled: npt.NDArray[np.int64], alloc: FloatArray
+) -> FloatArray:
+    """Per need: allocatable of the settled configured machines that may serve it."""
+    held = np.flatnonzero(settled[: matrix.shape[1]])
+    if len(held) == 0:
+        return np.zeros((matrix.shape[0], alloc.shape[1]))
+    result: FloatArray = (matrix[:, held] * settled[held]) @ alloc[held]
+    return result
 
 
 def reclaim_excess(
@@ -103,6 +181,8 @@ def reclaim_excess(
     catalog: ProfileCatalog,
     config: EngineConfig,
     tolerance: float,
+    memory: ReclaimMemory,
+    record: bool = True,
     release: Mapping[int, frozenset[str]] | None = None,
 ) -> None:
     """Plan :class:`Reclaim` actions for excess configured machines (see module docstring).
@@ -111,16 +191,25 @@ def reclaim_excess(
     for release; such a cluster's excess is taken from those machines only.
 
     Clusters whose supply and needs did not change since they were last
-    found to have no excess are skipped. Of the others at most
+    found to have no excess are skipped until time alone could change that
+    (``ReclaimMemory.recheck_at``). Of the others at most
     ``reclaim_clusters_per_cycle`` are examined, round-robin, so a cycle in
     which many clusters changed stays short; the rest wait a cycle or two,
-    which a reclaim with minutes of grace does not notice.
+    which a reclaim with minutes of grace does not notice. ``record`` is
+    False on a dry run: hysteresis streaks are then read, not advanced.
     """
     inventory = sheet.inventory
     pools = inventory.pools
     alloc = catalog.alloc
     price = catalog.price
     memo = sheet.memo
+    now = sheet.now
+    cycle = memory.cycle + 1
+    if record:
+        memory.cycle = cycle
+    hysteresis = config.reclaim_hysteresis_cycles
+    now_s = inventory.seconds(now)
+    oldest_since = now_s - config.reclaim_min_age_seconds
     examined = 0
     start = memo.reclaim_cursor % len(demands) if demands else 0
     for offset in range(len(demands)):
@@ -137,12 +226,17 @@ def reclaim_excess(
             continue
         quiet_key = memo_key(sheet, demand)
         touched = sheet.touched(cluster)
-        if not touched and memo.quiet.get(cluster) == quiet_key:
+        if (
+            not touched
+            and memo.quiet.get(cluster) == quiet_key
+            and now < memory.recheck_at.get(cluster, math.inf)
+        ):
             continue
         if examined >= config.reclaim_clusters_per_cycle:
             memo.reclaim_cursor = start + offset
             break
         examined += 1
+
         pool_ids = np.array(ids, dtype=np.int64)
         counts = pools.counts[pool_ids]
         consumed = sheet.consumed
@@ -153,20 +247,68 @@ def reclaim_excess(
         )
         live = available > 0
         if not live.any():
-            if not touched:
-                sheet.memo.quiet[cluster] = quiet_key
+            if record:
+                memory.streaks.pop(cluster, None)
+            _mark_quiet(sheet, memory, demand, touched=touched, until=math.inf)
             continue
         pool_ids = pool_ids[live]
         available = available[live]
         profiles = pools.profile[pool_ids].astype(np.int64)
-        have, _ = cluster_have(sheet, demand, alloc, tolerance)
-        surplus = have - demand.aggregate
-        surplus += tolerance * np.maximum(demand.aggregate, 1.0)
-        bound = excess_groups(demand, surplus, profiles, alloc)
+
+        named = _named_rows(sheet, release.get(cluster)) if release else None
+        peaks = memory.history.peaks(demand, now=now)
+        supply = sheet.supply_row(cluster)
+        settled = np.zeros(len(supply), dtype=np.int64)
+        settled[profiles] = available
+        surplus = _settled_have(peaks.matrix, settled, alloc) - peaks.aggregate
+        surplus -= config.reclaim_swing_margin * peaks.swing
+        surplus += tolerance * np.maximum(peaks.aggregate, 1.0)
+        moving = np.flatnonzero(supply - settled > 0)
+        moving = moving[moving < peaks.matrix.shape[1]]
+        if len(moving) and peaks.matrix.shape[0]:
+            arriving = peaks.matrix[:, moving].any(axis=1)
+            surplus[arriving] = _BLOCKED
+        recheck = peaks.recheck_at
+        if config.reclaim_min_age_seconds > 0 and peaks.matrix.shape[0]:
+            youngest = _youngest(sheet, pool_ids, profiles, peaks.matrix.shape[1])
+            grew = youngest > oldest_since
+            if grew.any():
+                surplus[peaks.matrix[:, grew].any(axis=1)] = _BLOCKED
+                recheck = min(recheck, now + float(youngest[grew].min() - oldest_since))
+        bound = excess_groups(peaks.matrix, surplus, profiles, alloc)
         if not (bound > 0).any():
-            if not touched:
-                sheet.memo.quiet[cluster] = quiet_key
+            if record:
+                memory.streaks.pop(cluster, None)
+            _mark_quiet(sheet, memory, demand, touched=touched, until=recheck)
             continue
+
+        # Hysteresis: per profile, the least excess over a streak of consecutive cycles.
+        known = memory.streaks.get(cluster, {})
+        streaks: dict[int, _Streak] = {}
+        for position, profile in enumerate(profiles.tolist()):
+            excess = int(bound[position])
+            if excess <= 0:
+                continue
+            before = known.get(profile)
+            streaks[profile] = (
+                _Streak(cycle, excess)
+                if before is None
+                else _Streak(before.first_cycle, min(before.least, excess))
+            )
+        ready = np.array(
+            [
+                streaks[p].least
+                if p in streaks and cycle - streaks[p].first_cycle + 1 >= hysteresis
+                else 0
+                for p in profiles.tolist()
+            ],
+            dtype=np.int64,
+        )
+        if record:
+            memory.streaks[cluster] = streaks
+        if not (ready > 0).any():
+            continue  # examined again next cycle, to count the streak
+
         configured = int(counts.sum())
         budget = max(
             config.reclaim_minimum_per_cycle,
@@ -179,39 +321,54 @@ def reclaim_excess(
             else np.zeros(len(profiles))
         )
         order = np.lexsort((profiles, penalty, -price[profiles]))
-        bounds: list[int] = bound.tolist()
+        allowed: list[int] = ready.tolist()
         left: list[int] = available.tolist()
         profile_of: list[int] = profiles.tolist()
-        # Per position, which needs its profile matches: a bound is recomputed only
+        width = peaks.matrix.shape[1]
+        # Per position, which needs its profile matches: its bound is recomputed only
         # when the surplus of one of those needs shrank since it was computed.
-        matched: list[list[bool]] = demand.matrix[:, profiles].T.tolist() if demand.needs else []
+        inside = profiles < width
+        columns = np.zeros((peaks.matrix.shape[0], len(profiles)), dtype=np.bool_)
+        columns[:, inside] = peaks.matrix[:, profiles[inside]]
+        matched: list[list[bool]] = columns.T.tolist()
         shrunk: set[int] = set()
+        changed = False
+        coming_of_age = math.inf
         for position in order.tolist():
             if budget <= 0:
                 break
-            if bounds[position] <= 0:
+            if allowed[position] <= 0:
                 continue  # bounds only shrink as machines are taken
             profile = profile_of[position]
             if shrunk and any(matched[position][n] for n in shrunk):
-                bounds[position] = _excess_of(demand, surplus, profile, alloc)
-            machines = min(bounds[position], left[position], budget)
+                allowed[position] = min(
+                    allowed[position], _excess_of(peaks.matrix, surplus, profile, alloc)
+                )
+            machines = min(allowed[position], left[position], budget)
             if machines <= 0:
                 continue
-            key = PoolKey(TIER_BOUND, cluster, profile)
-            tail = named is None
-            if named is None:
-                rows, pool = sheet.take(key, machines)
-            else:
-                found = pools.find(key)
-                rows, pool = sheet.take_named(key, named, machines), -1 if found is None else found
+            taken = _take_old_enough(
+                sheet,
+                PoolKey(TIER_BOUND, cluster, profile),
+                machines,
+                oldest_since,
+                named,
+            )
+            if isinstance(taken, float):
+                coming_of_age = min(coming_of_age, now + taken)
+                continue
+            rows, pool, tail = taken
             if not len(rows):
                 continue
             budget -= len(rows)
+            changed = True
             sheet.move_supply(cluster, profile, -len(rows))
-            if demand.needs:
-                matches = demand.matrix[:, profile]
+            if peaks.matrix.shape[0] and profile < width:
+                matches = peaks.matrix[:, profile]
                 surplus[matches] -= len(rows) * alloc[profile]
                 shrunk.update(np.flatnonzero(matches).tolist())
+            if record and profile in streaks:
+                streaks[profile].least -= len(rows)
             sheet.log.add(
                 ActionKind.RECLAIM,
                 rows,
@@ -220,6 +377,80 @@ def reclaim_excess(
                 tail=tail,
                 grace=config.reclaim_grace_seconds,
             )
+        if not changed and coming_of_age < math.inf:
+            _mark_quiet(sheet, memory, demand, touched=touched, until=min(coming_of_age, recheck))
+
+
+def _youngest(
+    sheet: Worksheet, pool_ids: npt.NDArray[np.int64], profiles: npt.NDArray[np.int64], width: int
+) -> npt.NDArray[np.float64]:
+    """Per profile (``width`` of them), when its youngest settled machine here was configured.
+
+    In the inventory's seconds; ``-inf`` for profiles with no settled machine.
+    """
+    inventory = sheet.inventory
+    pools = inventory.pools
+    youngest = np.full(width, -np.inf)
+    for pool, profile in zip(pool_ids.tolist(), profiles.tolist(), strict=True):
+        if profile >= width:
+            continue
+        skip = sheet.consumed.get(pool, 0)
+        rows = pools.members(pool)[: pools.count(pool) - skip]
+        if len(rows):
+            youngest[profile] = float(inventory.since[rows].max())
+    return youngest
+
+
+def _mark_quiet(
+    sheet: Worksheet, memory: ReclaimMemory, demand: Demand, *, touched: bool, until: float
+) -> None:
+    """Skip this cluster until its supply or needs change, or until ``until``."""
+    if not touched:
+        sheet.memo.quiet[demand.cluster] = memo_key(sheet, demand)
+        memory.recheck_at[demand.cluster] = until
+
+
+def _take_old_enough(
+    sheet: Worksheet,
+    key: PoolKey,
+    machines: int,
+    oldest_since: float,
+    named: set[int] | None = None,
+) -> tuple[IntArray, int, bool] | float:
+    """Up to ``machines`` settled rows of pool ``key`` configured at or before ``oldest_since``.
+
+    Returns (rows, pool, taken from the tail), or — when every candidate is
+    too young — the seconds until the first of them comes of age. When the
+    pool's tail is old enough the rows come from it (:meth:`Worksheet.take`);
+    otherwise the old rows are picked from anywhere in the pool
+    (:meth:`Worksheet.take_named`, which only the last phase to take from a
+    pool may use — Phase 3 is). ``named`` (a cluster's named release)
+    restricts the candidates to those rows.
+    """
+    inventory = sheet.inventory
+    pools = inventory.pools
+    pool = pools.find(key)
+    if pool is None or machines <= 0:
+        return _NO_ROWS, -1, False
+    skip = sheet.consumed.get(pool, 0)
+    if named is None:
+        tail = pools.tail(pool, skip, machines)
+        if len(tail) and (inventory.since[tail] <= oldest_since).all():
+            rows, found = sheet.take(key, machines)
+            return rows, found, True
+    members = pools.members(pool)[: pools.count(pool) - skip]
+    offered = np.array(
+        [r for r in members.tolist() if (named is None or r in named) and r not in sheet.taken],
+        dtype=np.int64,
+    )
+    if len(offered) == 0:
+        return _NO_ROWS, pool, False
+    since = inventory.since[offered]
+    old = since <= oldest_since
+    if not old.any():
+        return float(since.min() - oldest_since)
+    rows = sheet.take_named(key, set(offered[old].tolist()), machines)
+    return rows, pool, False
 
 
 def _named_rows(sheet: Worksheet, ids: frozenset[str] | None) -> set[int] | None:

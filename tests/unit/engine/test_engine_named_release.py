@@ -13,6 +13,12 @@ from shard_engine.model import MachineState, Preempt, Reclaim, Rollup
 from shard_engine.needs import RollupRejected
 from tests.unit.engine.engine_fleet import Carrier, fleet, machine_ids, need, of_kind, rollup
 
+# Reclaim on the first sight of excess, so one cycle shows which machines go
+# (waiting for excess to persist is ADR 0090's, tested in test_engine_reclaim).
+EAGER = EngineConfig(
+    reclaim_hysteresis_cycles=1, reclaim_min_age_seconds=0, reclaim_window_seconds=0
+)
+
 
 def releasing(base: Rollup, *machine_ids: str) -> Rollup:
     """``base`` with ``machine_ids`` offered for release."""
@@ -28,7 +34,7 @@ def configured_of(engine: ShardEngine, cluster: str) -> set[str]:
 
 
 def test_only_the_named_machines_are_reclaimed_for_excess() -> None:
-    engine = ShardEngine()
+    engine = ShardEngine(EAGER)
     ids = fleet(engine, 6, state=MachineState.CONFIGURED, cluster="nanook")
     named = ids[1:5]
     engine.apply_rollup(releasing(rollup("nanook", 1, need(cpu=8)), *named), now=0)
@@ -41,7 +47,7 @@ def test_only_the_named_machines_are_reclaimed_for_excess() -> None:
 
 
 def test_when_too_few_machines_are_named_the_rest_of_the_excess_stays() -> None:
-    engine = ShardEngine()
+    engine = ShardEngine(EAGER)
     ids = fleet(engine, 6, state=MachineState.CONFIGURED, cluster="nanook")
     engine.apply_rollup(releasing(rollup("nanook", 1, need(cpu=8)), ids[3]), now=0)
 
@@ -52,7 +58,7 @@ def test_when_too_few_machines_are_named_the_rest_of_the_excess_stays() -> None:
 
 
 def test_naming_more_machines_than_the_excess_reclaims_only_the_excess() -> None:
-    engine = ShardEngine()
+    engine = ShardEngine(EAGER)
     ids = fleet(engine, 6, state=MachineState.CONFIGURED, cluster="nanook")
     engine.apply_rollup(releasing(rollup("nanook", 1, need(cpu=16)), *ids), now=0)
 
@@ -62,7 +68,7 @@ def test_naming_more_machines_than_the_excess_reclaims_only_the_excess() -> None
 
 
 def test_a_new_release_list_with_unchanged_needs_takes_effect_at_the_next_cycle() -> None:
-    engine = ShardEngine()
+    engine = ShardEngine(EAGER)
     ids = fleet(engine, 4, state=MachineState.CONFIGURED, cluster="nanook")
     engine.apply_rollup(releasing(rollup("nanook", 1, need(cpu=12)), "not-a-machine"), now=0)
     assert Carrier(engine).run(now=1, cycles=3)[-1].actions == ()
@@ -74,7 +80,7 @@ def test_a_new_release_list_with_unchanged_needs_takes_effect_at_the_next_cycle(
 
 
 def test_without_a_release_list_any_excess_is_reclaimed_as_before() -> None:
-    engine = ShardEngine()
+    engine = ShardEngine(EAGER)
     fleet(engine, 4, state=MachineState.CONFIGURED, cluster="nanook")
     engine.apply_rollup(rollup("nanook", 1, need(cpu=4)), now=0)
 
@@ -84,7 +90,7 @@ def test_without_a_release_list_any_excess_is_reclaimed_as_before() -> None:
 
 
 def test_an_empty_release_list_keeps_every_machine_despite_excess() -> None:
-    engine = ShardEngine()
+    engine = ShardEngine(EAGER)
     ids = fleet(engine, 4, state=MachineState.CONFIGURED, cluster="nanook")
     engine.apply_rollup(releasing(rollup("nanook", 1, need(cpu=4))), now=0)
 
@@ -109,7 +115,7 @@ def test_a_cluster_that_names_nothing_does_not_use_up_the_reclaim_budget() -> No
 
 
 def test_a_machine_of_another_cluster_named_for_release_is_not_touched() -> None:
-    engine = ShardEngine()
+    engine = ShardEngine(EAGER)
     mine = fleet(engine, 2, prefix="mine", state=MachineState.CONFIGURED, cluster="nanook")
     theirs = fleet(engine, 2, prefix="theirs", state=MachineState.CONFIGURED, cluster="other")
     engine.apply_rollup(rollup("other", 1, need(cpu=8)), now=0)
@@ -123,7 +129,7 @@ def test_a_machine_of_another_cluster_named_for_release_is_not_touched() -> None
 
 
 def test_preemption_by_a_higher_priority_may_still_take_an_unnamed_machine() -> None:
-    engine = ShardEngine()
+    engine = ShardEngine(EAGER)
     ids = fleet(engine, 2, state=MachineState.CONFIGURED, cluster="nanook")
     engine.apply_rollup(releasing(rollup("nanook", 1, need(cpu=8, priority=100))), now=0)
     engine.apply_rollup(rollup("urgent", 1, need(cpu=4, priority=900_000)), now=0)
@@ -136,7 +142,7 @@ def test_preemption_by_a_higher_priority_may_still_take_an_unnamed_machine() -> 
 
 @pytest.mark.parametrize("bad", ["", 7])
 def test_a_release_list_with_an_empty_or_non_string_id_is_rejected(bad: object) -> None:
-    engine = ShardEngine()
+    engine = ShardEngine(EAGER)
     fleet(engine, 2, state=MachineState.CONFIGURED, cluster="nanook")
     engine.apply_rollup(rollup("nanook", 1, need(cpu=8)), now=0)
     bad_rollup = releasing(rollup("nanook", 2, need(cpu=8)), bad)  # type: ignore[arg-type]
@@ -164,7 +170,7 @@ def test_a_machine_not_named_for_release_is_never_reclaimed_for_excess(
     prices: list[float],
     steps: list[tuple[int, set[int]]],
 ) -> None:
-    engine = ShardEngine()
+    engine = ShardEngine(EAGER)
     ids = []
     for i in range(machines):
         ids += fleet(
@@ -189,3 +195,27 @@ def test_a_machine_not_named_for_release_is_never_reclaimed_for_excess(
         now += 10
         # The cluster never drops below what it asked for through named release.
         assert len(configured_of(engine, "nanook")) >= min(amount, machines)
+
+
+def test_named_machines_wait_for_the_excess_to_persist_like_any_other() -> None:
+    engine = ShardEngine()  # default hysteresis, reclaim window and minimum age
+    ids = fleet(engine, 4, state=MachineState.CONFIGURED, cluster="nanook", now=0)
+    engine.apply_rollup(rollup("nanook", 1, need(cpu=16)), now=0)
+    engine.cycle(now=1)
+    engine.apply_rollup(releasing(rollup("nanook", 2, need(cpu=12)), ids[3]), now=2)
+
+    soon = engine.cycle(now=3)
+    later = [engine.cycle(now=t) for t in (700, 705, 710)]
+
+    assert soon.actions == ()
+    assert [machine_ids(p.actions) for p in later] == [[], [], [ids[3]]]
+
+
+def test_a_named_machine_is_kept_while_its_need_is_short() -> None:
+    engine = ShardEngine(EAGER)
+    ids = fleet(engine, 2, state=MachineState.CONFIGURED, cluster="nanook", now=0)
+    engine.apply_rollup(releasing(rollup("nanook", 1, need(cpu=40)), ids[0]), now=0)
+
+    plan = engine.cycle(now=1)
+
+    assert of_kind(plan, Reclaim) == []
