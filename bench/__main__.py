@@ -4,7 +4,8 @@ Suites: ``cycle`` (the shard engine), ``lifecycle`` (machine transitions
 through Temporal), ``packing`` (vector bin packing heuristics), ``simulate``
 (the simulator's speed at fleet scale), ``nanook`` (the Nanook adapter's
 answers), ``ingest`` (roll-up acks and sessions on one shard process),
-``all`` (every suite in turn). Each line is
+``churn`` (reclaims and flaps under changing demand), ``all`` (every suite
+in turn). Each line is
 ``{"bench": ..., "metric": ..., "value": ..., "unit": ...}``.
 """
 
@@ -20,6 +21,7 @@ SUITES = {
     "simulate": "bench.simulate",
     "nanook": "bench.nanook",
     "ingest": "bench.ingest",
+    "churn": "bench.churn",
 }
 
 
