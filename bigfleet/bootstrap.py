@@ -33,7 +33,6 @@ from bigfleet.shard.options import ShardOptions
 from bigfleet.shard.process import ShardProcess
 from bigfleet.store import Database, Store
 from providers.client import ProviderClient
-from shard_engine.config import EngineConfig
 from workflows.contracts import Deadlines, default_deadline_overrides
 
 __all__ = [
@@ -139,7 +138,7 @@ def shard_options(settings: Settings) -> ShardOptions:
             key: {name: secs * scale for name, secs in fields.items()}
             for key, fields in default_deadline_overrides().items()
         },
-        engine=EngineConfig(rollup_max_skew_seconds=settings.rollup_max_skew_s),
+        engine=settings.engine_config(),
     )
 
 

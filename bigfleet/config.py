@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shard_engine.config import EngineConfig
+
 __all__ = [
     "ConfigError",
     "ProviderEndpoint",
@@ -127,6 +129,19 @@ def _optional_float(env: Mapping[str, str], name: str, *, minimum: float) -> flo
     return _float(env, name, 0.0, minimum=minimum)
 
 
+def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int = 0) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(name, f"{raw!r} is not a whole number") from None
+    if value < minimum:
+        raise ConfigError(name, f"{value} is below the minimum {minimum}")
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything a BigFleet process needs to know about its surroundings."""
@@ -152,6 +167,10 @@ class Settings:
     deadline_scale: float = 1.0
     # A roll-up stamped further ahead of the shard's clock than this is rejected.
     rollup_max_skew_s: float = 300.0
+    # Phase 3 waits for excess to persist (docs/adr/0090-reclaim-waits-for-excess-to-persist.md).
+    reclaim_hysteresis_cycles: int = 3
+    reclaim_min_age_s: float = 600.0
+    reclaim_window_s: float = 600.0
     data_dir: Path = field(default_factory=lambda: Path(".bigfleet"))
     holder: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
     # Mutual TLS for every gRPC edge of the process; None means plaintext.
@@ -185,9 +204,21 @@ class Settings:
             reconcile_interval_s=_float(env, "BIGFLEET_RECONCILE_SECONDS", 60.0, minimum=0.1),
             deadline_scale=_float(env, "BIGFLEET_DEADLINE_SCALE", 1.0, minimum=0.001),
             rollup_max_skew_s=_float(env, "BIGFLEET_ROLLUP_MAX_SKEW_SECONDS", 300.0, minimum=1.0),
+            reclaim_hysteresis_cycles=_int(env, "BIGFLEET_RECLAIM_HYSTERESIS_CYCLES", 3, minimum=1),
+            reclaim_min_age_s=_float(env, "BIGFLEET_RECLAIM_MIN_AGE_SECONDS", 600.0),
+            reclaim_window_s=_float(env, "BIGFLEET_RECLAIM_WINDOW_SECONDS", 600.0),
             data_dir=Path(env.get("BIGFLEET_DATA_DIR", ".bigfleet")),
             tls=parse_tls(env),
             temporal_tls=_flag(env, "BIGFLEET_TEMPORAL_TLS"),
+        )
+
+    def engine_config(self) -> EngineConfig:
+        """The shard engine's tuning from these settings (defaults for everything else)."""
+        return EngineConfig(
+            reclaim_hysteresis_cycles=self.reclaim_hysteresis_cycles,
+            reclaim_min_age_seconds=self.reclaim_min_age_s,
+            reclaim_window_seconds=self.reclaim_window_s,
+            rollup_max_skew_seconds=self.rollup_max_skew_s,
         )
 
     @staticmethod
@@ -212,6 +243,16 @@ class Settings:
             "(default 1: creating/configuring/deleting 10 min, draining grace + 5 min)",
             "BIGFLEET_ROLLUP_MAX_SKEW_SECONDS": (
                 "reject roll-ups stamped further ahead of the shard's clock (default 300)"
+            ),
+            "BIGFLEET_RECLAIM_HYSTERESIS_CYCLES": (
+                "cycles excess must persist before it is reclaimed (default 3)"
+            ),
+            "BIGFLEET_RECLAIM_MIN_AGE_SECONDS": (
+                "a machine (and its need) is reclaimed only this long after it was configured "
+                "(default 600)"
+            ),
+            "BIGFLEET_RECLAIM_WINDOW_SECONDS": (
+                "excess is judged against each need's peak over this window (default 600)"
             ),
             "BIGFLEET_DATA_DIR": "local state (embedded Postgres, Temporal dev DB)",
             "BIGFLEET_TLS_CERT": "PEM cert with one bigfleet:// URI SAN (mTLS: all three or none)",

@@ -41,6 +41,7 @@ from providers.config import ProviderConfig
 from providers.core import ProviderCore
 from providers.kinds import build_provider
 from providers.server import RunningProvider, ServerSecurity, start_provider_server
+from shard_engine.config import EngineConfig
 from workflows.contracts import Deadlines, PollPolicy
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,8 @@ class DevStackOptions:
     persist: bool = True
     deadlines: Deadlines = field(default_factory=Deadlines)
     poll: PollPolicy = field(default_factory=lambda: PollPolicy(initial_s=0.25, max_s=2.0))
+    # The shards' engine tuning (reclaim hysteresis, minimum age, window, ...).
+    engine: EngineConfig = field(default_factory=EngineConfig)
     # Called with each provider core before it serves (tests attach recorders here).
     provider_hook: Callable[[ProviderCore], None] | None = None
     # More providers beside the simulated cloud (a bare-metal site, a second cloud).
@@ -227,6 +230,7 @@ class DevStack:
                     max_instruction_share=o.max_instruction_share,
                     deadlines=o.deadlines,
                     poll=o.poll,
+                    engine=o.engine,
                 ),
                 store=self.store,
                 temporal=self.client,

@@ -26,6 +26,7 @@ from nanook.adapter import NanookAdapter, NanookServers
 from nanook.client import GrpcScalingClient, RestScalingClient, ScalingError, Scheduler
 from nanook.config import parse_pool_config
 from nanook.pool import ScaleConfig
+from shard_engine.config import EngineConfig
 
 pytestmark = pytest.mark.e2e
 
@@ -94,6 +95,10 @@ async def rig(tmp_path: Path, empty_database_url: str) -> AsyncIterator[Rig]:
         shard_listen="127.0.0.1:0",
         coordinator_interval_s=1.0,
         time_factor=0.005,
+        # The scheduler decides its own scale-downs: reclaim at once (ADR 0090).
+        engine=EngineConfig(
+            reclaim_hysteresis_cycles=1, reclaim_min_age_seconds=0, reclaim_window_seconds=0
+        ),
         cycle_interval_s=0.3,
         observe_interval_s=0.3,
         report_interval_s=0.5,

@@ -61,3 +61,40 @@ def test_the_rollup_clock_skew_bound_is_a_listed_setting_defaulting_to_five_minu
     assert "BIGFLEET_ROLLUP_MAX_SKEW_SECONDS" in Settings.describe()
     with pytest.raises(ConfigError, match="BIGFLEET_ROLLUP_MAX_SKEW_SECONDS"):
         Settings.from_env({"BIGFLEET_ROLLUP_MAX_SKEW_SECONDS": "-1"})
+
+
+def test_reclaim_settings_reach_the_engine_config() -> None:
+    s = Settings.from_env(
+        {
+            "BIGFLEET_RECLAIM_HYSTERESIS_CYCLES": "5",
+            "BIGFLEET_RECLAIM_MIN_AGE_SECONDS": "90",
+            "BIGFLEET_RECLAIM_WINDOW_SECONDS": "0",
+        }
+    )
+    config = s.engine_config()
+    assert (
+        config.reclaim_hysteresis_cycles,
+        config.reclaim_min_age_seconds,
+        config.reclaim_window_seconds,
+    ) == (5, 90.0, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("BIGFLEET_RECLAIM_HYSTERESIS_CYCLES", "0"),
+        ("BIGFLEET_RECLAIM_HYSTERESIS_CYCLES", "two"),
+        ("BIGFLEET_RECLAIM_MIN_AGE_SECONDS", "-1"),
+        ("BIGFLEET_RECLAIM_WINDOW_SECONDS", "soon"),
+    ],
+)
+def test_bad_reclaim_settings_name_their_variable(name: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=name):
+        Settings.from_env({name: value})
+
+
+def test_the_reclaim_settings_are_listed() -> None:
+    described = Settings.describe()
+    assert "BIGFLEET_RECLAIM_HYSTERESIS_CYCLES" in described
+    assert "BIGFLEET_RECLAIM_MIN_AGE_SECONDS" in described
+    assert "BIGFLEET_RECLAIM_WINDOW_SECONDS" in described
