@@ -21,7 +21,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from shard_engine import health, phase1, preemption, reclaim, shortfalls
+from shard_engine import health, phase1, preemption, reclaim, shortfalls, verdicts
 from shard_engine.actions import ActionKind, ActionLog, ActionTable
 from shard_engine.catalog import ProfileCatalog
 from shard_engine.clusters import NO_CLUSTER, ClusterIndex
@@ -153,6 +153,9 @@ class ShardEngine:
         self._memo = ClusterMemo()
         self._recent_draw = np.full(0, -np.inf)
         self._reclaim = reclaim.ReclaimMemory(DemandHistory(self.config.reclaim_window_seconds))
+        self._arrivals = verdicts.Arrivals()
+        self._last: verdicts.LastCycle | None = None
+        self._cycles = 0
 
     # -- observations ------------------------------------------------------------
     def upsert_machine(self, record: MachineRecord, *, now: float) -> None:
@@ -194,6 +197,7 @@ class ShardEngine:
         if entry is not None:
             demand = self._table.demand(entry)  # compile now, on ingestion, not in the cycle
             self._reclaim.history.observe(demand, now=now)
+            self._arrivals.observe(demand, now=now)
             health.observe_rollup(
                 inventory=self._inventory,
                 cluster=entry.index,
@@ -218,6 +222,7 @@ class ShardEngine:
             return False
         forgot = self._table.forget(index)
         self._reclaim.forget(index)
+        self._arrivals.forget(index)
         self._memory.ages = {k: v for k, v in self._memory.ages.items() if k[0] != index}
         self._memory.why_not.pop(index, None)
         return forgot
@@ -309,6 +314,15 @@ class ShardEngine:
         if not dry_run:
             self._memory.why_not = why_not
             self._memory.shortfalls = found
+            self._cycles += 1
+            self._last = verdicts.LastCycle.capture(
+                number=self._cycles,
+                now=now,
+                sheet=sheet,
+                demands=demands,
+                pending=pending,
+                catalog=self._catalog,
+            )
         if self.paused:
             table = ActionTable.empty()
         else:
@@ -578,6 +592,25 @@ class ShardEngine:
         index = self._clusters.find(cluster_id)
         entry = self._table.entry(index) if index is not None else None
         return entry.needs if entry is not None else ()
+
+    def inspect_needs(self, cluster_id: str = "", *, limit: int = 0) -> verdicts.Inspection:
+        """Every need's verdict from the last committed cycle (see ``verdicts``).
+
+        ``cluster_id`` restricts the answer to one cluster; ``limit`` > 0 cuts
+        the list (``total`` still counts every need). Raises ``ValueError``
+        for a negative limit.
+        """
+        return verdicts.inspect(
+            last=self._last,
+            cluster_id=cluster_id or None,
+            limit=limit,
+            inventory=self._inventory,
+            table=self._table,
+            catalog=self._catalog,
+            reasons=self._memory.why_not,
+            ages=self._memory.ages,
+            arrivals=self._arrivals,
+        )
 
     def why_not(self, cluster_id: str) -> Mapping[str, str]:
         """need_key -> why that need was not satisfied in the last committed cycle."""
