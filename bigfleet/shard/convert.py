@@ -43,6 +43,8 @@ __all__ = [
     "error_text",
     "machine_record",
     "metadata_priority",
+    "need_to_wire",
+    "penalty_bucket_of",
     "requirement_specs",
     "requirements_to_wire",
     "resources_to_wire",
@@ -340,4 +342,39 @@ def requirements_to_wire(
 def resources_to_wire(resources: Mapping[str, float]) -> provider_pb2.Resources:
     return provider_pb2.Resources(
         resources={name: format_quantity(name, v) for name, v in resources.items()}
+    )
+
+
+def penalty_bucket_of(dollars: float) -> int:
+    """The wire ``PenaltyBucket`` whose upper bound is ``dollars`` (inverse of the roll-up's map).
+
+    Dollars come from a bucket, so they are 0, 0.5, a power of two up to
+    $8,388,608, or the pinned value; anything else rounds up to the next
+    bucket.
+    """
+    if dollars <= 0:
+        return int(capacity_pb2.PENALTY_BUCKET_ZERO)
+    if dollars <= 0.5:
+        return int(capacity_pb2.PENALTY_BUCKET_HALF_DOLLAR)
+    exponent = max(0, math.ceil(math.log2(dollars) - 1e-12))
+    return min(3 + exponent, int(capacity_pb2.PENALTY_BUCKET_PINNED))
+
+
+def need_to_wire(need: Need) -> capacity_pb2.CapacityNeed:
+    """A need as the cluster would have sent it (quantities canonical, penalties as buckets)."""
+    return capacity_pb2.CapacityNeed(
+        requirements=requirements_to_wire(requirement_specs(need.requirements)),
+        aggregate_resources=resources_to_wire(need.aggregate).resources,
+        priority=need.priority,
+        spread=[
+            capacity_pb2.TopologySpread(
+                topology_key=s.topology_key,
+                max_skew=s.max_skew,
+                when_unsatisfiable=int(s.when_unsatisfiable),  # type: ignore[arg-type]
+            )
+            for s in need.spread
+        ],
+        interruption_penalty_bucket=penalty_bucket_of(need.interruption_penalty),  # type: ignore[arg-type]
+        reclamation_penalty_bucket=penalty_bucket_of(need.reclamation_penalty),  # type: ignore[arg-type]
+        min_unit=resources_to_wire(need.min_unit).resources,
     )

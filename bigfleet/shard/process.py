@@ -167,6 +167,7 @@ class ShardProcess:
             self.sink,
             IngestOptions(listen=self.options.listen, limits=self.options.session_limits),
             tls=self.tls,
+            inspect=lambda cluster_id, limit: self.engine.inspect_needs(cluster_id, limit=limit),
         )
         self.address = await self._server.start()
         # Where a moved cluster's operator is sent: the lease row carries our address.

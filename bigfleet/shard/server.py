@@ -1,4 +1,4 @@
-"""The shard's gRPC server (``Shard/Session``, health, reflection) on its own thread.
+"""The shard's gRPC server (Session, ShardRead, health, reflection) on its own thread.
 
 It runs on its own event loop so that acknowledgements never wait for the cycle.
 
@@ -8,6 +8,7 @@ It runs on its own event loop so that acknowledgements never wait for the cycle.
     Hello ── admit_cluster ─────────────────────▶   store.assign_cluster (awaited there)
     roll-up ── validate ── Intake.offer ── ack
                                   └─ staged ────▶   apply in slices of a few ms
+    InspectNeeds ─────────────────────────────▶    engine.inspect_needs (run there)
     outbox ◀── hub.send / bootstrap requests ───    node updates, activities
                                                      decision cycle (may take 100s of ms)
 
@@ -32,6 +33,7 @@ import logging
 import selectors
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,8 +44,10 @@ from grpc_reflection.v1alpha import reflection
 
 from bigfleet.identity import KeyPairSource, server_credentials
 from bigfleet.shard.sessions import RollupSink, SessionHub, SessionLimits, ShardServicer
-from bigfleet.v1alpha1 import shard_pb2, shard_pb2_grpc
+from bigfleet.shard.shardread import SHARD_READ_SERVICE, ShardReadServicer
+from bigfleet.v1alpha1 import shard_pb2, shard_pb2_grpc, shardread_pb2_grpc
 from shard_engine.model import Rollup
+from shard_engine.verdicts import Inspection
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +164,19 @@ class _Bridge:
     def ack_fields(self) -> tuple[int, int]:
         return self._sink.ack_fields()
 
+    def inspector(
+        self, inspect: Callable[[str, int], Inspection]
+    ) -> Callable[[str, int], concurrent.futures.Future[Inspection]]:
+        """``inspect`` run on the shard's loop (where the engine lives), from this thread."""
+
+        async def on_shard_loop(cluster_id: str, limit: int) -> Inspection:
+            return inspect(cluster_id, limit)
+
+        def ask(cluster_id: str, limit: int) -> concurrent.futures.Future[Inspection]:
+            return asyncio.run_coroutine_threadsafe(on_shard_loop(cluster_id, limit), self._loop)
+
+        return ask
+
 
 class IngestServer:
     """Serves ``bigfleet.v1alpha1.Shard`` (with health and reflection) on its own thread."""
@@ -171,8 +188,11 @@ class IngestServer:
         options: IngestOptions,
         *,
         tls: KeyPairSource | None = None,
+        inspect: Callable[[str, int], Inspection] | None = None,
     ) -> None:
         self.hub = hub
+        # Why-not (ShardRead) answered by the engine on the shard's loop; None: not served.
+        self._inspect = inspect
         self.options = options
         self.tls = tls
         self.lag = LoopLag()
@@ -223,12 +243,14 @@ class IngestServer:
             busy=self.lag.busy_share,
         )
         shard_pb2_grpc.add_ShardServicer_to_server(servicer, server)
+        services = [shard_pb2.DESCRIPTOR.services_by_name["Shard"].full_name]
+        if self._inspect is not None:
+            reader = ShardReadServicer(bridge.inspector(self._inspect))
+            shardread_pb2_grpc.add_ShardReadServicer_to_server(reader, server)
+            services.append(SHARD_READ_SERVICE)
         health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
-        reflection.enable_server_reflection(
-            (shard_pb2.DESCRIPTOR.services_by_name["Shard"].full_name, reflection.SERVICE_NAME),
-            server,
-        )
+        reflection.enable_server_reflection((*services, reflection.SERVICE_NAME), server)
         listen = self.options.listen
         if self.tls is None:
             port = server.add_insecure_port(listen)
@@ -237,7 +259,8 @@ class IngestServer:
         if port == 0:
             raise OSError(f"cannot listen on {listen}")
         await server.start()
-        await health.set("bigfleet.v1alpha1.Shard", health_pb2.HealthCheckResponse.SERVING)
+        for service in services:
+            await health.set(service, health_pb2.HealthCheckResponse.SERVING)
         sampler = asyncio.create_task(self.lag.run(), name="session-loop-lag")
         ready.set_result(f"{listen.rsplit(':', 1)[0]}:{port}")
         try:

@@ -13,6 +13,7 @@ from bigfleet.shard.convert import (
     InvalidRollup,
     machine_record,
     metadata_priority,
+    need_to_wire,
     rollup_from_wire,
     wire_field,
 )
@@ -265,3 +266,24 @@ def test_a_stamped_priority_is_read_only_when_it_is_an_int32(
 ) -> None:
     machine = _machine(shard_metadata={"bigfleet.io/priority": raw})
     assert metadata_priority(machine, "bigfleet.io/priority") == priority
+
+
+@pytest.mark.parametrize("bucket", list(range(1, 28)))
+def test_a_need_goes_back_to_the_wire_with_the_bucket_it_came_with(bucket: int) -> None:
+    sent = capacity_pb2.CapacityNeed(
+        aggregate_resources={"cpu": "1500m", "memory": "3Gi"},
+        priority=7,
+        interruption_penalty_bucket=bucket,  # type: ignore[arg-type]
+        reclamation_penalty_bucket=bucket,  # type: ignore[arg-type]
+        min_unit={"cpu": "500m"},
+    )
+    rollup = rollup_from_wire(
+        capacity_pb2.ClusterCapacityNeeds(cluster_id="c", timestamp_unix_nanos=1, needs=[sent]),
+        session_cluster="c",
+    )
+
+    back = need_to_wire(rollup.needs[0])
+
+    assert back.interruption_penalty_bucket == back.reclamation_penalty_bucket == bucket
+    assert dict(back.aggregate_resources) == {"cpu": "1500m", "memory": "3Gi"}
+    assert dict(back.min_unit) == {"cpu": "500m"} and back.priority == 7

@@ -6,7 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bigfleet.v1alpha1 import capacity_pb2, provider_pb2, shard_pb2
+from bigfleet.v1alpha1 import capacity_pb2, provider_pb2, shard_pb2, shardread_pb2
+from tests.reference_wire import REFERENCE_REASONS, REFERENCE_SHAPE, F
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -88,3 +89,22 @@ def test_a_reference_peer_reading_an_extended_rollup_sees_the_same_demand() -> N
     reread = capacity_pb2.ClusterCapacityNeeds.FromString(sent.SerializeToString())
     reread.ClearField("release")
     assert reread == stripped
+
+
+def test_shard_read_keeps_the_reference_numbers_and_types() -> None:
+    for name, fields in REFERENCE_SHAPE:
+        ours = {f.name: f for f in getattr(shardread_pb2, name).DESCRIPTOR.fields}
+        for field_name, number, kind, label, _ in fields:
+            assert field_name in ours, f"{name}.{field_name} missing"
+            mine = ours[field_name]
+            repeated = label == F.LABEL_REPEATED
+            assert (mine.number, mine.type, mine.is_repeated) == (number, kind, repeated), (
+                f"{name}.{field_name}"
+            )
+        extra = [f.number for f in ours.values() if f.name not in {x[0] for x in fields}]
+        assert all(n >= 100 for n in extra), f"{name}: own fields must be numbered 100+"
+    assert dict(shardread_pb2.UnmetReason.items()) == REFERENCE_REASONS
+    service = shardread_pb2.DESCRIPTOR.services_by_name["ShardRead"]
+    method = service.methods_by_name["InspectNeeds"]
+    assert service.full_name == "bigfleet.v1alpha1.ShardRead"
+    assert method.server_streaming and not method.client_streaming
