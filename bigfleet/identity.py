@@ -46,10 +46,10 @@ from typing import Any, TypeVar
 import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
-from prometheus_client import Counter
 from temporalio.service import TLSConfig
 
 from bigfleet.config import TLSFiles
+from bigfleet.metrics import IDENTITY_REFUSALS
 from providers.server import ServerSecurity
 
 log = logging.getLogger(__name__)
@@ -83,12 +83,8 @@ SCHEME = "bigfleet://"
 
 #: Refusals of peers whose certificate the TLS stack accepted but whose identity
 #: may not do what they asked. ``service`` is the gRPC service (or surface),
-#: ``reason`` one of :class:`IdentityError`'s reasons.
-REFUSALS = Counter(
-    "bigfleet_identity_refusals_total",
-    "Calls refused because of the caller's certificate identity",
-    ["service", "reason"],
-)
+#: ``reason`` one of :class:`IdentityError`'s reasons (defined in ``bigfleet.metrics``).
+REFUSALS = IDENTITY_REFUSALS
 
 
 class Role(enum.StrEnum):
