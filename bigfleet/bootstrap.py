@@ -110,7 +110,8 @@ async def connect(settings: Settings, *, search_attributes: bool = True) -> Asyn
         store=store,
         temporal=client,
         providers={
-            p.name: ProviderClient(p.address, security=security) for p in settings.providers
+            p.name: ProviderClient(p.address, security=security, name=p.name)
+            for p in settings.providers
         },
         tls=security.source if security is not None else None,
     )

@@ -147,7 +147,7 @@ class DevStack:
             return self.provider_clients
         security = ChannelSecurity(source)
         clients = {
-            name: ProviderClient(client.address, security=security)
+            name: ProviderClient(client.address, security=security, name=name)
             for name, client in self.provider_clients.items()
         }
         self._extra_clients.extend(clients.values())
@@ -202,7 +202,7 @@ class DevStack:
         )
         self.providers.append(running)
         self.provider_clients[config.name] = ProviderClient(
-            running.address, security=self._admin_security()
+            running.address, security=self._admin_security(), name=config.name
         )
         for extra in o.extra_providers:
             core = build_provider(extra)
@@ -213,7 +213,7 @@ class DevStack:
             )
             self.providers.append(running)
             self.provider_clients[extra.name] = ProviderClient(
-                running.address, security=self._admin_security()
+                running.address, security=self._admin_security(), name=extra.name
             )
 
         host, _, port = o.shard_listen.rpartition(":")

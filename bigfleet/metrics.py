@@ -21,9 +21,13 @@ and ``deploy/grafana/bigfleet.json``.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIServer
 
+import grpc
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.registry import CollectorRegistry
 
@@ -53,6 +57,8 @@ __all__ = [
     "WORKFLOW_FAILURES",
     "WORKFLOW_STARTS",
     "MetricsServer",
+    "ProviderCallMetrics",
+    "ProviderRequestMetrics",
     "serve",
 ]
 
@@ -223,3 +229,93 @@ def serve(listen: str, *, registry: CollectorRegistry = REGISTRY) -> MetricsServ
     address = f"{host or '0.0.0.0'}:{bound}"
     log.info("serving metrics on http://%s/metrics", address)
     return MetricsServer(address, server)
+
+
+# -- gRPC interceptors: provider calls measured on both ends ------------------------------------
+
+
+# grpc's interceptor classes are generic only to the type checker.
+if TYPE_CHECKING:
+    _ClientInterceptor = grpc.aio.UnaryUnaryClientInterceptor[Any, Any]
+    _ServerInterceptor = grpc.aio.ServerInterceptor[Any, Any]
+else:
+    _ClientInterceptor = grpc.aio.UnaryUnaryClientInterceptor
+    _ServerInterceptor = grpc.aio.ServerInterceptor
+
+
+def _method_name(method: str | bytes) -> str:
+    text = method.decode() if isinstance(method, bytes) else method
+    return text.rsplit("/", 1)[-1]
+
+
+class ProviderCallMetrics(_ClientInterceptor):
+    """Counts and times every unary call a ``ProviderClient`` makes to one provider."""
+
+    def __init__(self, provider: str) -> None:
+        self.provider = provider
+
+    async def intercept_unary_unary(
+        self,
+        continuation: Callable[[grpc.aio.ClientCallDetails, Any], Awaitable[Any]],
+        client_call_details: grpc.aio.ClientCallDetails,
+        request: Any,
+    ) -> Any:
+        method = _method_name(client_call_details.method)
+        started = time.perf_counter()
+        code = "UNKNOWN"
+        try:
+            call = await continuation(client_call_details, request)
+            await call
+            code = (await call.code()).name
+            return call
+        except grpc.aio.AioRpcError as error:
+            code = error.code().name
+            raise
+        finally:
+            PROVIDER_CALLS.labels(self.provider, method, code).inc()
+            PROVIDER_CALL_SECONDS.labels(self.provider, method).observe(
+                time.perf_counter() - started
+            )
+
+
+class ProviderRequestMetrics(_ServerInterceptor):
+    """Counts, times and notes fenced refusals of the requests a provider server answers."""
+
+    def __init__(self, provider: str) -> None:
+        self.provider = provider
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]
+        ],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        method = _method_name(handler_call_details.method)
+        if method == "Check" or method.startswith("ServerReflection"):
+            return handler
+        inner: Any = handler.unary_unary
+        provider = self.provider
+
+        async def measured(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            started = time.perf_counter()
+            try:
+                return await inner(request, context)
+            finally:
+                status = context.code()
+                code = status.name if isinstance(status, grpc.StatusCode) else "OK"
+                PROVIDER_REQUESTS.labels(provider, method, code).inc()
+                PROVIDER_REQUEST_SECONDS.labels(provider, method).observe(
+                    time.perf_counter() - started
+                )
+                if status == grpc.StatusCode.FAILED_PRECONDITION:
+                    PROVIDER_FENCED.labels(provider, method).inc()
+
+        return grpc.unary_unary_rpc_method_handler(
+            measured,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 import grpc
 
+from bigfleet.metrics import ProviderCallMetrics
 from bigfleet.v1alpha1 import provider_pb2, provider_pb2_grpc
 from providers.errors import ProviderError
 from providers.model import FencingToken
@@ -72,8 +73,11 @@ class ProviderClient:
         *,
         timeout: float = 10.0,
         security: CredentialsSource | None = None,
+        name: str = "",
     ) -> None:
         self.address = address
+        # Calls are counted and timed per provider (bigfleet_provider_client_*).
+        self._interceptors: list[Any] = [ProviderCallMetrics(name or address)]
         self.timeout = timeout
         self._security = security
         self._generation = -1
@@ -83,9 +87,13 @@ class ProviderClient:
 
     def _open(self) -> grpc.aio.Channel:
         if self._security is None:
-            return grpc.aio.insecure_channel(self.address, options=CLIENT_OPTIONS)
+            return grpc.aio.insecure_channel(
+                self.address, options=CLIENT_OPTIONS, interceptors=self._interceptors
+            )
         self._generation, creds = self._security.credentials()
-        return grpc.aio.secure_channel(self.address, creds, options=CLIENT_OPTIONS)
+        return grpc.aio.secure_channel(
+            self.address, creds, options=CLIENT_OPTIONS, interceptors=self._interceptors
+        )
 
     @property
     def _stub(self) -> provider_pb2_grpc.CapacityProviderAsyncStub:

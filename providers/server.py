@@ -23,6 +23,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from bigfleet.metrics import ProviderRequestMetrics
 from bigfleet.v1alpha1 import provider_pb2, provider_pb2_grpc
 from providers.config import ProviderConfig
 from providers.core import ProviderCore
@@ -197,7 +198,9 @@ async def start_provider_server(
     with health checking and reflection; plaintext, or mutual TLS with
     ``security``."""
     core = provider if provider is not None else build_provider(config)
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    server = grpc.aio.server(
+        options=SERVER_OPTIONS, interceptors=[ProviderRequestMetrics(config.name)]
+    )
     provider_pb2_grpc.add_CapacityProviderServicer_to_server(
         CapacityProviderServicer(core, security.policy if security else None), server
     )
