@@ -52,6 +52,7 @@ __all__ = [
     "RECONCILE_REPAIRS",
     "ROLLUPS",
     "SESSIONS_OPEN",
+    "SESSIONS_SHED",
     "SHORTFALLS",
     "UNMET_NEEDS",
     "WORKFLOW_FAILURES",
@@ -103,8 +104,13 @@ RECLAIMS_CAPPED = Counter(
 )
 ROLLUPS = Counter(
     "bigfleet_shard_rollups_total",
-    "Roll-ups received, by outcome: accepted, rejected, stale, quarantined",
+    "Acknowledged roll-ups by the engine's verdict: applied, rejected, stale, quarantined",
     ["shard", "outcome"],
+)
+SESSIONS_SHED = Counter(
+    "bigfleet_session_shed_total",
+    "Sessions refused or ended with RESOURCE_EXHAUSTED, by reason",
+    ["reason"],
 )
 SESSIONS_OPEN = Gauge(
     "bigfleet_shard_sessions_open",
@@ -189,8 +195,9 @@ COORDINATOR_TERM = Gauge(
 
 RECONCILE_REPAIRS = Counter(
     "bigfleet_reconcile_repairs_total",
-    "Drift the reconcile loop found and repaired, by kind of repair",
-    ["shard", "kind"],
+    "Differences between the providers, the ownership record and the engine that the "
+    "shard's reconcile loop repaired (or, for unowned and vanished machines, reported).",
+    ["kind"],
 )
 
 # -- identity (mutual TLS) ----------------------------------------------------------------------

@@ -30,10 +30,10 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from prometheus_client import Counter
 from temporalio.client import Client
 
 from activities.context import ProviderCalls
+from bigfleet.metrics import RECONCILE_REPAIRS
 from bigfleet.shard.convert import InvalidMachine, machine_record
 from bigfleet.shard.holdings import Holdings
 from bigfleet.shard.lease import LeaseKeeper
@@ -52,12 +52,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["REPAIRS", "ReconcileRound", "Reconciler", "running_machines"]
 
-REPAIRS = Counter(
-    "bigfleet_reconcile_repairs_total",
-    "Differences between the providers, the ownership record and the engine that the "
-    "shard's reconcile loop repaired (or, for unowned and vanished machines, reported).",
-    ["kind"],
-)
+REPAIRS = RECONCILE_REPAIRS  # defined with every other metric in bigfleet.metrics
 
 
 @dataclass(frozen=True)

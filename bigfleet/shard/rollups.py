@@ -20,8 +20,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from prometheus_client import Counter
-
+from bigfleet.metrics import ROLLUPS as SHARD_ROLLUPS
 from bigfleet.shard.admissions import Admissions
 from bigfleet.shard.demand import AppliedNeeds
 from bigfleet.shard.intake import Intake
@@ -36,11 +35,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["ROLLUPS", "SessionSink"]
 
-ROLLUPS = Counter(
-    "bigfleet_shard_rollups_total",
-    "Acknowledged roll-ups by the engine's verdict (applied, stale, quarantined, rejected)",
-    ["outcome"],
-)
+ROLLUPS = SHARD_ROLLUPS  # defined with every other metric in bigfleet.metrics
 
 
 class SessionSink:
@@ -112,10 +107,10 @@ class SessionSink:
         try:
             result = self._engine.apply_rollup(rollup, now=self._clock())
         except ValueError as err:
-            ROLLUPS.labels("rejected").inc()
+            ROLLUPS.labels(self._shard_id, "rejected").inc()
             log.warning("cluster %s: roll-up refused by the engine: %s", rollup.cluster_id, err)
             return
-        ROLLUPS.labels(result.status).inc()
+        ROLLUPS.labels(self._shard_id, result.status).inc()
         if result.status == "applied":
             self._needs.remember(rollup)
         elif result.status == "quarantined":

@@ -33,10 +33,10 @@ from typing import Any, Protocol
 
 import grpc
 from google.protobuf.message import DecodeError
-from prometheus_client import Counter
 
 from activities.context import BootstrapBlob
 from bigfleet.identity import Guard, Role
+from bigfleet.metrics import SESSIONS_SHED
 from bigfleet.shard.convert import (
     InvalidRollup,
     requirements_to_wire,
@@ -359,11 +359,7 @@ SHARD_SERVICE = "bigfleet.v1alpha1.Shard"
 #: Trailing metadata key of the retry hint sent with RESOURCE_EXHAUSTED.
 RETRY_AFTER_KEY = "bigfleet-retry-after-ms"
 
-SHED = Counter(
-    "bigfleet_session_shed_total",
-    "Sessions refused or ended with RESOURCE_EXHAUSTED, by reason",
-    ["reason"],
-)
+SHED = SESSIONS_SHED  # defined with every other metric in bigfleet.metrics
 
 
 @dataclass(frozen=True)
