@@ -28,6 +28,7 @@ from providers.config import ProviderConfig
 from providers.kinds import build_provider
 from providers.model import FencingToken
 from providers.server import RunningProvider, start_provider_server
+from shard_engine.config import EngineConfig
 from shard_engine.drift import RepairKind
 from tests.integration.multishard import TINY_CLOUD, eventually
 from workflows.contracts import PollPolicy
@@ -73,6 +74,11 @@ async def world(database: Database) -> AsyncIterator[World]:
             observe_interval_s=0.3,
             reconcile_interval_s=PERIOD,
             poll=PollPolicy(initial_s=0.2, max_s=1.0),
+            # A leaked machine nobody wants is reclaimed at once here (ADR 0090's
+            # persistence rules are tested with the engine).
+            engine=EngineConfig(
+                reclaim_hysteresis_cycles=1, reclaim_min_age_seconds=0, reclaim_window_seconds=0
+            ),
         ),
         store=store,
         temporal=env.client,
