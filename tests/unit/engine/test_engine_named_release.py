@@ -103,7 +103,7 @@ def test_an_empty_release_list_keeps_every_machine_despite_excess() -> None:
 def test_a_cluster_that_names_nothing_does_not_use_up_the_reclaim_budget() -> None:
     # One cluster examined per cycle; the one that names nothing comes first in the
     # round robin and must not hold back the one that names a machine.
-    engine = ShardEngine(EngineConfig(reclaim_clusters_per_cycle=1))
+    engine = ShardEngine(replace(EAGER, reclaim_clusters_per_cycle=1))
     fleet(engine, 4, prefix="keep", state=MachineState.CONFIGURED, cluster="a-keeps")
     gives = fleet(engine, 4, prefix="give", state=MachineState.CONFIGURED, cluster="b-gives")
     engine.apply_rollup(releasing(rollup("a-keeps", 1, need(cpu=4))), now=0)
