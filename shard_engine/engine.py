@@ -105,16 +105,20 @@ class _Memory:
     drain_seconds: dict[int, float] = field(default_factory=dict)
 
 
-def _flight_target(kind: ActionKind, cluster: int) -> int:
-    """Where a machine of an action is headed while in flight (whose "have" it counts for).
+def _flight_target(kind: int, cluster: int) -> int:
+    """Where a machine of an action (an ``ActionKind`` value) is headed while in flight.
 
-    Assigned, provisioned and preempted machines count for the cluster they
-    go to; a verified machine stays its cluster's; a reclaimed or released
-    machine counts for no one.
+    That is whose "have" it counts for: assigned, provisioned and preempted
+    machines count for the cluster they go to; a verified machine stays its
+    cluster's; a reclaimed or released machine counts for no one.
     """
-    if kind in (ActionKind.RECLAIM, ActionKind.RELEASE):
+    if kind == ActionKind.RECLAIM or kind == ActionKind.RELEASE:
         return NO_CLUSTER
     return cluster
+
+
+_KIND_OF: dict[int, ActionKind] = {int(kind): kind for kind in ActionKind}
+"""``ActionKind`` members by value (a dictionary lookup is cheaper than the enum call)."""
 
 
 # How a restarted shard's still-running workflows are re-marked (see ``claim``).
@@ -384,9 +388,7 @@ class ShardEngine:
                 found = pools.find(entered)
                 if found is not None:
                     disturbed.add(found)
-        targets = [
-            _flight_target(ActionKind(k), c) for k, c in zip(log.kind, log.cluster, strict=True)
-        ]
+        targets = [_flight_target(k, c) for k, c in zip(log.kind, log.cluster, strict=True)]
         run: list[int] = []
         for s, kind in enumerate(log.kind):
             pool = log.pool[s]
@@ -406,7 +408,7 @@ class ShardEngine:
         self._commit_taken(log, run, targets)
         for s, kind in enumerate(log.kind):
             rows = log.rows[s].tolist()
-            action = ActionKind(kind)
+            action = _KIND_OF[kind]
             if action is ActionKind.PREEMPT:
                 source = log.source[s]
             elif action in (ActionKind.RECLAIM, ActionKind.VERIFY):

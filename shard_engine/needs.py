@@ -314,6 +314,8 @@ class Demand:
     dims: int
     version: int
     gang_domain: Mapping[str, int] = field(default_factory=dict)
+    slack_rows: FloatArray | None = None
+    slack_tolerance: float = 0.0
 
     def widen(self, dims: int) -> None:
         """Pad the vectors with zero columns for resources named after compilation."""
@@ -322,6 +324,19 @@ class Demand:
             self.aggregate = np.pad(self.aggregate, ((0, 0), (0, pad)))
             self.min_unit = np.pad(self.min_unit, ((0, 0), (0, pad)))
             self.dims = dims
+            self.slack_rows = None
+
+    def slack(self, tolerance: float) -> FloatArray:
+        """``tolerance × max(aggregate, 1)`` per need and resource: the rounding a deficit may keep.
+
+        Every phase asks for it for every short need; it only changes with the
+        aggregate, so it is computed once per compiled form.
+        """
+        rows = self.slack_rows
+        if rows is None or self.slack_tolerance != tolerance:
+            rows = tolerance * np.maximum(self.aggregate, 1.0)
+            self.slack_rows, self.slack_tolerance = rows, tolerance
+        return rows
 
 
 @dataclass(slots=True)
@@ -616,6 +631,7 @@ class NeedsTable:
             app_rank=np.array([APP_CLASS_VICTIM_RANK[n.app_class] for n in needs], dtype=np.int8),
             dims=width,
             version=entry.version,
+            slack_rows=None,
         )
 
     def _compile(self, entry: ClusterNeeds) -> Demand:

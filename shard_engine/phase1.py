@@ -34,7 +34,7 @@ from shard_engine.needs import Demand, NeedsTable
 from shard_engine.pending import PendingNeed
 from shard_engine.pools import TIER_IDLE, TIER_SPECULATIVE, PoolKey
 from shard_engine.requirements import RequirementMasks
-from shard_engine.selection import cover_by_cost, cover_with_spread, settle_deficit
+from shard_engine.selection import cover_by_cost, cover_with_spread
 from shard_engine.topology import SpreadState, choose_gang_domain, domain_codes
 from shard_engine.worksheet import Starved, Worksheet
 
@@ -78,7 +78,7 @@ def cluster_have(
             return cached[1], cached[2]
     have = demand_supply(demand, sheet.supply_row(cluster), alloc)
     deficit = demand.aggregate - have
-    slack = tolerance * np.maximum(demand.aggregate, 1.0)
+    slack = demand.slack(tolerance)
     short: list[int] = np.flatnonzero((deficit > slack).any(axis=1)).tolist()
     if not touched:
         sheet.memo.have[cluster] = (key, have, short)
@@ -172,7 +172,8 @@ def assign(
                     sheet.gang_choices[(demand.cluster, demand.keys[index])] = choice.domain
         if have is None:
             have = _need_have(demand, index, mask, sheet, alloc)
-        deficit = settle_deficit(aggregate - have, aggregate, tolerance)
+        deficit = aggregate - have
+        deficit = np.where(deficit > demand.slack(tolerance)[index], deficit, 0.0)
         if block and deficit.any():
             deficit = np.maximum(deficit, 0.0)
             pending.append(PendingNeed(demand, index, deficit, mask, block))

@@ -149,6 +149,7 @@ def _cover_by_cost_small(
     ceil = math.ceil
     picks: list[Pick] = []
     live = [g for g, n in enumerate(left) if n > 0]
+    by_unit: dict[int, list[tuple[float, int]]] = {}
     while any(need):
         if not live:
             break
@@ -164,14 +165,27 @@ def _cover_by_cost_small(
                 dstar, best_key = j, key
         if dstar < 0:
             break
+        order = by_unit.get(dstar)
+        if order is None:
+            # Groups offering d*, cheapest per unit of it first. A group's score is
+            # never below its cost per unit (it covers at most what it holds), so
+            # once that exceeds the best score found no later group can win.
+            order = sorted(
+                (prices[g] / shapes[g][dstar], g) for g in range(len(left)) if shapes[g][dstar] > 0
+            )
+            by_unit[dstar] = order
         wanted = need[dstar]
         best: tuple[float, float, int] | None = None
         best_take = 0
-        for g in live:
+        limit = math.inf
+        for unit, g in order:
+            if unit > limit:
+                break
+            have = left[g]
+            if have <= 0:
+                continue
             shape = shapes[g]
             capacity = shape[dstar]
-            if capacity <= 0:
-                continue
             count = 0  # machines of this group the deficit needs: max over what it offers
             for j in short:
                 amount = shape[j]
@@ -179,13 +193,15 @@ def _cover_by_cost_small(
                     machines = ceil(need[j] / amount - 1e-9)
                     if machines > count:
                         count = machines
-            have = left[g]
             take = have if have < count else max(count, 1)
             covered = min(take * capacity, wanted)
             price = prices[g]
             candidate = (take * price / covered, price / capacity, g)
             if best is None or candidate < best:
                 best, best_take = candidate, take
+                # Rounding can put a score a few ulps under its unit cost; the margin
+                # keeps every group that could tie or win.
+                limit = candidate[0] * (1 + 1e-9)
         if best is None:
             break
         group = best[2]
@@ -272,8 +288,8 @@ def cover_with_spread(
     count = len(left)
     codes = [c[profiles].tolist() for c in spread.codes] if count else []
     domains: dict[tuple[int, ...], list[int]] = {}
-    for g in range(count):
-        domains.setdefault(tuple(c[g] for c in codes), []).append(g)
+    for g, signature in enumerate(zip(*codes, strict=True) if codes else [()] * count):
+        domains.setdefault(signature, []).append(g)
     signatures = list(domains)
     queues = [sorted(domains[sig], key=lambda g: (prefs[g], g)) for sig in signatures]
     heads = [0] * len(signatures)
