@@ -12,7 +12,6 @@ from shard_engine.model import Rollup
 from shard_engine.needs import Demand
 from tests.unit.engine.plan_history import CLUSTERS, History, _random_need, _resized
 
-
 CACHES = {"slack_rows", "slack_tolerance"}
 
 
