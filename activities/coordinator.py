@@ -24,6 +24,7 @@ from shard_engine.coordination import (
     ShardView,
     distribute_evenly,
     plan_transfers,
+    quota_group,
 )
 from shard_engine.model import Operator, Requirement
 from workflows import coordinator_contracts as co
@@ -36,7 +37,7 @@ BARE_METAL = provider_pb2.CAPACITY_TYPE_BARE_METAL
 
 def cloud_group(provider: str, m: provider_pb2.Machine) -> str:
     """Quota is distributed per (provider, zone, instance type, capacity type)."""
-    return f"{provider}/{m.zone}/{m.instance_type}/{int(m.capacity_type)}"
+    return quota_group(provider, m.zone, m.instance_type, int(m.capacity_type))
 
 
 class CoordinatorActivities:

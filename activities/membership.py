@@ -23,6 +23,7 @@ from activities.context import ActiveGuard, ProviderCalls, ensure_active
 from bigfleet.store import Store
 from bigfleet.v1alpha1 import provider_pb2
 from shard_engine.catalog import LABEL_RACK
+from shard_engine.coordination import quota_group
 from shard_engine.decommission import take_evenly
 from shard_engine.membership import DrainingMachine, plan_drain
 from workflows import membership_contracts as ms
@@ -51,8 +52,8 @@ class MachinesInMotion(RuntimeError):
 
 
 def _group(provider: str, m: provider_pb2.Machine) -> str:
-    """The quota group a machine counts in (see ``activities.coordinator.cloud_group``)."""
-    return f"{provider}/{m.zone}/{m.instance_type}/{int(m.capacity_type)}"
+    """The quota group a machine counts in (``shard_engine.coordination.quota_group``)."""
+    return quota_group(provider, m.zone, m.instance_type, int(m.capacity_type))
 
 
 def _rack(m: provider_pb2.Machine) -> str:

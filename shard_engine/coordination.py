@@ -9,16 +9,27 @@ paper's order, stopping at the first step that covers it:
     3. cross-shard preemption                  (only for escalated shortfalls,
                                                 strictly lower priority only)
 
-Every instruction respects a sanity limit: no donor gives away more than
-``max_share`` of its machines in one planning round. Supply handed out is
-subtracted as the plan grows, so two shortfalls never claim the same
-machines. Topology constraints never cross shards: a need with a ``Same``
-requirement is served by one donor profile or not at all.
+A step may take several donations: when no single profile of one donor
+covers the shortfall, profiles of one or more donors are combined, largest
+machines first (scarce capacity is spread over zones and capacity types, so
+four GPU machines are rarely one profile). Every instruction respects a
+sanity limit: no donor gives away more than ``max_share`` of its machines in
+one planning round. Supply handed out is subtracted as the plan grows, so
+two shortfalls never claim the same machines. Topology constraints never
+cross shards: a need with a ``Same`` requirement is served by one donor
+profile or not at all.
+
+Quota nobody owns yet is spread by :func:`distribute_evenly`, per quota
+group (provider, zone, instance type, capacity type) and, for the
+remainders, per instance type (:func:`quota_kind`), so a scarce type ends
+up even across shards whatever its zones: four GPU machines over two shards
+are two and two (ADR 0111).
 """
 
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -34,6 +45,8 @@ __all__ = [
     "distribute_evenly",
     "labels_satisfy",
     "plan_transfers",
+    "quota_group",
+    "quota_kind",
     "units_needed",
 ]
 
@@ -160,11 +173,94 @@ def plan_transfers(views: Mapping[str, ShardView], *, max_share: float = 0.05) -
         for kind in kinds:
             if kind == "preempt" and not sf.escalated:
                 break
-            instruction = _resolve(views, receiver, sf, kind, left, budget)
-            if instruction is not None:
-                out.append(instruction)
+            donations = _resolve(views, receiver, sf, kind, left, budget)
+            if donations:
+                out.extend(donations)
                 break
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Offer:
+    """What one donor can give of one profile for one shortfall and step."""
+
+    donor: str
+    supply: ProfileSupply
+    buckets: tuple[str, ...]
+    available: int
+
+
+def _offers(
+    views: Mapping[str, ShardView],
+    receiver: str,
+    sf: ShardShortfall,
+    kind: TransferKind,
+    left: Mapping[tuple[str, tuple[str, str, str, int]], Mapping[str, int]],
+    budget: Mapping[str, int],
+) -> list[_Offer]:
+    """Every donor profile that may serve ``sf`` in this step, with how much is left of it."""
+    offers: list[_Offer] = []
+    for donor, view in sorted(views.items()):
+        if donor == receiver or budget[donor] <= 0:
+            continue
+        for supply in view.supply:
+            if not labels_satisfy(sf.requirements, supply.labels):
+                continue
+            if not _covers(supply.allocatable, sf.min_unit):
+                continue
+            if units_needed(sf.deficit, supply.allocatable) <= 0:
+                continue
+            pool = left[(donor, supply.key)]
+            if kind == "preempt":
+                buckets = tuple(
+                    sorted(
+                        (k for k in pool if k.startswith("p") and int(k[1:]) < sf.priority),
+                        key=lambda k: int(k[1:]),
+                    )
+                )
+            else:
+                buckets = (kind,)
+            available = sum(pool.get(k, 0) for k in buckets)
+            if available > 0:
+                offers.append(_Offer(donor, supply, buckets, available))
+    return offers
+
+
+def _combine(
+    offers: Sequence[_Offer], deficit: Mapping[str, float], budget: Mapping[str, int]
+) -> list[tuple[_Offer, int]]:
+    """Several profiles that together cover ``deficit``; empty if all of them cannot.
+
+    Largest contribution per machine first (fewest machines for the whole
+    deficit), then the donor and profile for a stable answer; each takes
+    what the rest of the deficit needs, within what is left and the donor's
+    budget.
+    """
+    remaining = {k: v for k, v in deficit.items() if v > 0}
+    spent: dict[str, int] = defaultdict(int)
+    plan: list[tuple[_Offer, int]] = []
+    order = sorted(
+        offers,
+        key=lambda o: (units_needed(deficit, o.supply.allocatable), o.donor, o.supply.key),
+    )
+    for offer in order:
+        if not remaining:
+            break
+        need = units_needed(remaining, offer.supply.allocatable)
+        take = min(need, offer.available, budget[offer.donor] - spent[offer.donor])
+        if take <= 0:
+            continue
+        plan.append((offer, take))
+        spent[offer.donor] += take
+        for name in list(remaining):
+            remaining[name] -= take * offer.supply.allocatable.get(name, 0.0)
+            if remaining[name] <= 1e-9 * max(1.0, deficit[name]):
+                del remaining[name]
+    return plan if not remaining else []
+
+
+def _is_gang(sf: ShardShortfall) -> bool:
+    return any(r.operator is Operator.SAME for r in sf.requirements)
 
 
 def _resolve(
@@ -174,60 +270,72 @@ def _resolve(
     kind: TransferKind,
     left: dict[tuple[str, tuple[str, str, str, int]], dict[str, int]],
     budget: dict[str, int],
-) -> Instruction | None:
-    """The cheapest single-profile donation that covers ``sf`` (fewest machines wins)."""
-    best: tuple[int, str, ProfileSupply, list[str]] | None = None
-    for donor, view in sorted(views.items()):
-        if donor == receiver or budget[donor] <= 0:
-            continue
-        for supply in view.supply:
-            if not labels_satisfy(sf.requirements, supply.labels):
-                continue
-            if not _covers(supply.allocatable, sf.min_unit):
-                continue
-            need = units_needed(sf.deficit, supply.allocatable)
-            if need <= 0:
-                continue
-            pool = left[(donor, supply.key)]
-            if kind == "preempt":
-                buckets = sorted(
-                    (k for k in pool if k.startswith("p") and int(k[1:]) < sf.priority),
-                    key=lambda k: int(k[1:]),
-                )
-                available = sum(pool[k] for k in buckets)
-            else:
-                buckets = [kind]
-                available = pool.get(kind, 0)
-            if available < need or need > budget[donor]:
-                continue
-            if best is None or need < best[0]:
-                best = (need, donor, supply, buckets)
-    if best is None:
-        return None
-    need, donor, supply, buckets = best
-    remaining = need
-    pool = left[(donor, supply.key)]
-    for bucket in buckets:
-        take = min(pool.get(bucket, 0), remaining)
-        pool[bucket] -= take
-        remaining -= take
-        if remaining == 0:
-            break
-    budget[donor] -= need
-    return Instruction(
-        kind=kind,
-        donor=donor,
-        receiver=receiver,
-        provider=supply.provider,
-        instance_type=supply.instance_type,
-        zone=supply.zone,
-        capacity_type=supply.capacity_type,
-        count=need,
-        cluster_id=sf.cluster_id,
-        need_key=sf.need_key,
-        priority=sf.priority,
-        below_priority=sf.priority if kind == "preempt" else 0,
-    )
+) -> list[Instruction]:
+    """Donations of one step that together cover ``sf``, or none if they cannot.
+
+    One profile that covers the whole deficit wins when there is one (fewest
+    machines first), so one instruction does it. Otherwise several profiles,
+    of one donor or several, are combined (:func:`_combine`). A gang (a
+    ``Same`` requirement) is never split over profiles: one or nothing.
+    """
+    offers = _offers(views, receiver, sf, kind, left, budget)
+    plan: list[tuple[_Offer, int]] = []
+    best: tuple[int, _Offer] | None = None
+    for offer in offers:
+        need = units_needed(sf.deficit, offer.supply.allocatable)
+        fits = need <= offer.available and need <= budget[offer.donor]
+        if fits and (best is None or need < best[0]):
+            best = (need, offer)
+    if best is not None:
+        plan = [(best[1], best[0])]
+    elif not _is_gang(sf):
+        plan = _combine(offers, sf.deficit, budget)
+    out: list[Instruction] = []
+    for offer, count in plan:
+        pool = left[(offer.donor, offer.supply.key)]
+        remaining = count
+        for bucket in offer.buckets:
+            take = min(pool.get(bucket, 0), remaining)
+            pool[bucket] -= take
+            remaining -= take
+            if remaining == 0:
+                break
+        budget[offer.donor] -= count
+        out.append(
+            Instruction(
+                kind=kind,
+                donor=offer.donor,
+                receiver=receiver,
+                provider=offer.supply.provider,
+                instance_type=offer.supply.instance_type,
+                zone=offer.supply.zone,
+                capacity_type=offer.supply.capacity_type,
+                count=count,
+                cluster_id=sf.cluster_id,
+                need_key=sf.need_key,
+                priority=sf.priority,
+                below_priority=sf.priority if kind == "preempt" else 0,
+            )
+        )
+    return out
+
+
+def quota_group(provider: str, zone: str, instance_type: str, capacity_type: int) -> str:
+    """The key quota is distributed by: ``provider/zone/instance type/capacity type``."""
+    return f"{provider}/{zone}/{instance_type}/{int(capacity_type)}"
+
+
+def quota_kind(group: str) -> str:
+    """The scarce resource a quota group holds: its provider and instance type.
+
+    Other group keys (a rack, a test's ``"g"``) are their own kind.
+    """
+    rest, slash, _capacity = group.rpartition("/")
+    rest, slash2, instance_type = rest.rpartition("/")
+    provider, slash3, _zone = rest.rpartition("/")
+    if not (slash and slash2 and slash3):
+        return group
+    return f"{provider}/{instance_type}"
 
 
 def distribute_evenly(
@@ -235,21 +343,38 @@ def distribute_evenly(
     shards: Sequence[str],
     current: Mapping[str, Mapping[str, int]],
 ) -> dict[str, list[str]]:
-    """Spread unowned items of each group over ``shards`` so counts per group even out.
+    """Spread unowned items of each group over ``shards`` so counts even out.
 
-    ``groups`` maps a group key (provider/zone/instance type, or a whole rack)
-    to its unowned item ids; ``current`` gives each shard's count per group
-    already owned. Items go one at a time to the shard with the fewest of
-    that group (ties broken by shard id), so repeated runs are stable.
+    ``groups`` maps a group key (a quota group, see :func:`quota_group`, or a
+    whole rack) to its unowned item ids; ``current`` gives each shard's count
+    per group already owned. Items go one at a time to the shard with the
+    fewest of that group; among those, to the one with the fewest of the
+    group's kind (:func:`quota_kind`: the instance type whatever its zone and
+    capacity type), then the fewest items overall, then by shard id. So the
+    remainders of small groups rotate over the shards instead of all landing
+    on the first: four GPU machines in four (zone, capacity type) groups over
+    two shards are two and two, not four and none. Repeated runs are stable.
     Returns shard -> items assigned.
     """
     if not shards:
         return {}
     out: dict[str, list[str]] = {s: [] for s in shards}
+    by_group = {s: dict(current.get(s, {})) for s in shards}
+    by_kind: dict[str, dict[str, int]] = {s: defaultdict(int) for s in shards}
+    total = dict.fromkeys(shards, 0)
+    for s in shards:
+        for group, count in by_group[s].items():
+            by_kind[s][quota_kind(group)] += count
+            total[s] += count
     for group, items in sorted(groups.items()):
-        counts = {s: current.get(s, {}).get(group, 0) for s in shards}
+        kind = quota_kind(group)
         for item in sorted(items):
-            target = min(shards, key=lambda s: (counts[s], s))
+            target = min(
+                shards,
+                key=lambda s: (by_group[s].get(group, 0), by_kind[s][kind], total[s], s),
+            )
             out[target].append(item)
-            counts[target] += 1
+            by_group[target][group] = by_group[target].get(group, 0) + 1
+            by_kind[target][kind] += 1
+            total[target] += 1
     return {s: ids for s, ids in out.items() if ids}

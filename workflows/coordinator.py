@@ -339,7 +339,7 @@ class CoordinatorWorkflow:
                     s
                     for s in r.shortfalls
                     if f"{r.shard_id}|{s.cluster_id}|{s.need_key}" not in inp.cooldown
-                    and f"{r.shard_id}|{s.cluster_id}|{s.need_key}" not in self._pending
+                    and not self._in_flight(f"{r.shard_id}|{s.cluster_id}|{s.need_key}")
                 ],
                 r.highest_term_seen,
             )
@@ -351,7 +351,7 @@ class CoordinatorWorkflow:
             transfers=[
                 s
                 for s in distributed.rebalance
-                if _cooldown_key(s) not in self._pending and _cooldown_key(s) not in inp.cooldown
+                if not self._in_flight(_cooldown_key(s)) and _cooldown_key(s) not in inp.cooldown
             ]
         )
         if any(r.shortfalls for r in reports):
@@ -367,7 +367,8 @@ class CoordinatorWorkflow:
         for spec in planned.transfers:
             inp.seq += 1
             key = _cooldown_key(spec)
-            self._pending[key] = spec
+            # A shortfall may take several donations in one round (ADR 0111).
+            self._pending[f"{key}#{inp.seq}"] = spec
             task = asyncio.ensure_future(self._transfer(inp, inp.seq, spec, key))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -433,6 +434,10 @@ class CoordinatorWorkflow:
         self._recent.append(outcome)
         self._pending.pop(key, None)
 
+    def _in_flight(self, key: str) -> bool:
+        """True while an instruction for ``key`` (receiver|cluster|need) is running."""
+        return key in self._pending or any(k.startswith(f"{key}#") for k in self._pending)
+
     async def _transfer(
         self, inp: CoordinatorInput, seq: int, spec: TransferSpec, key: str
     ) -> None:
@@ -454,7 +459,7 @@ class CoordinatorWorkflow:
         self._recent.append(outcome)
         # Give the receiver a couple of rounds to report fresh numbers first.
         inp.cooldown[key] = workflow.now().timestamp() + 2 * inp.interval_s
-        self._pending.pop(key, None)
+        self._pending.pop(f"{key}#{seq}", None)
 
 
 __all__ = [

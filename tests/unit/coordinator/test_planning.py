@@ -12,6 +12,8 @@ from shard_engine.coordination import (
     distribute_evenly,
     labels_satisfy,
     plan_transfers,
+    quota_group,
+    quota_kind,
     units_needed,
 )
 from shard_engine.model import Operator, Requirement
@@ -160,3 +162,189 @@ def test_distribution_is_even_and_assigns_every_item_once(
 def test_distribution_tops_up_the_emptiest_shard_first() -> None:
     out = distribute_evenly({"g": ["x", "y"]}, ["old", "new"], {"old": {"g": 5}})
     assert out == {"new": ["x", "y"]}
+
+
+# -- scarce capacity: even spread per kind, several donations per shortfall (ADR 0111)
+
+G5 = {"cpu": 4.0, "memory": 16 * 2.0**30, "nvidia.com/gpu": 1.0}
+
+
+def _g5(zone: str, capacity_type: int, *, idle: int = 0, spec: int = 0) -> ProfileSupply:
+    return ProfileSupply(
+        provider="sim",
+        instance_type="g5.xlarge",
+        zone=zone,
+        capacity_type=capacity_type,
+        labels={
+            "node.kubernetes.io/instance-type": "g5.xlarge",
+            "topology.kubernetes.io/zone": zone,
+        },
+        allocatable=G5,
+        idle=idle,
+        speculative=spec,
+    )
+
+
+def _g5_shortfall(machines: int, *, gang: bool = False) -> ShardShortfall:
+    reqs = [Requirement("node.kubernetes.io/instance-type", Operator.IN, ("g5.xlarge",))]
+    if gang:
+        reqs.append(Requirement("topology.kubernetes.io/zone", Operator.SAME))
+    return ShardShortfall(
+        cluster_id="b",
+        need_key="g5",
+        priority=100,
+        deficit={"nvidia.com/gpu": float(machines)},
+        min_unit={"nvidia.com/gpu": 1.0},
+        requirements=tuple(reqs),
+    )
+
+
+def test_a_shortfall_no_single_profile_covers_takes_several_donations() -> None:
+    views = {
+        "s0": ShardView(
+            "s0", 100, supply=(_g5("a", 3, spec=1), _g5("a", 4, spec=1), _g5("b", 3, spec=2))
+        ),
+        "s1": ShardView("s1", 100, shortfalls=(_g5_shortfall(4),)),
+    }
+    planned = plan_transfers(views, max_share=1.0)
+    assert {(i.zone, i.capacity_type, i.count) for i in planned} == {
+        ("a", 3, 1),
+        ("a", 4, 1),
+        ("b", 3, 2),
+    }
+    assert {(i.kind, i.donor, i.receiver, i.need_key) for i in planned} == {
+        ("speculative", "s0", "s1", "g5")
+    }
+
+
+def test_donations_may_come_from_several_donors() -> None:
+    views = {
+        "s0": ShardView("s0", 100, supply=(_g5("a", 3, spec=1),)),
+        "s2": ShardView("s2", 100, supply=(_g5("b", 4, spec=1),)),
+        "s1": ShardView("s1", 100, shortfalls=(_g5_shortfall(2),)),
+    }
+    planned = plan_transfers(views, max_share=1.0)
+    assert sorted((i.donor, i.count) for i in planned) == [("s0", 1), ("s2", 1)]
+
+
+def test_one_profile_that_covers_the_whole_shortfall_is_preferred() -> None:
+    views = {
+        "s0": ShardView("s0", 100, supply=(_g5("a", 3, spec=1), _g5("b", 3, spec=4))),
+        "s1": ShardView("s1", 100, shortfalls=(_g5_shortfall(3),)),
+    }
+    (ins,) = plan_transfers(views, max_share=1.0)
+    assert (ins.zone, ins.count) == ("b", 3)
+
+
+def test_a_step_that_cannot_cover_the_shortfall_even_combined_moves_nothing() -> None:
+    views = {
+        "s0": ShardView("s0", 100, supply=(_g5("a", 3, idle=1, spec=0), _g5("b", 3, idle=1))),
+        "s1": ShardView("s1", 100, shortfalls=(_g5_shortfall(4),)),
+    }
+    assert plan_transfers(views, max_share=1.0) == []
+
+
+def test_a_gang_is_never_split_over_profiles() -> None:
+    views = {
+        "s0": ShardView("s0", 100, supply=(_g5("a", 3, spec=2), _g5("b", 3, spec=2))),
+        "s1": ShardView("s1", 100, shortfalls=(_g5_shortfall(4, gang=True),)),
+    }
+    assert plan_transfers(views, max_share=1.0) == []
+    views["s0"] = ShardView("s0", 100, supply=(_g5("a", 3, spec=2), _g5("b", 3, spec=4)))
+    (ins,) = plan_transfers(views, max_share=1.0)
+    assert (ins.zone, ins.count) == ("b", 4)
+
+
+def test_combined_donations_respect_the_donors_share_and_never_double_spend() -> None:
+    views = {
+        "s0": ShardView("s0", 40, supply=(_g5("a", 3, spec=1), _g5("b", 3, spec=1))),
+        "s1": ShardView("s1", 100, shortfalls=(_g5_shortfall(2),)),
+    }
+    assert plan_transfers(views, max_share=0.025) == [], "a share of one machine cannot give two"
+    second = ShardShortfall(
+        "c", "g5", 50, {"nvidia.com/gpu": 2.0}, min_unit={"nvidia.com/gpu": 1.0}
+    )
+    views["s1"] = ShardView("s1", 100, shortfalls=(_g5_shortfall(2), second))
+    planned = plan_transfers(views, max_share=1.0)
+    assert {i.cluster_id for i in planned} == {"b"}, "the lower priority finds nothing left"
+    assert sum(i.count for i in planned) == 2
+
+
+@given(
+    demand=st.integers(1, 12),
+    profiles=st.lists(
+        st.tuples(st.sampled_from("abc"), st.sampled_from([3, 4]), st.integers(0, 4)),
+        min_size=1,
+        max_size=6,
+        unique_by=lambda p: (p[0], p[1]),
+    ),
+)
+def test_several_donations_cover_exactly_when_the_donors_together_can(
+    demand: int, profiles: list[tuple[str, int, int]]
+) -> None:
+    supply = tuple(_g5(zone, cap, spec=n) for zone, cap, n in profiles)
+    views = {
+        "s0": ShardView("s0", 1000, supply=supply),
+        "s1": ShardView("s1", 1000, shortfalls=(_g5_shortfall(demand),)),
+    }
+    planned = plan_transfers(views, max_share=1.0)
+    offered = sum(n for _, _, n in profiles)
+    if offered >= demand:
+        assert sum(i.count for i in planned) == demand
+        held = {(zone, cap): n for zone, cap, n in profiles}
+        assert all(i.count <= held[(i.zone, i.capacity_type)] for i in planned)
+    else:
+        assert planned == []
+
+
+def test_four_gpu_machines_in_four_quota_groups_split_two_and_two() -> None:
+    groups = {
+        quota_group("sim", zone, "g5.xlarge", cap): [f"g5-{zone}-{cap}"]
+        for zone in ("a", "b")
+        for cap in (3, 4)
+    }
+    out = distribute_evenly(groups, ["shard-0", "shard-1"], {})
+    assert sorted(len(ids) for ids in out.values()) == [2, 2]
+
+
+def test_quota_groups_are_keyed_by_provider_zone_type_and_capacity() -> None:
+    group = quota_group("sim", "us-east-1a", "g5.xlarge", 4)
+    assert group == "sim/us-east-1a/g5.xlarge/4"
+    assert quota_kind(group) == "sim/g5.xlarge"
+    assert quota_kind("rack-7") == "rack-7"
+
+
+@given(
+    groups=st.dictionaries(
+        st.tuples(
+            st.sampled_from(["p", "q"]),
+            st.sampled_from(["a", "b", "c"]),
+            st.sampled_from(["g5.xlarge", "p5.48xlarge", "m6i.large"]),
+            st.sampled_from([3, 4]),
+        ),
+        st.integers(0, 5),
+        max_size=12,
+    ),
+    shards=st.lists(st.sampled_from(["s0", "s1", "s2"]), min_size=1, unique=True),
+)
+def test_every_group_and_every_instance_type_ends_within_one_across_shards(
+    groups: dict[tuple[str, str, str, int], int], shards: list[str]
+) -> None:
+    items = {
+        quota_group(*key): [f"{quota_group(*key)}#{i}" for i in range(n)]
+        for key, n in groups.items()
+    }
+    out = distribute_evenly(items, shards, {})
+    owner = {item: s for s, ids in out.items() for item in ids}
+    assert sorted(owner) == sorted(i for ids in items.values() for i in ids)
+    for key in {quota_kind(g) for g in items} | set(items):
+        counts = [
+            sum(
+                1
+                for g, ids in items.items()
+                for i in ids
+                if key in (g, quota_kind(g)) and owner[i] == s
+            )
+            for s in shards
+        ]
+        assert max(counts) - min(counts) <= 1, (key, counts)
