@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: install dev test test-unit test-workflows test-integration test-e2e bench lint proto proto-check clean
+.PHONY: install dev test test-unit test-workflows test-integration test-e2e test-chaos bench lint proto proto-check clean
 
 install: $(STAMP)
 
@@ -24,7 +24,7 @@ dev: install
 ## Every test tier.
 test: install
 	$(PY) scripts/gen_proto.py --check
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not chaos" $(PYTEST_ARGS)
 
 test-unit: install
 	$(PY) -m pytest -q tests/unit
@@ -37,6 +37,10 @@ test-integration: install
 
 test-e2e: install
 	$(PY) -m pytest -q tests/e2e
+
+## Fault injection: every scenario, each part in its own process (several minutes).
+test-chaos: install
+	$(PY) -m pytest -q -s tests/chaos $(PYTEST_ARGS)
 
 ## Benchmarks print JSON lines; figures are recorded in docs/benchmarks.md.
 bench: install
