@@ -9,11 +9,13 @@
     report loop    CoordinatorReporter              -> signal to the coordinator
     reconcile loop Reconciler: providers' List vs PostgreSQL vs engine -> repairs (ADR 0103)
     worker         activities (ShardActivityContext, CrossShardTransfers, ShardMembership)
-                   -> providers, sessions, OutcomeRecorder -> store, engine.settle
+                   -> providers, sessions, OutcomeRecorder -> store, engine.settle;
+                   polls shard-<id> only while this process holds the lease
 
 Each part is its own module with the dependencies it uses. The process stops
 acting — no provider mutation, no workflow start, no cycle, its operator
-sessions closed with UNAVAILABLE — the moment it is fenced, told it lost its
+sessions closed with UNAVAILABLE, its worker off the task queue so the work
+goes to the next holder — the moment it is fenced, told it lost its
 lease, or its acting deadline passes on its own clock without a confirmed
 renewal (ADR 0100); it resumes only after taking the lease again with a new
 epoch and rebuilding its view.
@@ -75,6 +77,8 @@ class ShardProcess:
         self._lease_task: asyncio.Task[None] | None = None
         self._server: IngestServer | None = None
         self._worker: Worker | None = None
+        self._worker_task: asyncio.Task[None] | None = None
+        self._stopping_worker: asyncio.Task[None] | None = None
         self._stopping = False
         self.parts = assemble(
             options, store=store, temporal=temporal, providers=providers, clock=clock
@@ -172,21 +176,9 @@ class ShardProcess:
         self.address = await self._server.start()
         # Where a moved cluster's operator is sent: the lease row carries our address.
         await self.lease.publish_address(self.address)
-        self._worker = Worker(
-            self.temporal,
-            task_queue=self.task_queue,
-            workflows=list(ALL_WORKFLOWS),
-            activities=shard_activities(
-                self.parts.context,
-                transfers=self.parts.transfers,
-                membership=self.parts.membership,
-                guard=self.lease,
-            ),
-            workflow_runner=workflow_runner(),
-            graceful_shutdown_timeout=timedelta(seconds=5),
-        )
+        if self.active:
+            self._start_worker()
         self._tasks = [
-            asyncio.create_task(self._worker.run(), name="worker"),
             self._every(self.options.observe_interval_s, self._observe, name="observe"),
             self._every(self.options.cycle_interval_s, self._cycle, name="cycle"),
             asyncio.create_task(self.sink.run(), name="apply-rollups"),
@@ -204,17 +196,15 @@ class ShardProcess:
     async def stop(self) -> None:
         """Stop the loops, the worker and the server, and give the lease up."""
         self._stopping = True
-        for task in self._tasks[1:]:
+        for task in self._tasks:
             task.cancel()
-        for task in self._tasks[1:]:
+        for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        if self._worker is not None:
-            with contextlib.suppress(Exception):
-                await self._worker.shutdown()
-        if self._tasks:
+        await self._stop_worker()
+        if self._stopping_worker is not None:
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._tasks[0]
+                await self._stopping_worker
         if self._lease_task is not None:
             self._lease_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -222,6 +212,43 @@ class ShardProcess:
         if self._server is not None:
             await self._server.stop(grace=1.0)
         await self.lease.release()
+
+    # -------------------------------------------------------------- worker
+
+    def _start_worker(self) -> None:
+        """Serve the task queue ``shard-<id>`` (only while holding the lease; DESIGN §4)."""
+        if self._worker is not None:
+            return
+        self._worker = Worker(
+            self.temporal,
+            task_queue=self.task_queue,
+            workflows=list(ALL_WORKFLOWS),
+            activities=shard_activities(
+                self.parts.context,
+                transfers=self.parts.transfers,
+                membership=self.parts.membership,
+                guard=self.lease,
+            ),
+            workflow_runner=workflow_runner(),
+            graceful_shutdown_timeout=timedelta(seconds=5),
+        )
+        self._worker_task = asyncio.create_task(self._worker.run(), name="worker")
+
+    async def _stop_worker(self) -> None:
+        """Stop polling the task queue, so its work goes to whichever process holds the
+        lease instead of bouncing off this one."""
+        worker, task = self._worker, self._worker_task
+        self._worker, self._worker_task = None, None
+        await self._shutdown(worker, task)
+
+    @staticmethod
+    async def _shutdown(worker: Worker | None, task: asyncio.Task[None] | None) -> None:
+        if worker is not None:
+            with contextlib.suppress(Exception):
+                await worker.shutdown()
+        if task is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
     # --------------------------------------------------------------- loops
 
@@ -252,10 +279,19 @@ class ShardProcess:
             owned=self.owned,
             clock=self.clock,
         )
+        if not self._stopping:
+            self._start_worker()
 
     def _stopped_acting(self, reason: str) -> None:
-        """The lease keeper stopped acting: send every operator to the next holder."""
+        """The lease keeper stopped acting: send every operator to the next holder, and
+        stop serving the task queue until the lease is held again."""
         self.hub.close_all(unavailable=f"shard {self.shard_id} is not acting ({reason}); reconnect")
+        worker, task = self._worker, self._worker_task
+        self._worker, self._worker_task = None, None  # a re-take starts a new one
+        if worker is not None:
+            self._stopping_worker = asyncio.get_running_loop().create_task(
+                self._shutdown(worker, task)
+            )
 
     async def _observe(self) -> None:
         await self.parts.observer.observe_all(full=False)

@@ -196,6 +196,8 @@ class ChaosStack:
         await self.wait_provider()
         self.parts["shard"].start()
         if self.standby:
+            # The primary takes the lease first; the standby then stands by for it.
+            await self.wait_holder("shard")
             self.parts["standby"].start()
         self.parts["coordinator"].start()
         for cluster_id, demand in DEMAND.items():
@@ -318,6 +320,22 @@ class ChaosStack:
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.3)
+
+    def holder(self, part: str) -> str:
+        """The lease-holder name the part's shard process uses (host:pid)."""
+        proc = self.parts[part].proc
+        assert proc is not None
+        return f"{socket.gethostname()}:{proc.pid}"
+
+    async def wait_holder(self, part: str, within: float = 60.0) -> None:
+        deadline = time.monotonic() + within
+        while True:
+            row = await self.store.shard(SHARD)
+            if row is not None and row.lease_holder == self.holder(part):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{part} never took the lease\n{self.parts[part].tail()}")
+            await asyncio.sleep(0.2)
 
     async def restart_temporal(self) -> None:
         """Start the killed Temporal server again on its SQLite file and port."""
