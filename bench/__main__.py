@@ -4,8 +4,9 @@ Suites: ``cycle`` (the shard engine), ``lifecycle`` (machine transitions
 through Temporal), ``packing`` (vector bin packing heuristics), ``simulate``
 (the simulator's speed at fleet scale), ``nanook`` (the Nanook adapter's
 answers), ``ingest`` (roll-up acks and sessions on one shard process),
-``churn`` (reclaims and flaps under changing demand), ``all`` (every suite
-in turn). Each line is
+``churn`` (reclaims and flaps under changing demand), ``reconcile`` (one
+comparison of providers, record and engine), ``all`` (every suite in turn).
+Each line is
 ``{"bench": ..., "metric": ..., "value": ..., "unit": ...}``.
 """
 
@@ -22,6 +23,7 @@ SUITES = {
     "nanook": "bench.nanook",
     "ingest": "bench.ingest",
     "churn": "bench.churn",
+    "reconcile": "bench.reconcile",
 }
 
 

@@ -45,7 +45,7 @@ from bigfleet.v1alpha1 import provider_pb2
 from providers.errors import ProviderError
 from shard_engine.drift import Believed, Listed, Recorded, Repair, RepairKind, find_drift
 from shard_engine.engine import ShardEngine
-from shard_engine.model import MachineRecord
+from shard_engine.model import MachineRecord, MachineState
 from workflows import search_attributes as sa
 
 log = logging.getLogger(__name__)
@@ -57,11 +57,18 @@ REPAIRS = RECONCILE_REPAIRS  # defined with every other metric in bigfleet.metri
 
 @dataclass(frozen=True)
 class _Seen:
-    """One machine of a provider's List, as the wire said it and as the engine reads it."""
+    """One machine of a provider's List (converted to a record only when a repair needs it)."""
 
     provider: str
     machine: provider_pb2.Machine
-    record: MachineRecord
+    state: MachineState
+
+    def record(self) -> MachineRecord | None:
+        try:
+            return machine_record(self.provider, self.machine)
+        except InvalidMachine as err:
+            log.warning("reconcile: ignoring machine from %s: %s", self.provider, err)
+            return None
 
 
 @dataclass(frozen=True)
@@ -146,10 +153,13 @@ class Reconciler:
             | self._lifecycle.declared_failed()
             | set(self._holdings.leaving)
         )
-        repairs = find_drift(
+        # Pure and on snapshots: run beside the shard's loop, which keeps renewing
+        # its lease and serving (100,000 machines take about a second of CPU).
+        repairs = await asyncio.to_thread(
+            find_drift,
             listed=[
-                Listed(seen.record.id, seen.provider, seen.record.state, seen.record.cluster)
-                for seen in listing.values()
+                Listed(machine_id, seen.provider, seen.state, seen.machine.cluster)
+                for machine_id, seen in listing.items()
             ],
             listed_providers=listed_providers,
             recorded=recorded,
@@ -194,9 +204,9 @@ class Reconciler:
             answered.add(name)
             for machine in listing.machines:
                 try:
-                    out[machine.id] = _Seen(name, machine, machine_record(name, machine))
-                except InvalidMachine as err:
-                    log.warning("reconcile: ignoring machine from %s: %s", name, err)
+                    out[machine.id] = _Seen(name, machine, MachineState(machine.state))
+                except ValueError:
+                    log.warning("reconcile: ignoring %s from %s: bad state", machine.id, name)
         return out, answered
 
     async def _apply_if_acting(
@@ -225,14 +235,14 @@ class Reconciler:
         changed = True
         if kind in (RepairKind.BINDING_RECORDED, RepairKind.BINDING_CLEARED):
             row = recorded[repair.machine_id]
-            record = listing[repair.machine_id].record
+            bound = listing[repair.machine_id].machine.cluster
             try:
                 changed = await self._store.reconcile_binding(
                     machine_id=repair.machine_id,
                     shard_id=self._lease.shard_id,
                     shard_epoch=self._lease.epoch,
                     expected_cluster=row.cluster,
-                    cluster_id=record.cluster if kind is RepairKind.BINDING_RECORDED else None,
+                    cluster_id=bound if kind is RepairKind.BINDING_RECORDED else None,
                     detail=repair.describe(),
                 )
             except LeaseLost as err:
@@ -240,7 +250,9 @@ class Reconciler:
                 return False
         elif kind is RepairKind.STALE_FLIGHT:
             fresh = listing.get(repair.machine_id)
-            current = fresh.record if fresh is not None else self._engine.machine(repair.machine_id)
+            current = (
+                fresh.record() if fresh is not None else self._engine.machine(repair.machine_id)
+            )
             self._engine.settle(repair.machine_id, current, now=self._clock())
             if current is not None:
                 self._nodes.push(current)
