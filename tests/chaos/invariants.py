@@ -4,6 +4,7 @@
     demand     no cluster holds more than its demand plus one machine
     deadlines  no machine sits in a transitional state past its deadline without a
                visible FAILED or AwaitingOperator workflow
+    node view  what each operator was told equals what the provider says (issue 9, item 5)
     serving    every process that should serve does: its process is alive, the
                shard's lease is held, every operator is connected, the provider
                answers, the coordinator's workflow runs
@@ -134,6 +135,32 @@ async def violations(stack: ChaosStack, ages: StateAges, *, serving: tuple[str, 
                 f"(deadline {limit:g} s) with no FAILED or AwaitingOperator workflow "
                 f"(running phases: {sorted(phases) or 'none'})"
             )
+
+    # node view: what each operator was told equals what the provider says
+    for cluster_id, cluster in stack.clusters.items():
+        nodes = dict(cluster.nodes)
+        for m in listing:
+            if m.cluster == cluster_id and m.state in BOUND:
+                told = nodes.get(m.id)
+                if told is None or told.state != m.state:
+                    out.append(
+                        f"node view: {cluster_id} sees {m.id} as "
+                        f"{told.state_name if told else 'nothing'}, the provider "
+                        f"says {M.MachineState.Name(m.state)}"
+                    )
+        at_provider = {m.id: m for m in listing}
+        for machine_id, node in nodes.items():
+            actual = at_provider.get(machine_id)
+            if node.state in BOUND and (actual is None or actual.cluster != cluster_id):
+                out.append(
+                    f"node view: {cluster_id} still counts {machine_id} as "
+                    f"{node.state_name}; the provider has it "
+                    + (
+                        f"{M.MachineState.Name(actual.state)} for {actual.cluster or '-'}"
+                        if actual
+                        else "not at all"
+                    )
+                )
 
     # serving
     shard = await store.shard(SHARD)
