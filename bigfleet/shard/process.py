@@ -97,7 +97,7 @@ class ShardProcess:
             acting=lambda: self.active,
             lease=self.lease,
             # Hellos ask PostgreSQL for their cluster's shard in batches.
-            admissions=Admissions(store.assign_clusters),
+            admissions=Admissions(lambda ids: store.assign_clusters(ids)),
             membership=self.parts.membership,
             # Acknowledged on the sessions thread, applied on this loop.
             intake=Intake(clock=clock, max_skew_s=options.engine.rollup_max_skew_seconds),
