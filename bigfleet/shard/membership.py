@@ -65,9 +65,16 @@ class ShardMembership:
         self.defer_s = defer_s
         # cluster -> (receiver, clock value until which its roll-ups are deferred)
         self._leaving: dict[str, tuple[str, float]] = {}
+        # Clusters moved to another shard -> the receiver. A roll-up acknowledged just
+        # before the move may still be waiting to be applied (sessions run on their
+        # own thread and roll-ups are staged): it must not bring the cluster back.
+        self._gone: dict[str, str] = {}
 
     def deferral(self, cluster_id: str) -> str:
         """Why this cluster's roll-ups are not applied right now, or '' when they are."""
+        gone = self._gone.get(cluster_id)
+        if gone is not None:
+            return f"cluster moved to shard {gone}"
         leaving = self._leaving.get(cluster_id)
         if leaving is None:
             return ""
@@ -142,6 +149,7 @@ class ShardMembership:
                 "(the receiver must be active and this shard draining)"
             )
         self._leaving.pop(cid, None)
+        self._gone[cid] = inp.receiver
         reason = await self.elsewhere(cid, inp.receiver)
         self._hub.evict(cid, reason)
         log.info(
@@ -243,6 +251,8 @@ class ShardMembership:
 
     async def adopt_bound(self, cluster_id: str) -> int:
         """Own and observe every machine PostgreSQL binds to ``cluster_id`` on this shard."""
+        # Called when the cluster is admitted here: if it once moved away, it is back.
+        self._gone.pop(cluster_id, None)
         rows = await self._store.machines(self._shard_id, cluster_id=cluster_id)
         missing = [
             MachineTarget(r.machine_id, r.provider) for r in rows if r.machine_id not in self._owned
