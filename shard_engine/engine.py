@@ -15,7 +15,7 @@ and the next cycle assigns it there before anything else.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -48,6 +48,7 @@ from shard_engine.requirements import RELATIVE_TOLERANCE, RequirementMasks
 from shard_engine.worksheet import ClusterMemo, Worksheet
 
 __all__ = [
+    "CycleStats",
     "EngineConfig",
     "EngineSummary",
     "InvalidMachine",
@@ -72,6 +73,19 @@ class EngineSummary:
     paused: bool = False
     machines: int = 0
     profiles: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CycleStats:
+    """How the last cycle went, for metrics: time per stage and reclaims held back.
+
+    ``phase_seconds`` is empty unless the engine was given a ``stopwatch``
+    (the engine never reads a clock of its own). ``reclaims_capped`` counts
+    excess machines the per-cluster rate cap left for a later cycle.
+    """
+
+    phase_seconds: Mapping[str, float] = field(default_factory=dict)
+    reclaims_capped: int = 0
 
 
 @dataclass(slots=True)
@@ -135,8 +149,16 @@ _CLAIM_KINDS = {
 class ShardEngine:
     """In-memory decision engine of one shard (see module docstring)."""
 
-    def __init__(self, config: EngineConfig | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        *,
+        stopwatch: Callable[[], float] | None = None,
+    ) -> None:
         self.config = config or EngineConfig()
+        # Measures the cycle's stages when given (time.perf_counter); see ``stats``.
+        self._stopwatch = stopwatch
+        self.stats = CycleStats()
         self.paused = False
         self._catalog = ProfileCatalog()
         self._clusters = ClusterIndex()
@@ -251,6 +273,17 @@ class ShardEngine:
         """
         config = self.config
         inventory = self._inventory
+        laps: dict[str, float] = {}
+        clock = self._stopwatch
+        mark = clock() if clock is not None else 0.0
+
+        def lap(stage: str) -> None:
+            nonlocal mark
+            if clock is not None:
+                at = clock()
+                laps[stage] = at - mark
+                mark = at
+
         self._catalog.ensure_dimensions()
         inventory.ensure_tables()
         sheet = Worksheet(inventory, now, self._memo)
@@ -264,7 +297,9 @@ class ShardEngine:
             demand.widen(len(self._catalog.dims))
         by_cluster: dict[int, Demand] = {d.cluster: d for d in demands}
 
+        lap("prepare")
         self._assign_promises(sheet, by_cluster)
+        lap("promises")
         pending = phase1.assign(
             sheet=sheet,
             table=self._table,
@@ -274,6 +309,7 @@ class ShardEngine:
             tolerance=RELATIVE_TOLERANCE,
             max_spread_steps=config.max_spread_steps,
         )
+        lap("phase1")
         pending = preemption.preempt(
             sheet=sheet,
             pending=pending,
@@ -283,7 +319,8 @@ class ShardEngine:
             drain_seconds=self._memory.drain_seconds,
             tolerance=RELATIVE_TOLERANCE,
         )
-        reclaim.reclaim_excess(
+        lap("preemption")
+        capped = reclaim.reclaim_excess(
             sheet=sheet,
             demands=demands,
             catalog=self._catalog,
@@ -293,13 +330,16 @@ class ShardEngine:
             record=not dry_run,
             release=self._table.releases(),
         )
+        lap("reclaim")
         reclaim.release_idle(
             sheet=sheet,
             catalog=self._catalog,
             config=config,
             recent_draw=self._recent_draw_view(),
         )
+        lap("release")
         health.verify(sheet=sheet, suspects=self._suspects, in_flight=set(self._flights))
+        lap("health")
         ages = dict(self._memory.ages) if dry_run else self._memory.ages
         found, why_not = shortfalls.collect(
             pending=pending,
@@ -308,6 +348,7 @@ class ShardEngine:
             ages=ages,
             config=config,
         )
+        lap("shortfalls")
         log = sheet.log
         if self.paused:
             for s, need in enumerate(log.need):
@@ -333,6 +374,9 @@ class ShardEngine:
             table = ActionTable.build(log, ids=inventory.ids.strings, names=self._clusters.names)
             if not dry_run:
                 self._commit(sheet, now)
+        lap("commit")
+        if not dry_run:
+            self.stats = CycleStats(phase_seconds=laps, reclaims_capped=capped)
         plan_why_not = {
             (self._clusters.name(c), key): reason
             for c, reasons in why_not.items()

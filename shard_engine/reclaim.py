@@ -184,8 +184,11 @@ def reclaim_excess(
     memory: ReclaimMemory,
     record: bool = True,
     release: Mapping[int, frozenset[str]] | None = None,
-) -> None:
+) -> int:
     """Plan :class:`Reclaim` actions for excess configured machines (see module docstring).
+
+    Returns how many excess machines, ready to go, the per-cluster rate cap
+    left for a later cycle.
 
     ``release`` maps a cluster index to the machine ids its roll-up offered
     for release; such a cluster's excess is taken from those machines only.
@@ -211,6 +214,7 @@ def reclaim_excess(
     now_s = inventory.seconds(now)
     oldest_since = now_s - config.reclaim_min_age_seconds
     examined = 0
+    capped = 0
     start = memo.reclaim_cursor % len(demands) if demands else 0
     for offset in range(len(demands)):
         demand = demands[(start + offset) % len(demands)]
@@ -336,7 +340,8 @@ def reclaim_excess(
         coming_of_age = math.inf
         for position in order.tolist():
             if budget <= 0:
-                break
+                capped += max(0, min(allowed[position], left[position]))
+                continue
             if allowed[position] <= 0:
                 continue  # bounds only shrink as machines are taken
             profile = profile_of[position]
@@ -361,6 +366,8 @@ def reclaim_excess(
             if not len(rows):
                 continue
             budget -= len(rows)
+            if budget <= 0:
+                capped += max(0, min(allowed[position], left[position]) - len(rows))
             changed = True
             sheet.move_supply(cluster, profile, -len(rows))
             if peaks.matrix.shape[0] and profile < width:
@@ -379,6 +386,7 @@ def reclaim_excess(
             )
         if not changed and coming_of_age < math.inf:
             _mark_quiet(sheet, memory, demand, touched=touched, until=min(coming_of_age, recheck))
+    return capped
 
 
 def _youngest(

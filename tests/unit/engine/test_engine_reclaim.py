@@ -383,3 +383,35 @@ def test_a_swinging_need_keeps_half_its_swing_above_its_peak() -> None:
 
     assert reclaimed(config) == 1  # keeps 16 + 8 / 2 = 20 cores
     assert reclaimed(replace(config, reclaim_swing_margin=0.0)) == 2  # keeps 16
+
+
+def test_excess_left_by_the_rate_cap_is_counted_for_metrics() -> None:
+    engine = ShardEngine(EAGER)
+    fleet(engine, 10, state=MachineState.CONFIGURED, cluster="c1")
+    engine.apply_rollup(rollup("c1", 1, need(cpu=8)), now=0)
+
+    plan = engine.cycle(now=1)
+
+    assert len(reclaims(plan)) == 1  # max(1, 5 % of 10)
+    assert engine.stats.reclaims_capped == 7  # the other excess machines wait
+
+
+def test_a_stopwatch_times_every_stage_of_the_cycle() -> None:
+    ticks = iter(range(100))
+    engine = ShardEngine(EAGER, stopwatch=lambda: float(next(ticks)))
+    engine.apply_rollup(rollup("c1", 1, need(cpu=8)), now=0)
+
+    engine.cycle(now=1)
+
+    assert set(engine.stats.phase_seconds) == {
+        "prepare",
+        "promises",
+        "phase1",
+        "preemption",
+        "reclaim",
+        "release",
+        "health",
+        "shortfalls",
+        "commit",
+    }
+    assert all(seconds == 1.0 for seconds in engine.stats.phase_seconds.values())
