@@ -15,6 +15,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.context import ProviderCalls
 from activities.membership import plan_decommission
+from bigfleet.metrics import COORDINATOR_INSTRUCTIONS, COORDINATOR_ROUNDS
 from bigfleet.store import Store
 from bigfleet.v1alpha1 import provider_pb2
 from shard_engine.catalog import LABEL_RACK
@@ -195,6 +196,7 @@ class CoordinatorActivities:
             for r in inp.reports
         }
         planned = plan_transfers(views, max_share=inp.max_share)
+        COORDINATOR_ROUNDS.labels("planned" if planned else "nothing-to-do").inc()
         return co.PlanResult(
             transfers=[
                 co.TransferSpec(
@@ -232,6 +234,7 @@ class CoordinatorActivities:
 
     @activity.defn(name=co.RECORD_INSTRUCTION)
     async def record_instruction(self, inp: co.InstructionRecord) -> None:
+        COORDINATOR_INSTRUCTIONS.labels(inp.kind).inc()
         await self._store.record_instruction(
             term=inp.term,
             seq=inp.seq,

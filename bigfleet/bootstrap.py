@@ -1,6 +1,7 @@
 """One bootstrap: builds the store, the Temporal client, the provider clients and the processes.
 
     Settings (BIGFLEET_* environment) ──► connect() ──► Wiring
+        /metrics (BIGFLEET_METRICS_LISTEN)   prometheus_client
         Database (migrated) + Store          PostgreSQL
         Temporal client (+ search attributes, mutual TLS when asked)
         ProviderClient per configured provider (mutual TLS when configured)
@@ -29,6 +30,8 @@ from bigfleet import temporal
 from bigfleet.config import ConfigError, Settings
 from bigfleet.coordinator import CoordinatorProcess
 from bigfleet.identity import KeyPairSource, client_security, temporal_tls
+from bigfleet.metrics import MetricsServer
+from bigfleet.metrics import serve as serve_metrics
 from bigfleet.shard.options import ShardOptions
 from bigfleet.shard.process import ShardProcess
 from bigfleet.store import Database, Store
@@ -56,12 +59,16 @@ class Wiring:
     providers: dict[str, ProviderClient] = field(default_factory=dict)
     # The process's own certificate (the Session port, provider calls), when configured.
     tls: KeyPairSource | None = None
+    # /metrics, when BIGFLEET_METRICS_LISTEN asks for it.
+    metrics: MetricsServer | None = None
 
     async def close(self) -> None:
         for client in self.providers.values():
             with contextlib.suppress(Exception):
                 await client.close()
         await self.db.close()
+        if self.metrics is not None:
+            self.metrics.stop()
 
 
 async def open_store(database_url: str, *, migrate: bool = True) -> tuple[Database, Store]:
@@ -94,15 +101,21 @@ async def connect(settings: Settings, *, search_attributes: bool = True) -> Asyn
     if not settings.temporal_address:
         raise ConfigError("BIGFLEET_TEMPORAL_ADDRESS", "must be set")
     tls = temporal_tls_of(settings)
+    served = serve_metrics(settings.metrics_listen) if settings.metrics_listen else None
     db, store = await open_store(settings.database_url)
     try:
         client = await temporal.connect(
-            settings.temporal_address, settings.temporal_namespace, tls=tls
+            settings.temporal_address,
+            settings.temporal_namespace,
+            tls=tls,
+            runtime=temporal.runtime(settings.temporal_metrics_listen),
         )
         if search_attributes:
             await temporal.ensure_search_attributes(client, settings.temporal_namespace)
     except BaseException:
         await db.close()
+        if served is not None:
+            served.stop()
         raise
     security = client_security(settings.tls)
     wiring = Wiring(
@@ -114,6 +127,7 @@ async def connect(settings: Settings, *, search_attributes: bool = True) -> Asyn
             for p in settings.providers
         },
         tls=security.source if security is not None else None,
+        metrics=served,
     )
     try:
         yield wiring

@@ -110,6 +110,12 @@ def dev(
     temporal_port: Annotated[int, typer.Option(help="Temporal frontend port.")] = 7233,
     shard_port: Annotated[int, typer.Option(help="Shard.Session port.")] = 7443,
     summary_every: Annotated[float, typer.Option(help="Seconds between summaries.")] = 5.0,
+    metrics_port: Annotated[
+        int, typer.Option(help="Prometheus /metrics of the whole stack (0: not served).")
+    ] = 9464,
+    temporal_metrics_port: Annotated[
+        int, typer.Option(help="The Temporal SDK's own Prometheus metrics (0: not served).")
+    ] = 9465,
     shards: Annotated[int, typer.Option(min=1, max=16, help="Shard processes to run.")] = 1,
     tls: Annotated[
         bool,
@@ -137,6 +143,10 @@ def dev(
         time_factor=time_factor,
         shards=shards,
         tls=tls,
+        metrics_listen=f"127.0.0.1:{metrics_port}" if metrics_port else None,
+        temporal_metrics_listen=(
+            f"127.0.0.1:{temporal_metrics_port}" if temporal_metrics_port else None
+        ),
     )
 
     async def main(stop: asyncio.Event) -> None:
@@ -158,6 +168,16 @@ def dev(
                     for n, p in zip(stack.provider_clients, stack.providers, strict=True)
                 )
                 + f"\n  PostgreSQL       {stack.database_url}\n"
+                + (
+                    f"  Metrics          http://{stack.metrics.address}/metrics\n"
+                    if stack.metrics is not None
+                    else ""
+                )
+                + (
+                    f"  Temporal SDK     http://{stack.temporal_metrics_address}/metrics\n"
+                    if stack.temporal_metrics_address
+                    else ""
+                )
                 + (
                     f"  mTLS             certificates in {stack.certs_dir} "
                     "(admin.pem, readonly.pem, ca.pem)\n"

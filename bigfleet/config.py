@@ -142,6 +142,17 @@ def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int = 0) -
     return value
 
 
+def _listen(env: Mapping[str, str], name: str) -> str | None:
+    """An optional HOST:PORT address (port 0: any free port)."""
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return None
+    _, sep, port = raw.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(name, f"{raw!r} is not HOST:PORT")
+    return raw
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything a BigFleet process needs to know about its surroundings."""
@@ -171,6 +182,9 @@ class Settings:
     reclaim_hysteresis_cycles: int = 3
     reclaim_min_age_s: float = 600.0
     reclaim_window_s: float = 600.0
+    # Where /metrics is served (prometheus_client), and the Temporal SDK's own metrics.
+    metrics_listen: str | None = None
+    temporal_metrics_listen: str | None = None
     data_dir: Path = field(default_factory=lambda: Path(".bigfleet"))
     holder: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
     # Mutual TLS for every gRPC edge of the process; None means plaintext.
@@ -207,6 +221,8 @@ class Settings:
             reclaim_hysteresis_cycles=_int(env, "BIGFLEET_RECLAIM_HYSTERESIS_CYCLES", 3, minimum=1),
             reclaim_min_age_s=_float(env, "BIGFLEET_RECLAIM_MIN_AGE_SECONDS", 600.0),
             reclaim_window_s=_float(env, "BIGFLEET_RECLAIM_WINDOW_SECONDS", 600.0),
+            metrics_listen=_listen(env, "BIGFLEET_METRICS_LISTEN"),
+            temporal_metrics_listen=_listen(env, "BIGFLEET_TEMPORAL_METRICS_LISTEN"),
             data_dir=Path(env.get("BIGFLEET_DATA_DIR", ".bigfleet")),
             tls=parse_tls(env),
             temporal_tls=_flag(env, "BIGFLEET_TEMPORAL_TLS"),
@@ -250,6 +266,10 @@ class Settings:
             "BIGFLEET_RECLAIM_MIN_AGE_SECONDS": (
                 "a machine (and its need) is reclaimed only this long after it was configured "
                 "(default 600)"
+            ),
+            "BIGFLEET_METRICS_LISTEN": "HOST:PORT serving Prometheus /metrics (unset: none)",
+            "BIGFLEET_TEMPORAL_METRICS_LISTEN": (
+                "HOST:PORT serving the Temporal SDK's own Prometheus metrics (unset: none)"
             ),
             "BIGFLEET_RECLAIM_WINDOW_SECONDS": (
                 "excess is judged against each need's peak over this window (default 600)"

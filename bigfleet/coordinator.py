@@ -21,6 +21,7 @@ from temporalio.worker import Worker
 
 from activities.context import ProviderCalls
 from activities.registry import coordinator_activities
+from bigfleet.metrics import COORDINATOR_TERM
 from bigfleet.store import Store
 from workflows import coordinator as co
 from workflows.registry import COORDINATOR_WORKFLOWS
@@ -53,6 +54,7 @@ class CoordinatorProcess:
 
     async def start(self) -> None:
         self.term = await self.store.take_term()
+        COORDINATOR_TERM.set(self.term)
         self._worker = Worker(
             self.temporal,
             task_queue=co.COORDINATOR_QUEUE,

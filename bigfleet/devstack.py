@@ -33,6 +33,8 @@ from bigfleet.certs import leaf_stem, write_bundle
 from bigfleet.config import TLSFiles
 from bigfleet.coordinator import CoordinatorProcess
 from bigfleet.identity import ChannelSecurity, Identity, KeyPairSource, Role, provider_security
+from bigfleet.metrics import MetricsServer
+from bigfleet.metrics import serve as serve_metrics
 from bigfleet.shard.process import ShardOptions, ShardProcess
 from bigfleet.store import Database, EmbeddedPostgres, Store
 from clusters.operator import DemandPattern, SimulatedCluster
@@ -95,6 +97,10 @@ class DevStackOptions:
     poll: PollPolicy = field(default_factory=lambda: PollPolicy(initial_s=0.25, max_s=2.0))
     # The shards' engine tuning (reclaim hysteresis, minimum age, window, ...).
     engine: EngineConfig = field(default_factory=EngineConfig)
+    # Prometheus /metrics for every part of the stack (one process), and the Temporal
+    # SDK's own metrics; None: not served. Port 0: any free port.
+    metrics_listen: str | None = None
+    temporal_metrics_listen: str | None = None
     # Called with each provider core before it serves (tests attach recorders here).
     provider_hook: Callable[[ProviderCore], None] | None = None
     # More providers beside the simulated cloud (a bare-metal site, a second cloud).
@@ -124,6 +130,8 @@ class DevStack:
         # Per-process provider clients when each presents its own certificate (TLS).
         self._extra_clients: list[ProviderClient] = []
         self.certs_dir: Path | None = None
+        self.metrics: MetricsServer | None = None
+        self.temporal_metrics_address = ""
 
     def _tls(self, identity: Identity) -> KeyPairSource | None:
         """The development certificate of one process (None without TLS)."""
@@ -156,6 +164,14 @@ class DevStack:
     async def start(self) -> None:
         o = self.options
         o.data_dir.mkdir(parents=True, exist_ok=True)
+        if o.metrics_listen:
+            self.metrics = serve_metrics(o.metrics_listen)
+        sdk_metrics = o.temporal_metrics_listen
+        if sdk_metrics and sdk_metrics.endswith(":0"):
+            # The SDK's exporter cannot report the port it picked: pick one for it.
+            sdk_metrics = f"{sdk_metrics.rsplit(':', 1)[0]}:{_free_port()}"
+        self.temporal_metrics_address = sdk_metrics or ""
+        runtime = temporal.runtime(sdk_metrics)
         if o.tls:
             self.certs_dir = o.data_dir / "certs"
             # The CA and the operators' certificates; each process's leaf is issued on first use.
@@ -169,7 +185,7 @@ class DevStack:
         self.db, self.store = await bootstrap.open_store(self.database_url)
 
         if o.temporal_address:
-            self.client = await temporal.connect(o.temporal_address)
+            self.client = await temporal.connect(o.temporal_address, runtime=runtime)
             await temporal.ensure_search_attributes(self.client)
             self.temporal_address = o.temporal_address
         else:
@@ -178,6 +194,7 @@ class DevStack:
                 port=o.temporal_port or _free_port(),
                 ui=o.ui,
                 ui_port=o.ui_port or None,
+                runtime=runtime,
             )
             self.client = self._env.client
             self.temporal_address = self.client.service_client.config.target_host
@@ -289,6 +306,8 @@ class DevStack:
             await self.db.close()
         if self._pg is not None:
             await asyncio.to_thread(self._pg.stop)
+        if self.metrics is not None:
+            self.metrics.stop()
 
     def _provider_security(self, name: str) -> ServerSecurity | None:
         source = self._tls(Identity(Role.PROVIDER, name))

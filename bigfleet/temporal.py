@@ -18,6 +18,7 @@ from temporalio.api.operatorservice.v1 import (
 )
 from temporalio.client import Client
 from temporalio.common import SearchAttributeIndexedValueType
+from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 from temporalio.testing import WorkflowEnvironment
 
@@ -27,6 +28,7 @@ __all__ = [
     "binary",
     "connect",
     "ensure_search_attributes",
+    "runtime",
     "start_dev_server",
     "start_time_skipping",
 ]
@@ -52,6 +54,7 @@ async def start_dev_server(
     ui: bool = True,
     ui_port: int | None = 8233,
     namespace: str = "default",
+    runtime: Runtime | None = None,
 ) -> WorkflowEnvironment:
     """Start the Temporal CLI dev server with BigFleet's search attributes registered.
 
@@ -69,6 +72,7 @@ async def start_dev_server(
         ui_port=ui_port if ui else None,
         search_attributes=sa.ALL,
         dev_server_extra_args=extra,
+        runtime=runtime,
     )
 
 
@@ -82,10 +86,35 @@ async def start_time_skipping() -> WorkflowEnvironment:
 
 
 async def connect(
-    address: str, namespace: str = "default", *, tls: TLSConfig | None = None
+    address: str,
+    namespace: str = "default",
+    *,
+    tls: TLSConfig | None = None,
+    runtime: Runtime | None = None,
 ) -> Client:
-    """A Temporal client; with ``tls`` it presents a client certificate (mutual TLS)."""
-    return await Client.connect(address, namespace=namespace, tls=tls or False)
+    """A Temporal client; with ``tls`` it presents a client certificate (mutual TLS).
+
+    ``runtime`` carries the SDK's telemetry (see :func:`runtime`); None is the
+    SDK's default runtime, without a metrics exporter.
+    """
+    return await Client.connect(address, namespace=namespace, tls=tls or False, runtime=runtime)
+
+
+def runtime(metrics_listen: str | None) -> Runtime | None:
+    """A Temporal SDK runtime exporting the SDK's own metrics on ``metrics_listen``.
+
+    The SDK's metrics (``temporal_*``: task latencies, pollers, workflow
+    completions by type) are served by the SDK's Prometheus exporter, apart
+    from BigFleet's ``/metrics``. Durations are in seconds. None when no
+    address is given.
+    """
+    if not metrics_listen:
+        return None
+    return Runtime(
+        telemetry=TelemetryConfig(
+            metrics=PrometheusConfig(bind_address=metrics_listen, durations_as_seconds=True)
+        )
+    )
 
 
 _INDEXED: dict[SearchAttributeIndexedValueType, int] = {

@@ -21,6 +21,7 @@ from typing import Annotated
 
 import typer
 
+from bigfleet.metrics import serve as serve_metrics
 from providers.config import ProviderConfig
 from providers.server import ServerSecurity, start_provider_server
 
@@ -87,6 +88,13 @@ def serve(
     ] = None,
     fsync: Annotated[bool, typer.Option(help="fsync the state journal on every write.")] = False,
     log_level: Annotated[str, typer.Option(help="Python logging level.")] = "INFO",
+    metrics_listen: Annotated[
+        str | None,
+        typer.Option(
+            envvar="BIGFLEET_METRICS_LISTEN",
+            help="HOST:PORT serving Prometheus /metrics (default: none).",
+        ),
+    ] = None,
 ) -> None:
     """Serve one simulated provider until SIGINT or SIGTERM."""
     logging.basicConfig(
@@ -105,7 +113,17 @@ def serve(
         fsync=fsync,
     )
     security = _security_factory[0]()
-    asyncio.run(_serve(config, addr, security))
+    served = None
+    if metrics_listen:
+        try:
+            served = serve_metrics(metrics_listen)
+        except (ValueError, OSError) as err:
+            raise typer.BadParameter(str(err), param_hint="--metrics-listen") from None
+    try:
+        asyncio.run(_serve(config, addr, security))
+    finally:
+        if served is not None:
+            served.stop()
 
 
 async def _serve(config: ProviderConfig, addr: str, security: ServerSecurity | None) -> None:

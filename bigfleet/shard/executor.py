@@ -37,6 +37,7 @@ from temporalio.common import (
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
+from bigfleet import metrics
 from bigfleet.shard.convert import requirement_specs
 from shard_engine.engine import ShardEngine
 from shard_engine.model import (
@@ -115,6 +116,8 @@ class _Start:
     machine_ids: list[str]
     seq: int
     attrs: list[SearchAttributePair[Any]]
+    # Why a drain, delete or recovery runs (metrics, search attribute, UI summary).
+    reason: str = ""
 
 
 class PlannedMachines(Protocol):
@@ -284,7 +287,7 @@ class Executor:
             SearchAttributePair(sa.PRIORITY, priority),
             SearchAttributePair(sa.GRACE_SECONDS, action.grace_seconds),
         ]
-        return _Start(DrainWorkflow.run, inp, OP_DRAIN, [record.id], seq, attrs)
+        return _Start(DrainWorkflow.run, inp, OP_DRAIN, [record.id], seq, attrs, reason=reason)
 
     def _delete(self, record: MachineRecord) -> _Start:
         seq = self._sequences.next([record.id])
@@ -299,7 +302,7 @@ class Executor:
             SearchAttributePair(sa.PHASE, DELETING),
             SearchAttributePair(sa.PRIORITY, 0),
         ]
-        return _Start(DeleteWorkflow.run, inp, OP_DELETE, [record.id], seq, attrs)
+        return _Start(DeleteWorkflow.run, inp, OP_DELETE, [record.id], seq, attrs, reason="release")
 
     def _verify(self, action: Verify, record: MachineRecord) -> _Start:
         seq = self._sequences.next([record.id])
@@ -365,6 +368,7 @@ class Executor:
     async def _start(self, start: _Start, *, records: list[MachineRecord]) -> int:
         """Submit a cycle's action; if Temporal refuses, give the machines back to the engine."""
         wf_id = self._id(start)
+        workflow = _workflow_type(start)
         try:
             await self._submit(start)
         except WorkflowAlreadyStartedError:
@@ -373,11 +377,18 @@ class Executor:
         except RPCError as err:
             # Temporal is unreachable or refused: give the machines back to the
             # engine so a later cycle plans them again.
+            metrics.WORKFLOW_FAILURES.labels(workflow, "start").inc()
             log.error("could not start %s: %s; releasing its machines", wf_id, err)
             for record in records:
                 self._engine.settle(record.id, self._engine.machine(record.id), now=self._clock())
             return 0
+        metrics.WORKFLOW_STARTS.labels(workflow, start.reason).inc()
         return 1
+
+
+def _workflow_type(start: _Start) -> str:
+    """The workflow type a start names (``DrainWorkflow``), for metrics."""
+    return str(getattr(start.run, "__qualname__", "workflow")).split(".", 1)[0]
 
 
 def _machines_of(action: Action) -> tuple[str, ...]:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from activities.machines import META_NEED
+from bigfleet.shard import telemetry
 from bigfleet.shard.holdings import Holdings
 from bigfleet.shard.lease import LeaseKeeper
 from bigfleet.shard.lifecycle import MachineLifecycle
@@ -72,6 +73,8 @@ class OutcomeRecorder:
     async def record_outcomes(self, outcome: RecordOutcomesInput) -> None:
         """Persist and settle every machine of a finished batch (idempotent)."""
         for result in outcome.outcomes:
+            if result.state == FAILED:
+                telemetry.record_failed_outcome(outcome.operation)
             configured = result.state == CONFIGURED
             reached = result.state == _TARGET_STATE.get(outcome.operation, result.state)
             await self._persist(
@@ -95,6 +98,8 @@ class OutcomeRecorder:
         ``quarantine`` stops using the machine.
         """
         result = record.outcome
+        if result.state == FAILED:
+            telemetry.record_failed_outcome(record.operation)
         reason = result.last_error or record.note
         if record.persist:
             bound = record.cluster_id if record.succeeded else ""

@@ -21,6 +21,7 @@ and :class:`CoordinatorTerms`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -86,7 +87,7 @@ def assemble(
 ) -> ShardParts:
     """Build the parts of the shard ``options.shard_id`` and wire them to each other."""
     shard_id = options.shard_id
-    engine = ShardEngine(options.engine)
+    engine = ShardEngine(options.engine, stopwatch=time.perf_counter)
     hub = SessionHub()
     lifecycle = MachineLifecycle()
     holdings = Holdings()

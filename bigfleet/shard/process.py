@@ -36,6 +36,7 @@ from temporalio.worker import Worker
 from activities.context import ProviderCalls
 from activities.registry import shard_activities
 from bigfleet.identity import KeyPairSource
+from bigfleet.shard import telemetry
 from bigfleet.shard.admissions import Admissions
 from bigfleet.shard.executor import claim_running
 from bigfleet.shard.intake import Intake
@@ -297,6 +298,7 @@ class ShardProcess:
         await self.parts.observer.observe_all(full=False)
 
     async def _cycle(self) -> None:
+        telemetry.record_lease(self.shard_id, held=self.active, epoch=self.lease.epoch)
         if self.active:
             await self.run_cycle()
 
@@ -318,7 +320,15 @@ class ShardProcess:
         if not self.active:
             return 0
         self.sink.apply_staged()  # every roll-up acknowledged so far counts in this cycle
+        started = time.perf_counter()
         plan = self.engine.cycle(now=self.clock())
+        telemetry.record_cycle(
+            self.shard_id,
+            plan,
+            seconds=time.perf_counter() - started,
+            stats=self.engine.stats,
+            sessions_open=len(self.hub),
+        )
         self.cycles += 1
         self.last_plan_actions = len(plan.actions)
         return await self.parts.executor.execute(plan)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,8 @@ async def stack(
         quota_scale=0.2,
         persist=False,
         provider_hook=recorder.attach,
+        metrics_listen="127.0.0.1:0",
+        temporal_metrics_listen="127.0.0.1:0",
     )
     dev = DevStack(options)
     try:
@@ -143,3 +146,56 @@ async def test_a_cluster_rollup_becomes_configured_machines(
         assert [op for op, _, _ in log].count("provision") + [op for op, _, _ in log].count(
             "configure"
         ) == 1
+
+
+def _scrape(address: str) -> str:
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as response:
+        body: str = response.read().decode()
+    return body
+
+
+def _value(body: str, name: str, **labels: str) -> float:
+    """The value of one sample in Prometheus' text format (0 when absent)."""
+    for line in body.splitlines():
+        if not line.startswith(name):
+            continue
+        head, _, value = line.rpartition(" ")
+        if head.split("{", 1)[0] != name:
+            continue
+        if all(f'{k}="{v}"' in head for k, v in labels.items()):
+            return float(value)
+    return 0.0
+
+
+async def test_every_part_of_the_stack_serves_its_metrics(
+    stack: tuple[DevStack, TokenRecorder],
+) -> None:
+    dev, _ = stack
+    assert dev.metrics is not None and dev.shard is not None
+    shard = dev.shard.shard_id
+
+    # Counters are per process and other tests ran stacks here before: compare with now.
+    before = await asyncio.to_thread(_scrape, dev.metrics.address)
+    provisions = _value(before, "bigfleet_shard_actions_total", shard=shard, kind="provision")
+
+    async def provisioned() -> str:
+        body = await asyncio.to_thread(_scrape, dev.metrics.address)  # type: ignore[union-attr]
+        grew = _value(body, "bigfleet_shard_actions_total", shard=shard, kind="provision")
+        connected = _value(body, "bigfleet_shard_sessions_open", shard=shard) == 1
+        return body if grew > provisions and connected else ""
+
+    body = await _eventually(provisioned, within=60, what="provisioning counted in /metrics")
+
+    assert _value(body, "bigfleet_shard_cycle_duration_seconds_count", shard=shard) > 0
+    assert _value(body, "bigfleet_shard_cycle_phase_duration_seconds_count", phase="phase1") > 0
+    assert _value(body, "bigfleet_shard_lease_held", shard=shard) == 1
+    assert _value(body, "bigfleet_shard_lease_epoch", shard=shard) >= 1
+    assert _value(body, "bigfleet_shard_rollups_total", shard=shard, outcome="applied") > 0
+    assert _value(body, "bigfleet_shard_sessions_open", shard=shard) == 1
+    assert _value(body, "bigfleet_workflow_starts_total", type="ProvisionWorkflow") > 0
+    assert _value(body, "bigfleet_provider_client_calls_total", method="List", code="OK") > 0
+    assert _value(body, "bigfleet_provider_requests_total", method="List", code="OK") > 0
+    assert _value(body, "bigfleet_coordinator_term") >= 1
+    assert "bigfleet_shard_unmet_needs" in body and "bigfleet_reconcile_repairs_total" in body
+    sdk = await asyncio.to_thread(_scrape, dev.temporal_metrics_address)
+    assert "temporal_" in sdk
