@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 from bigfleet.config import ConfigError, Settings
+from bigfleet.endpoints import Endpoints, EndpointsMissing
 
 if TYPE_CHECKING:
     from temporalio.service import TLSConfig
@@ -271,11 +272,12 @@ def coordinator_run(
 @coordinator_app.command("status")
 def coordinator_status(
     limit: Annotated[int, typer.Option(help="Instructions to show.")] = 20,
+    database_url: _DatabaseOption = None,
 ) -> None:
     """The coordinator's term, pending instructions, and recent outcomes."""
 
     async def main() -> None:
-        async with _open_store() as store:
+        async with _open_store(database_url) as store:
             typer.echo(f"term {await store.term()}")
             rows = await store.instructions(limit=limit)
             if not rows:
@@ -294,13 +296,13 @@ app.add_typer(shards_app, name="shards")
 
 
 @shards_app.callback(invoke_without_command=True)
-def shards_list(ctx: typer.Context) -> None:
+def shards_list(ctx: typer.Context, database_url: _DatabaseOption = None) -> None:
     """Shard membership: leases, epochs, clusters and machines per shard."""
     if ctx.invoked_subcommand is not None:
         return
 
     async def main() -> None:
-        async with _open_store() as store:
+        async with _open_store(database_url) as store:
             rows = await store.shards()
         typer.echo(
             f"{'shard':<12} {'state':<9} {'epoch':>5} {'clusters':>8} {'machines':>8}  lease"
@@ -325,6 +327,7 @@ def shards_drain(
         bool, typer.Option(help="Wait until it owns no cluster and no machine.")
     ] = False,
     timeout: Annotated[float, typer.Option(help="Seconds to wait with --wait.")] = 600.0,
+    database_url: _DatabaseOption = None,
 ) -> None:
     """Drain a shard: it takes nothing new and gives all it owns to active shards.
 
@@ -335,7 +338,7 @@ def shards_drain(
     from bigfleet.store.repository import MembershipError
 
     async def main() -> str:
-        async with _open_store() as store:
+        async with _open_store(database_url) as store:
             try:
                 await store.drain_shard(shard_id)
             except KeyError as err:
@@ -379,12 +382,13 @@ def shards_drain(
 @shards_app.command("remove")
 def shards_remove(
     shard_id: Annotated[str, typer.Argument(help="The drained shard to remove.")],
+    database_url: _DatabaseOption = None,
 ) -> None:
     """Remove a drained shard. Refused while it still owns clusters or machines."""
     from bigfleet.store.repository import MembershipError
 
     async def main() -> str:
-        async with _open_store() as store:
+        async with _open_store(database_url) as store:
             try:
                 await store.remove_shard(shard_id)
             except KeyError as err:
@@ -408,6 +412,7 @@ def decommission(
     value: Annotated[str, typer.Option(help="The domain's label value.")],
     count: Annotated[int, typer.Option(min=1, help="How many machines of the domain retire.")],
     reason: Annotated[str, typer.Option(help="Kept with each retired machine.")] = "decommissioned",
+    address: _AddressOption = None,
 ) -> None:
     """Retire machines of a domain, the same share from every shard that holds some.
 
@@ -419,11 +424,10 @@ def decommission(
     from workflows import coordinator as co
 
     settings = _settings()
-    address = settings.temporal_address or "127.0.0.1:7233"
 
     async def main() -> None:
         client = await temporal.connect(
-            address, settings.temporal_namespace, tls=_temporal_tls(settings)
+            _temporal_address(address), settings.temporal_namespace, tls=_temporal_tls(settings)
         )
         result = await client.execute_workflow(
             co.DecommissionWorkflow.run,
@@ -440,11 +444,11 @@ def decommission(
 
 
 @app.command("clusters")
-def clusters_list() -> None:
+def clusters_list(database_url: _DatabaseOption = None) -> None:
     """Which shard serves each cluster (assigned on first contact, permanent)."""
 
     async def main() -> None:
-        async with _open_store() as store:
+        async with _open_store(database_url) as store:
             for c in await store.clusters():
                 typer.echo(
                     f"{c.cluster_id:<32} {c.shard_id:<12} since {c.first_seen_at:%Y-%m-%d %H:%M:%S}"
@@ -558,24 +562,39 @@ def parse_duration(text: str) -> float:
 
 
 def _temporal_address(address: str | None) -> str:
-    return address or os.environ.get("BIGFLEET_TEMPORAL_ADDRESS") or "127.0.0.1:7233"
+    """``--address``, BIGFLEET_TEMPORAL_ADDRESS or the running dev stack's Temporal."""
+    found = _endpoints(address=address).need_temporal()
+    _REACHING.append(f"Temporal at {found}")
+    return found
 
 
 def stuck_drains_query(older_than_s: float | None, *, now: float | None = None) -> str:
-    """The visibility query for running drains (started more than ``older_than_s`` ago)."""
-    query = "WorkflowType = 'DrainWorkflow' AND ExecutionStatus = 'Running'"
-    if older_than_s is not None:
-        moment = datetime.fromtimestamp(
-            (time.time() if now is None else now) - older_than_s, tz=UTC
-        )
-        query += f" AND StartTime < '{moment.strftime('%Y-%m-%dT%H:%M:%SZ')}'"
-    return query
+    """The visibility query for running drains (started more than ``older_than_s`` ago).
+
+    The query itself is ``workflows.search_attributes.stuck_drains_query``, the
+    one the README and the UI docs show.
+    """
+    from workflows.search_attributes import stuck_drains_query as query_for
+
+    if older_than_s is None:
+        return query_for()
+    moment = datetime.fromtimestamp((time.time() if now is None else now) - older_than_s, tz=UTC)
+    return query_for(moment.strftime("%Y-%m-%dT%H:%M:%SZ"))
 
 
+_DatabaseOption = Annotated[
+    str | None,
+    typer.Option(
+        "--database-url",
+        help="PostgreSQL URL (default: $BIGFLEET_DATABASE_URL, else the running dev stack's).",
+    ),
+]
 _AddressOption = Annotated[
     str | None,
     typer.Option(
-        "--address", help="Temporal frontend host:port (default: $BIGFLEET_TEMPORAL_ADDRESS)."
+        "--address",
+        help="Temporal frontend host:port (default: $BIGFLEET_TEMPORAL_ADDRESS, "
+        "else the running dev stack's).",
     ),
 ]
 _NamespaceOption = Annotated[str, typer.Option("--namespace", help="Temporal namespace.")]
@@ -627,6 +646,170 @@ def drains_list(
                 f"{attrs.get(sa.PRIORITY) or 0:>9} "
                 f"{_age(now - wf.start_time.timestamp()):>9}  {wf.id}"
             )
+
+    _run(main())
+
+
+@app.command("needs")
+def needs_list(
+    cluster: Annotated[str, typer.Option("--cluster", help="Only this cluster's needs.")] = "",
+    unmet: Annotated[bool, typer.Option("--unmet", help="Only needs still short.")] = False,
+    shard: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--shard", help="A shard's Session address HOST:PORT (default: every live shard)."
+        ),
+    ] = None,
+    database_url: _DatabaseOption = None,
+) -> None:
+    """Why-not: every need and what the last cycle made of it (ShardRead/InspectNeeds).
+
+    Columns: SHARD, CLUSTER, NEED (its key), PRIORITY, STATUS (ok, or what is
+    still missing), REASON (why it is short), SUPPLY (matching machines
+    idle/configured/speculative; + when capped), VICTIMS (lower-priority
+    machines preempted for it), AGE (cycles short).
+    """
+    from bigfleet.identity import channel, client_security
+    from bigfleet.v1alpha1 import shardread_pb2, shardread_pb2_grpc
+
+    settings = _settings()
+
+    async def addresses() -> dict[str, str]:
+        if shard:
+            return {address: address for address in shard}
+        found = _endpoints(database_url=database_url)
+        if found.shards and not database_url:
+            return dict(found.shards)
+        async with _open_store(database_url) as store:
+            rows = await store.shards()
+        return {r.id: r.address for r in rows if r.address and r.lease_holder}
+
+    async def main() -> None:
+        targets = await addresses()
+        if not targets:
+            _fail("no shard is serving (no live lease with an address); is `make dev` running?")
+        security = client_security(settings.tls)
+        typer.echo(
+            f"{'SHARD':<10} {'CLUSTER':<18} {'NEED':<16} {'PRIORITY':>9} {'STATUS':<22} "
+            f"{'REASON':<24} {'SUPPLY':<14} {'VICTIMS':>7} {'AGE':>4}"
+        )
+        shown = 0
+        for shard_id, address in sorted(targets.items()):
+            _REACHING.append(f"shard {shard_id} at {address}")
+            conn = channel(address, security)
+            try:
+                stub = shardread_pb2_grpc.ShardReadStub(conn)
+                request = shardread_pb2.InspectNeedsRequest(cluster_id=cluster)
+                async for frame in stub.InspectNeeds(request, timeout=10):
+                    if frame.WhichOneof("frame") == "header":
+                        header = frame.header
+                        if header.cycle == 0:
+                            typer.echo(f"{shard_id:<10} (no cycle yet)")
+                        continue
+                    view = frame.need
+                    if unmet and view.satisfied:
+                        continue
+                    typer.echo(_need_row(shard_id, view))
+                    shown += 1
+            finally:
+                await conn.close(None)
+        if not shown:
+            typer.echo("no unmet needs" if unmet else "no needs")
+
+    _run(main())
+
+
+def _need_row(shard_id: str, view: Any) -> str:
+    """One NeedView as a table row (see ``bigfleet needs``)."""
+    from bigfleet.v1alpha1 import shardread_pb2
+
+    deficit = ",".join(f"{k}={v}" for k, v in sorted(view.residual_deficit.resources.items()))
+    status = "ok" if view.satisfied else f"short {deficit}"
+    reason = ""
+    if not view.satisfied:
+        name = shardread_pb2.UnmetReason.Name(view.unmet_reason)
+        reason = name.removeprefix("UNMET_REASON_").lower().replace("_", "-")
+        if reason == "unspecified":
+            reason = view.unmet_detail.split(":", 1)[0] or "-"
+    supply = "-"
+    if view.HasField("matching_supply"):
+        m = view.matching_supply
+        supply = f"{m.idle}/{m.configured}/{m.speculative}{'+' if m.capped else ''}"
+    victims = view.preemption.victims_found if view.HasField("preemption") else 0
+    return (
+        f"{shard_id:<10} {view.cluster_id:<18} {view.need_key[:16]:<16} {view.need.priority:>9} "
+        f"{status[:22]:<22} {reason[:24]:<24} {supply:<14} {victims:>7} {view.age_cycles_unmet:>4}"
+    )
+
+
+@app.command("machines")
+def machines_list(
+    cluster: Annotated[str, typer.Option("--cluster", help="Only machines bound to it.")] = "",
+    state: Annotated[
+        str, typer.Option("--state", help="Only machines in this provider state (CONFIGURED...).")
+    ] = "",
+    database_url: _DatabaseOption = None,
+    address: _AddressOption = None,
+    namespace: _NamespaceOption = "default",
+) -> None:
+    """Machines the shards own: provider state, binding, owner shard, the workflow running.
+
+    Ownership and binding come from PostgreSQL, states from the providers
+    (those of the running dev stack or BIGFLEET_PROVIDERS), running
+    workflows from Temporal.
+    """
+    from bigfleet import temporal
+    from bigfleet.identity import client_security
+    from bigfleet.v1alpha1 import provider_pb2
+    from providers.client import ProviderClient
+    from workflows import search_attributes as sa
+
+    settings = _settings()
+    wanted = state.strip().upper().removeprefix("MACHINE_STATE_")
+    names = set(provider_pb2.MachineState.keys())
+    if wanted and f"MACHINE_STATE_{wanted}" not in names:
+        _fail(f"--state: {state!r} is not a machine state (CONFIGURED, IDLE, DRAINING, ...)")
+
+    async def main() -> None:
+        found = _endpoints(database_url=database_url, address=address)
+        async with _open_store(database_url) as store:
+            rows = await store.machines(cluster_id=cluster or None)
+        providers = dict(found.providers) or {p.name: p.address for p in settings.providers}
+        states: dict[str, str] = {}
+        security = client_security(settings.tls)
+        for name, provider_address in sorted(providers.items()):
+            _REACHING.append(f"provider {name} at {provider_address}")
+            provider = ProviderClient(provider_address, security=security, name=name)
+            try:
+                listing = await provider.list_all()
+            finally:
+                await provider.close()
+            for m in listing.machines:
+                states[m.id] = provider_pb2.MachineState.Name(m.state).removeprefix(
+                    "MACHINE_STATE_"
+                )
+        client = await temporal.connect(
+            _temporal_address(address), namespace, tls=_temporal_tls(settings)
+        )
+        running: dict[str, str] = {}
+        async for wf in client.list_workflows("ExecutionStatus = 'Running'"):
+            for machine_id in wf.typed_search_attributes.get(sa.MACHINE_IDS) or []:
+                running.setdefault(machine_id, f"{wf.workflow_type} {wf.id}")
+        typer.echo(
+            f"{'MACHINE':<44} {'STATE':<12} {'CLUSTER':<18} {'SHARD':<10} {'PROVIDER':<10} WORKFLOW"
+        )
+        listed = 0
+        for row in rows:
+            current = states.get(row.machine_id, "?")
+            if wanted and current != wanted:
+                continue
+            typer.echo(
+                f"{row.machine_id:<44} {current:<12} {row.cluster_id or '-':<18} "
+                f"{row.shard_id:<10} {row.provider:<10} {running.get(row.machine_id, '-')}"
+            )
+            listed += 1
+        if not listed:
+            typer.echo("no machines match")
 
     _run(main())
 
@@ -886,19 +1069,57 @@ async def _describe_workflow(client: Any, wf: Any, machine_id: str) -> str:
     return "\n".join(lines)
 
 
+def _endpoints(database_url: str | None = None, address: str | None = None) -> Endpoints:
+    """Flags, then BIGFLEET_* variables, then a running ``make dev`` stack (bigfleet.endpoints)."""
+    return Endpoints.resolve(
+        data_dir=_settings().data_dir,
+        environment=os.environ,
+        database_url=database_url,
+        temporal_address=address,
+    )
+
+
 @contextlib.asynccontextmanager
-async def _open_store() -> AsyncIterator[Store]:
-    """The store named by BIGFLEET_DATABASE_URL, closed on exit (a clear error if unset)."""
+async def _open_store(database_url: str | None = None) -> AsyncIterator[Store]:
+    """The store of ``--database-url``, BIGFLEET_DATABASE_URL or the running dev stack."""
     from bigfleet.store import Database, Store
 
-    settings = _settings()
-    if not settings.database_url:
-        _fail("BIGFLEET_DATABASE_URL is not set")
-    db = Database.connect(settings.database_url)
+    url = _endpoints(database_url=database_url).need_database()
+    _REACHING.append(f"PostgreSQL at {_without_password(url)}")
+    db = Database.connect(url)
     try:
         yield Store(db.engine)
     finally:
         await db.close()
+
+
+# What a command is trying to reach, for the one-line error when it cannot.
+_REACHING: list[str] = []
+
+
+def _without_password(url: str) -> str:
+    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
+
+
+def _hint(err: BaseException) -> str | None:
+    """One line for an error from reaching PostgreSQL, Temporal or a gRPC peer, else None."""
+    import grpc
+    from sqlalchemy.exc import SQLAlchemyError
+
+    what = _REACHING[-1] if _REACHING else "a BigFleet endpoint"
+    detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if isinstance(err, RuntimeError) and "client connect" in detail:
+        detail = "connection refused" if "Connection refused" in str(err) else detail
+    elif isinstance(err, SQLAlchemyError):
+        detail = str(getattr(err, "orig", err)).strip().splitlines()[0]
+    elif isinstance(err, grpc.aio.AioRpcError):
+        detail = f"{err.code().name}: {err.details()}"
+    elif not isinstance(err, OSError | TimeoutError):
+        return None
+    return (
+        f"cannot reach {what}: {detail[:200]} "
+        "(is `make dev` running? --database-url / --address point elsewhere)"
+    )
 
 
 def _temporal_tls(settings: Settings) -> TLSConfig | None:
@@ -932,11 +1153,20 @@ def _fail(message: str) -> NoReturn:
 
 
 def _run(coro: Awaitable[None]) -> None:
-    asyncio.run(coro)  # type: ignore[arg-type]
+    _result(coro)  # type: ignore[arg-type]
 
 
-def _result(coro: Coroutine[Any, Any, str]) -> str:
-    return asyncio.run(coro)
+def _result(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run a command's body; a missing endpoint or an unreachable peer is one line."""
+    try:
+        return asyncio.run(coro)
+    except EndpointsMissing as err:
+        _fail(str(err))
+    except Exception as err:
+        line = _hint(err)
+        if line is None:
+            raise
+        _fail(line)
 
 
 def main() -> None:

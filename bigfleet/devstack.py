@@ -19,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +34,7 @@ from bigfleet import bootstrap, temporal
 from bigfleet.certs import leaf_stem, write_bundle
 from bigfleet.config import TLSFiles
 from bigfleet.coordinator import CoordinatorProcess
+from bigfleet.endpoints import Endpoints
 from bigfleet.identity import ChannelSecurity, Identity, KeyPairSource, Role, provider_security
 from bigfleet.metrics import MetricsServer
 from bigfleet.metrics import serve as serve_metrics
@@ -283,8 +286,27 @@ class DevStack:
             )
             cluster.start()
             self.clusters.append(cluster)
+        self.endpoints().write(o.data_dir)
+
+    def endpoints(self) -> Endpoints:
+        """Where this stack can be reached (written to the data dir for the CLI)."""
+        o = self.options
+        return Endpoints(
+            database_url=self.database_url,
+            temporal_address=self.temporal_address,
+            namespace="default",
+            shards={p.shard_id: p.address for p in self.shards},
+            providers={
+                n: p.address for n, p in zip(self.provider_clients, self.providers, strict=False)
+            },
+            metrics=self.metrics.address if self.metrics is not None else "",
+            ui=f"http://localhost:{o.ui_port}" if o.ui and not o.temporal_address else "",
+            pid=os.getpid(),
+            started_at=time.time(),
+        )
 
     async def stop(self) -> None:
+        Endpoints.remove(self.options.data_dir)
         for cluster in self.clusters:
             await cluster.stop()
         if self.coordinator is not None:

@@ -1,8 +1,9 @@
 """Custom search attributes set by every machine workflow.
 
-They make the Temporal UI the fleet's inspection console: "stuck drains" is
-``WorkflowType='DrainWorkflow' AND ExecutionStatus='Running' AND
-BigFleetPhase='DRAINING' AND StartTime < '<30 minutes ago>'``.
+They make the Temporal UI the fleet's inspection console. "Stuck drains" is
+one query, :func:`stuck_drains_query`, used by ``bigfleet drains --stuck``
+and shown, word for word, in the README and the workflows README (a test
+keeps them equal).
 """
 
 from __future__ import annotations
@@ -32,6 +33,19 @@ ALL: tuple[SearchAttributeKey[Any], ...] = (
     PRIORITY,
     GRACE_SECONDS,
 )
+
+
+def stuck_drains_query(started_before: str | None = None) -> str:
+    """The visibility query for running drains, started before ``started_before``.
+
+    ``started_before`` is an RFC 3339 UTC instant (``2026-11-29T12:00:00Z``);
+    None lists every running drain.
+    """
+    query = "WorkflowType = 'DrainWorkflow' AND ExecutionStatus = 'Running'"
+    if started_before:
+        query += f" AND StartTime < '{started_before}'"
+    return query
+
 
 # Phase value for a workflow parked until an operator acts on it.
 AWAITING_OPERATOR = "AwaitingOperator"
