@@ -88,6 +88,21 @@ class NodeView:
                 sent += self._send(cluster_id, current)
         return sent
 
+    def remember(self, machine_id: str, cluster_id: str) -> None:
+        """Take the cluster a machine was last bound to from the ownership record.
+
+        A restarted process starts with an empty view; without this, a machine
+        that left its cluster while no process of the shard ran (a spot
+        interruption, a drain finished by the previous holder) would never be
+        announced as leaving. Seeded before the first observation, the
+        observation that finds the machine unbound sends (or owes) the final
+        frame like any other departure. Nothing is sent here.
+        """
+        if not cluster_id or machine_id in self._shown_to:
+            return
+        self._shown_to[machine_id] = cluster_id
+        self._members.setdefault(cluster_id, set()).add(machine_id)
+
     def shown_to(self, machine_id: str) -> str:
         """The cluster whose operator last heard of the machine ("" for none)."""
         return self._shown_to.get(machine_id, "")

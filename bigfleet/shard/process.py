@@ -148,6 +148,10 @@ class ShardProcess:
         for row in await self.store.machines(self.shard_id):
             self.parts.sequences.advance_to(row.machine_id, row.operation_seq)
             self.owned[row.machine_id] = row.provider
+            if row.cluster_id:
+                # The first observation then tells a cluster about machines that
+                # left it while no process of this shard ran (ADR 0104).
+                self.parts.nodes.remember(row.machine_id, row.cluster_id)
         # Before the first observation, so quarantined machines never reach the engine.
         await self.load_quarantine()
         await self.parts.observer.observe_all(full=True)

@@ -113,3 +113,22 @@ def test_an_unchanged_state_is_not_sent_twice() -> None:
     _drain_outbox(hub, "c1")
     view.push(record)
     assert _drain_outbox(hub, "c1") == []
+
+
+def test_a_machine_remembered_from_the_record_gets_a_final_update_when_seen_unbound() -> None:
+    hub, _engine, view = _rig()
+    hub.open("c1", "v1")
+    # A restarted process: PostgreSQL says m1 serves c1, nothing was pushed yet.
+    view.remember("m1", "c1")
+    view.push(machine("m1", state=MachineState.IDLE))
+    [frame] = _drain_outbox(hub, "c1")
+    assert (frame.machine_id, frame.cluster_id, frame.state) == ("m1", "c1", int(MachineState.IDLE))
+    assert view.shown_to("m1") == ""
+
+
+def test_remembering_never_overrides_what_this_process_has_shown() -> None:
+    hub, _engine, view = _rig()
+    hub.open("c2", "v1")
+    view.push(machine("m1", state=MachineState.CONFIGURED, cluster="c2"))
+    view.remember("m1", "c1")
+    assert view.shown_to("m1") == "c2"
