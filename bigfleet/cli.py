@@ -633,8 +633,8 @@ def drains_list(
             typer.echo("no stuck drains" if stuck else "no drains running")
             return
         typer.echo(
-            f"{'MACHINE':<44} {'CLUSTER':<16} {'PHASE':<17} {'GRACE':>6} {'PRIORITY':>9} "
-            f"{'RUNNING':>9}  WORKFLOW"
+            f"{'MACHINE':<44} {'CLUSTER':<16} {'REASON':<14} {'PHASE':<17} {'GRACE':>6} "
+            f"{'PRIORITY':>9} {'AGE':>7}  WORKFLOW"
         )
         now = time.time()
         for wf in rows:
@@ -642,10 +642,15 @@ def drains_list(
             grace = attrs.get(sa.GRACE_SECONDS)
             typer.echo(
                 f"{attrs.get(sa.MACHINE_ID) or '?':<44} {attrs.get(sa.CLUSTER_ID) or '':<16} "
+                f"{attrs.get(sa.REASON) or '-':<14} "
                 f"{attrs.get(sa.PHASE) or '':<17} {'-' if grace is None else f'{grace}s':>6} "
                 f"{attrs.get(sa.PRIORITY) or 0:>9} "
-                f"{_age(now - wf.start_time.timestamp()):>9}  {wf.id}"
+                f"{_age(now - wf.start_time.timestamp()):>7}  {wf.id}"
             )
+        typer.echo(
+            "REASON: why the drain runs; PRIORITY: the drained workload's; "
+            "AGE: since it started; GRACE: what the operator was given"
+        )
 
     _run(main())
 
@@ -1019,6 +1024,8 @@ def _age(seconds: float) -> str:
 
 
 async def _describe_workflow(client: Any, wf: Any, machine_id: str) -> str:
+    from workflows import search_attributes as sa
+
     status = wf.status.name.lower() if wf.status is not None else "?"
     lines = [f"workflow   {wf.id}  ({wf.workflow_type}, {status})"]
     view = await _view(client.get_workflow_handle(wf.id))
@@ -1037,6 +1044,7 @@ async def _describe_workflow(client: Any, wf: Any, machine_id: str) -> str:
         return "\n".join(lines)
     now = time.time()
     waiting = view.get("waiting")
+    reason = view.get("reason") or (wf.typed_search_attributes.get(sa.REASON) or "")
     lines += [
         f"machine    {view['machine_id']} ({view['provider']}), shard {view['shard_id']}, "
         f"cluster {view['cluster_id'] or '-'}",
@@ -1048,6 +1056,15 @@ async def _describe_workflow(client: Any, wf: Any, machine_id: str) -> str:
         f"deadline   {_fmt('deadline_unix', view['deadline_unix'])}"
         + ("" if view["grace_seconds"] is None else f", grace {view['grace_seconds']} s"),
     ]
+    if reason:
+        lines.append(
+            f"reason     {reason}"
+            + (
+                f" (the workload it serves has priority {view['priority']})"
+                if view.get("priority")
+                else ""
+            )
+        )
     if waiting:
         lines.append(
             f"waiting    priority {waiting['priority']} of {waiting['cluster_id']} "

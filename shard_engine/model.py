@@ -268,11 +268,17 @@ class Preempt:
 
 @dataclass(frozen=True, slots=True)
 class Reclaim:
-    """Drain an excess machine back to Idle (its cluster no longer needs it)."""
+    """Drain an excess machine back to Idle (its cluster no longer needs it).
+
+    ``reason`` says why, for the workflow's BigFleetReason: the engine's own
+    reclaims are ``reclaim``; the shard process drains through this action
+    for other causes too (``decommission``).
+    """
 
     machine_id: str
     cluster_id: str
     grace_seconds: int
+    reason: str = "reclaim"
 
 
 @dataclass(frozen=True, slots=True)

@@ -221,9 +221,28 @@ OP_DELETE = "delete"
 OP_VERIFY = "verify"
 OP_RECOVER = "recover"
 
-# Why a drain was asked for.
-REASON_PREEMPT = "preempt"
-REASON_RECLAIM = "reclaim"
+# Why a drain, delete or recovery runs (BigFleetReason, the UI summary, the CLI,
+# bigfleet_shard_actions_total{reason}). One word per cause, DESIGN §8.
+REASON_RECLAIM = "reclaim"  # excess its cluster no longer needs (Phase 3)
+REASON_PREEMPT = "preempt"  # freed for a higher-priority need, here or on another shard
+REASON_RELEASE = "release"  # an idle cloud machine past its hold is deleted
+REASON_OPERATOR = "operator"  # a person asked for it
+REASON_DECOMMISSION = "decommission"  # its domain is being retired
+REASON_SHARD_DRAIN = "shard-drain"  # its shard is being drained
+REASON_VERIFY_FAILED = "verify-failed"  # its cluster stopped reporting it and the provider agrees
+REASON_CREATE_FAILED = "create-failed"  # a batch's Create failed for it
+REASON_CONFIGURE_FAILED = "configure-failed"  # a batch's Configure failed for it
+REASONS = (
+    REASON_RECLAIM,
+    REASON_PREEMPT,
+    REASON_RELEASE,
+    REASON_OPERATOR,
+    REASON_DECOMMISSION,
+    REASON_SHARD_DRAIN,
+    REASON_VERIFY_FAILED,
+    REASON_CREATE_FAILED,
+    REASON_CONFIGURE_FAILED,
+)
 
 
 @dataclass
@@ -268,6 +287,7 @@ class DeleteInput:
     operation_seq: int
     deadlines: Deadlines = field(default_factory=Deadlines)
     poll: PollPolicy = field(default_factory=PollPolicy)
+    reason: str = REASON_RELEASE
 
 
 @dataclass
@@ -372,6 +392,9 @@ class MachineView:
     awaiting_operator: bool = False
     signals: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # Why the operation runs (REASON_*); empty for provisioning and verification.
+    reason: str = ""
+    priority: int = 0
 
 
 # Activities of the per-machine workflows.

@@ -33,5 +33,6 @@ class DeleteWorkflow(MachineWorkflow):
             operation_seq=inp.operation_seq,
             priority=0,
             phase=DELETING,
+            reason=inp.reason,
         )
         return await self._release(inp.deadlines, inp.poll)

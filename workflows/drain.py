@@ -52,6 +52,7 @@ from workflows.machine import (
     ESCALATE,
     FORCE,
     MAX_REFUSALS,
+    REASONS_PATCH,
     RESOLVE,
     RETRY_CMD,
     Command,
@@ -75,7 +76,12 @@ class DrainWorkflow(MachineWorkflow):
     async def run(self, inp: DrainInput) -> MachineResult:
         self._inp = inp
         self._grace = max(0, inp.grace_seconds)
-        priority = inp.waiter.priority if inp.waiter is not None else inp.victim_priority
+        if workflow.patched(REASONS_PATCH):
+            # BigFleetPriority on a drain is the priority of what it takes away.
+            priority, reason = inp.victim_priority, inp.reason
+        else:
+            priority = inp.waiter.priority if inp.waiter is not None else inp.victim_priority
+            reason = ""
         self._begin(
             operation=OP_DRAIN,
             shard_id=inp.shard_id,
@@ -85,6 +91,7 @@ class DrainWorkflow(MachineWorkflow):
             priority=priority,
             phase=DRAINING,
             grace_seconds=self._grace,
+            reason=reason,
         )
         self._view.waiting = inp.waiter
         requested = workflow.now()

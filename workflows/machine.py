@@ -74,6 +74,10 @@ T = TypeVar("T")
 RETRY = PROVIDER_RETRY
 
 MAX_NOTES = 20
+
+# Workflows started before reasons were carried set neither BigFleetReason nor the
+# victim's priority on a drain; the patch keeps their histories replaying.
+REASONS_PATCH = "reasons-and-victim-priority"
 # A provider that keeps refusing a step this many times in a row is left to an operator.
 MAX_REFUSALS = 3
 
@@ -169,8 +173,13 @@ class MachineWorkflow:
         priority: int,
         phase: str,
         grace_seconds: int | None = None,
+        reason: str = "",
     ) -> None:
-        """Fill the view and set every search attribute, before the first activity."""
+        """Fill the view and set every search attribute, before the first activity.
+
+        ``reason`` (a drain's, delete's or recovery's) becomes ``BigFleetReason``
+        for workflows started after reasons were carried (``REASONS_PATCH``).
+        """
         now = workflow.now()
         self._target = machine
         self._view = MachineView(
@@ -185,6 +194,8 @@ class MachineWorkflow:
             started_unix=now.timestamp(),
             phase_since_unix=now.timestamp(),
             grace_seconds=grace_seconds,
+            reason=reason,
+            priority=priority,
         )
         updates: list[SearchAttributeUpdate[Any]] = [
             sa.MACHINE_ID.value_set(machine.machine_id),
@@ -197,7 +208,36 @@ class MachineWorkflow:
         ]
         if grace_seconds is not None:
             updates.append(sa.GRACE_SECONDS.value_set(grace_seconds))
+        if reason and workflow.patched(REASONS_PATCH):
+            updates.append(sa.REASON.value_set(reason))
         workflow.upsert_search_attributes(updates)
+        self._show()
+
+    def _show(self) -> None:
+        """What the Temporal UI shows as this workflow's current state (not a command).
+
+        One line of where it stands, then the reason, the cluster and the
+        latest note: the UI's "current details" stay in step with the view.
+        """
+        view = self._view
+        since = _stamp(datetime.fromtimestamp(view.phase_since_unix, tz=workflow.now().tzinfo))
+        lines = [f"**{view.phase}** since {since} · {view.operation} of {view.machine_id}"]
+        facts = []
+        if view.reason:
+            facts.append(f"reason: {view.reason}")
+        if view.cluster_id:
+            facts.append(f"cluster: {view.cluster_id}")
+        if view.priority:
+            facts.append(f"priority: {view.priority}")
+        if view.grace_seconds is not None:
+            facts.append(f"grace: {view.grace_seconds} s")
+        if facts:
+            lines.append(" · ".join(facts))
+        if view.awaiting_operator:
+            lines.append("waiting for an operator: bigfleet machine show " + view.machine_id)
+        if view.notes:
+            lines.append(f"latest: {view.notes[-1]}")
+        workflow.set_current_details("\n\n".join(lines))
 
     def _set_phase(self, phase: str) -> None:
         if phase == self._view.phase:
@@ -205,12 +245,14 @@ class MachineWorkflow:
         self._view.phase = phase
         self._view.phase_since_unix = workflow.now().timestamp()
         workflow.upsert_search_attributes([sa.PHASE.value_set(phase)])
+        self._show()
 
     def _set_grace(self, grace_seconds: int) -> None:
         if grace_seconds == self._view.grace_seconds:
             return
         self._view.grace_seconds = grace_seconds
         workflow.upsert_search_attributes([sa.GRACE_SECONDS.value_set(grace_seconds)])
+        self._show()
 
     def _set_deadline(self, deadline: datetime | None) -> None:
         self._deadline = deadline
@@ -222,6 +264,7 @@ class MachineWorkflow:
     def _note(self, text: str) -> None:
         self._view.notes.append(f"{_stamp(workflow.now())} {text}")
         del self._view.notes[:-MAX_NOTES]
+        self._show()
 
     def _fail_reason(self, reason: str) -> None:
         self._view.last_error = reason

@@ -43,6 +43,8 @@ from workflows.contracts import (
     FAILED,
     IDLE,
     OP_RECOVER,
+    REASON_CONFIGURE_FAILED,
+    REASON_CREATE_FAILED,
     SPECULATIVE,
     ConfigureMachinesInput,
     MachineResult,
@@ -81,6 +83,7 @@ class RecoverWorkflow(MachineWorkflow):
             operation_seq=inp.operation_seq,
             priority=inp.priority,
             phase=FAILED,
+            reason=REASON_CREATE_FAILED if inp.failed_in == CREATING else REASON_CONFIGURE_FAILED,
         )
         self._fail_reason(f"failed while {inp.failed_in}: {inp.last_error}")
         if inp.failed_in == CREATING:

@@ -22,6 +22,8 @@ OPERATION = SearchAttributeKey.for_keyword("BigFleetOperation")
 PHASE = SearchAttributeKey.for_keyword("BigFleetPhase")
 PRIORITY = SearchAttributeKey.for_int("BigFleetPriority")
 GRACE_SECONDS = SearchAttributeKey.for_int("BigFleetGraceSeconds")
+# Why a drain, delete or recovery runs (workflows.contracts.REASONS).
+REASON = SearchAttributeKey.for_keyword("BigFleetReason")
 
 ALL: tuple[SearchAttributeKey[Any], ...] = (
     MACHINE_ID,
@@ -32,6 +34,7 @@ ALL: tuple[SearchAttributeKey[Any], ...] = (
     PHASE,
     PRIORITY,
     GRACE_SECONDS,
+    REASON,
 )
 
 

@@ -65,8 +65,12 @@ from workflows.contracts import (
     OP_PROVISION,
     OP_RECOVER,
     OP_VERIFY,
+    REASON_CONFIGURE_FAILED,
+    REASON_CREATE_FAILED,
+    REASON_DECOMMISSION,
     REASON_PREEMPT,
     REASON_RECLAIM,
+    REASON_RELEASE,
     DeadlinePolicy,
     Deadlines,
     DeleteInput,
@@ -118,6 +122,9 @@ class _Start:
     attrs: list[SearchAttributePair[Any]]
     # Why a drain, delete or recovery runs (metrics, search attribute, UI summary).
     reason: str = ""
+    # What the Temporal UI shows: one line in lists and the header, more on the page.
+    summary: str = ""
+    details: str = ""
 
 
 class PlannedMachines(Protocol):
@@ -156,8 +163,11 @@ class Executor:
         poll: PollPolicy,
         clock: Callable[[], float],
         guard: StartGuard | None = None,
+        priority_of: Callable[[str], int] | None = None,
     ) -> None:
         self._temporal = temporal
+        # The priority of the workload a machine serves: a reclaim drain's BigFleetPriority.
+        self._priority_of = priority_of or (lambda _machine_id: 0)
         # Checked before every start: a plan outliving the lease starts nothing more.
         self._guard = guard
         self._shard_id = shard_id
@@ -251,8 +261,25 @@ class Executor:
             SearchAttributePair(sa.PHASE, CREATING if create else CONFIGURING),
             SearchAttributePair(sa.PRIORITY, action.priority),
         ]
+        what = "create and configure" if create else "configure"
+        count = f"{len(machines)} machine{'s' if len(machines) != 1 else ''}"
         return _Start(
-            ProvisionWorkflow.run, inp, operation, [m.machine_id for m in machines], seq, attrs
+            ProvisionWorkflow.run,
+            inp,
+            operation,
+            [m.machine_id for m in machines],
+            seq,
+            attrs,
+            summary=f"{what} {count} for {action.cluster_id} (priority {action.priority})",
+            details=_details(
+                ("operation", f"{what} ({'from speculative' if create else 'from idle'})"),
+                ("cluster", action.cluster_id),
+                ("need", action.need_key),
+                ("priority", str(action.priority)),
+                ("machines", ", ".join(m.machine_id for m in machines)),
+                ("provider", records[0].provider),
+                ("shard", self._shard_id),
+            ),
         )
 
     # ------------------------------------------------------- per-machine work
@@ -265,10 +292,12 @@ class Executor:
                 action.preemptor_cluster_id, action.preemptor_need_key, action.preemptor_priority
             )
             reason, victim_priority = REASON_PREEMPT, action.victim_priority
-            priority = action.preemptor_priority
         else:
-            cluster_id, waiter, reason, victim_priority = action.cluster_id, None, REASON_RECLAIM, 0
-            priority = 0
+            cluster_id, waiter = action.cluster_id, None
+            reason = action.reason or REASON_RECLAIM
+            victim_priority = self._priority_of(record.id)
+        # BigFleetPriority on a drain is the priority of the workload it takes away.
+        priority = victim_priority
         inp = DrainInput(
             shard_id=self._shard_id,
             machine=MachineTarget(record.id, record.provider),
@@ -286,8 +315,37 @@ class Executor:
             SearchAttributePair(sa.PHASE, DRAINING),
             SearchAttributePair(sa.PRIORITY, priority),
             SearchAttributePair(sa.GRACE_SECONDS, action.grace_seconds),
+            SearchAttributePair(sa.REASON, reason),
         ]
-        return _Start(DrainWorkflow.run, inp, OP_DRAIN, [record.id], seq, attrs, reason=reason)
+        why = {
+            REASON_RECLAIM: f"{cluster_id} no longer needs it",
+            REASON_DECOMMISSION: "its domain is being retired",
+        }.get(reason, reason)
+        if waiter is not None:
+            why = f"for {waiter.cluster_id} at priority {waiter.priority}"
+        return _Start(
+            DrainWorkflow.run,
+            inp,
+            OP_DRAIN,
+            [record.id],
+            seq,
+            attrs,
+            reason=reason,
+            summary=f"drain {record.id} from {cluster_id}: {reason} ({why})",
+            details=_details(
+                ("reason", reason),
+                ("why", why),
+                ("machine", f"{record.id} ({record.instance_type}, {record.zone})"),
+                ("cluster", cluster_id),
+                ("victim priority", str(victim_priority)),
+                ("grace", f"{action.grace_seconds} s"),
+                (
+                    "preemptor",
+                    "" if waiter is None else f"{waiter.cluster_id} need {waiter.need_key}",
+                ),
+                ("shard", self._shard_id),
+            ),
+        )
 
     def _delete(self, record: MachineRecord) -> _Start:
         seq = self._sequences.next([record.id])
@@ -295,14 +353,32 @@ class Executor:
             shard_id=self._shard_id,
             machine=MachineTarget(record.id, record.provider),
             operation_seq=seq,
+            reason=REASON_RELEASE,
             deadlines=self.deadlines_for(record),
             poll=self._poll,
         )
         attrs: list[SearchAttributePair[Any]] = [
             SearchAttributePair(sa.PHASE, DELETING),
             SearchAttributePair(sa.PRIORITY, 0),
+            SearchAttributePair(sa.REASON, REASON_RELEASE),
         ]
-        return _Start(DeleteWorkflow.run, inp, OP_DELETE, [record.id], seq, attrs, reason="release")
+        return _Start(
+            DeleteWorkflow.run,
+            inp,
+            OP_DELETE,
+            [record.id],
+            seq,
+            attrs,
+            reason=REASON_RELEASE,
+            summary=f"delete {record.id}: release (idle past its hold)",
+            details=_details(
+                ("reason", REASON_RELEASE),
+                ("why", "an idle cloud machine is deleted once its capacity type's hold ends"),
+                ("machine", f"{record.id} ({record.instance_type}, {record.zone})"),
+                ("capacity type", record.capacity_type.name),
+                ("shard", self._shard_id),
+            ),
+        )
 
     def _verify(self, action: Verify, record: MachineRecord) -> _Start:
         seq = self._sequences.next([record.id])
@@ -325,13 +401,30 @@ class Executor:
         Raises on a Temporal error so the activity that asked retries it.
         """
         mid = recovery.machine.machine_id
+        reason = REASON_CREATE_FAILED if recovery.failed_in == CREATING else REASON_CONFIGURE_FAILED
         attrs: list[SearchAttributePair[Any]] = [
             SearchAttributePair(sa.CLUSTER_ID, recovery.cluster_id),
             SearchAttributePair(sa.PHASE, FAILED),
             SearchAttributePair(sa.PRIORITY, recovery.priority),
+            SearchAttributePair(sa.REASON, reason),
         ]
         start = _Start(
-            RecoverWorkflow.run, recovery, OP_RECOVER, [mid], recovery.operation_seq, attrs
+            RecoverWorkflow.run,
+            recovery,
+            OP_RECOVER,
+            [mid],
+            recovery.operation_seq,
+            attrs,
+            reason=reason,
+            summary=f"recover {mid} for {recovery.cluster_id}: {reason}",
+            details=_details(
+                ("reason", reason),
+                ("failed while", recovery.failed_in),
+                ("error", recovery.last_error),
+                ("cluster", recovery.cluster_id),
+                ("priority", str(recovery.priority)),
+                ("shard", self._shard_id),
+            ),
         )
         wf_id = self._id(start)
         try:
@@ -363,6 +456,8 @@ class Executor:
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             search_attributes=TypedSearchAttributes(attrs),
+            static_summary=start.summary or None,
+            static_details=start.details or None,
         )
 
     async def _start(self, start: _Start, *, records: list[MachineRecord]) -> int:
@@ -384,6 +479,11 @@ class Executor:
             return 0
         metrics.WORKFLOW_STARTS.labels(workflow, start.reason).inc()
         return 1
+
+
+def _details(*rows: tuple[str, str]) -> str:
+    """A workflow's static details for the Temporal UI (markdown), empty rows left out."""
+    return "\n".join(f"- **{name}**: {value}" for name, value in rows if value)
 
 
 def _workflow_type(start: _Start) -> str:

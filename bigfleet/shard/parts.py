@@ -125,6 +125,7 @@ def assemble(
         poll=options.poll,
         clock=clock,
         guard=lease,
+        priority_of=holdings.priority,
     )
     transfers = CrossShardTransfers(
         store,

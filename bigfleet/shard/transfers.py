@@ -47,7 +47,14 @@ from shard_engine.transfers import (
     saturation_of,
 )
 from workflows import coordinator_contracts as co
-from workflows.contracts import OP_DRAIN, REASON_PREEMPT, DrainInput, MachineTarget, PollPolicy
+from workflows.contracts import (
+    OP_DRAIN,
+    REASON_DECOMMISSION,
+    REASON_PREEMPT,
+    DrainInput,
+    MachineTarget,
+    PollPolicy,
+)
 
 log = logging.getLogger(__name__)
 
@@ -289,7 +296,12 @@ class CrossShardTransfers:
             if record is not None and record.state == MachineState.CONFIGURED and record.cluster:
                 grace = self._config.grace_default_seconds
                 await self._executor.execute(
-                    Plan(now=self._clock(), actions=(Reclaim(machine_id, record.cluster, grace),))
+                    Plan(
+                        now=self._clock(),
+                        actions=(
+                            Reclaim(machine_id, record.cluster, grace, reason=REASON_DECOMMISSION),
+                        ),
+                    )
                 )
                 draining += 1
             self._lifecycle.quarantine(machine_id, inp.reason)

@@ -160,7 +160,10 @@ async def test_drains_lists_running_drains_and_the_stuck_ones(cli: Cli) -> None:
         return out if code == 0 and machine_id in out else ""
 
     out = await eventually(listed, what="the drain to be listed")
-    assert "DRAINING" in out and "600s" in out and "900000" in out and handle.id in out
+    (row,) = [line for line in out.splitlines() if machine_id in line]
+    # REASON, the victim's PRIORITY, AGE and GRACE (ADR 0090's vocabulary of reasons).
+    assert "preempt" in row and "DRAINING" in row and "600s" in row and "100000" in row, row
+    assert handle.id in row and "REASON: why the drain runs" in out
 
     code, out = await cli.run("drains", "--stuck", "--older-than", "1h")
     assert code == 0 and machine_id not in out and "no stuck drains" in out
@@ -191,6 +194,7 @@ async def test_show_escalate_force_retry_and_resolve_a_drain(cli: Cli) -> None:
 
     out = await eventually(shown, what="machine show to find the drain")
     assert handle.id in out and "grace 600 s" in out and "priority 900000 of urgent" in out
+    assert "reason     preempt (the workload it serves has priority 100000)" in out, out
 
     code, out = await cli.run("machine", "escalate", machine_id, "--grace", "10s")
     assert code == 0, out

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
+from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
@@ -99,7 +100,12 @@ async def test_a_preemption_drain_past_its_grace_is_reported_as_blocking_the_pre
     assert view.blocked_since_unix == pytest.approx(view.started_unix + 10, abs=1.0)
     described = await handle.describe()
     attrs = described.typed_search_attributes
-    assert attrs.get(sa.PRIORITY) == 900_000
+    # BigFleetPriority on a drain is the victim's (the preemptor's is in the view's waiter).
+    assert attrs.get(sa.PRIORITY) == 100_000
+    assert attrs.get(sa.REASON) == "preempt"
+    metadata = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+    assert "reason: preempt" in metadata.current_details
+    assert "priority: 100000" in metadata.current_details
     assert attrs.get(sa.MACHINE_ID) == machine_id
     assert attrs.get(sa.OPERATION) == "drain"
     assert attrs.get(sa.GRACE_SECONDS) == 10

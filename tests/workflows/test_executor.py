@@ -94,13 +94,14 @@ async def own_env() -> AsyncIterator[WorkflowEnvironment]:
 
 @pytest.fixture
 def shard(own_env: WorkflowEnvironment) -> StubShard:
-    records = {m: _record(m) for m in ("m-1", "m-2", "m-3", "m-4")} | {
+    records = {m: _record(m) for m in ("m-1", "m-2", "m-3", "m-4", "m-5")} | {
         "bm-1": _record("bm-1", CapacityType.BARE_METAL)
     }
     return StubShard(own_env.client, StubEngine(records))
 
 
-def _executor(shard: StubShard) -> Executor:
+def _executor(shard: StubShard, priorities: Mapping[str, int] | None = None) -> Executor:
+    held = dict(priorities or {})
     return Executor(
         shard.temporal,
         shard_id=shard.shard_id,
@@ -110,6 +111,7 @@ def _executor(shard: StubShard) -> Executor:
         deadlines=DeadlinePolicy(shard.options.deadlines, dict(shard.options.deadline_overrides)),
         poll=shard.options.poll,
         clock=lambda: 1_000.0,
+        priority_of=lambda machine_id: held.get(machine_id, 0),
     )
 
 
@@ -131,7 +133,7 @@ def _decode(shard: StubShard, payload: Any, cls: type) -> Any:
     return value
 
 
-async def test_a_preemption_becomes_a_drain_carrying_the_preemptors_priority(
+async def test_a_preemption_becomes_a_drain_with_the_victims_priority_and_its_reason(
     shard: StubShard,
 ) -> None:
     plan = Plan(
@@ -146,18 +148,36 @@ async def test_a_preemption_becomes_a_drain_carrying_the_preemptors_priority(
     assert inp.waiter.priority == 1_000_000 and inp.waiter.cluster_id == "urgent"
     assert inp.waiter.need_key == "need-u" and inp.victim_priority == 100_000
     assert inp.reason == "preempt"
-    assert attrs["BigFleetPriority"] == 1_000_000 and attrs["BigFleetGraceSeconds"] == 30
+    # BigFleetPriority is the victim's; the preemptor's rides in the waiter.
+    assert attrs["BigFleetPriority"] == 100_000 and attrs["BigFleetGraceSeconds"] == 30
+    assert attrs["BigFleetReason"] == "preempt"
     assert attrs["BigFleetMachineId"] == "m-1" and attrs["BigFleetOperation"] == "drain"
     assert attrs["BigFleetPhase"] == "DRAINING" and attrs["BigFleetClusterId"] == "victim"
     assert attrs["BigFleetShardId"] == shard.shard_id
+    described = await shard.temporal.get_workflow_handle(f"{shard.shard_id}/drain/m-1/1").describe()
+    assert await described.static_summary() == (
+        "drain m-1 from victim: preempt (for urgent at priority 1000000)"
+    )
+    details = await described.static_details() or ""
+    assert "**victim priority**: 100000" in details and "**grace**: 30 s" in details
 
 
 async def test_a_reclaim_becomes_a_drain_nobody_waits_for(shard: StubShard) -> None:
-    await _executor(shard).execute(Plan(1_000.0, (Reclaim("m-2", "victim", 600),)))
+    executor = _executor(shard, priorities={"m-2": 250_000})
+    await executor.execute(Plan(1_000.0, (Reclaim("m-2", "victim", 600),)))
     _, (_, payload), attrs = await _started(shard, f"{shard.shard_id}/drain/m-2/1")
     inp = _decode(shard, payload, DrainInput)
     assert inp.waiter is None and inp.reason == "reclaim" and inp.grace_seconds == 600
-    assert attrs["BigFleetPriority"] == 0
+    assert inp.victim_priority == 250_000
+    assert attrs["BigFleetPriority"] == 250_000 and attrs["BigFleetReason"] == "reclaim"
+
+
+async def test_a_decommission_drain_carries_its_reason(shard: StubShard) -> None:
+    retire = Reclaim("m-5", "victim", 600, reason="decommission")
+    await _executor(shard).execute(Plan(1_000.0, (retire,)))
+    _, (_, payload), attrs = await _started(shard, f"{shard.shard_id}/drain/m-5/1")
+    assert _decode(shard, payload, DrainInput).reason == "decommission"
+    assert attrs["BigFleetReason"] == "decommission"
 
 
 async def test_release_and_verify_get_their_own_workflows(shard: StubShard) -> None:
@@ -165,6 +185,7 @@ async def test_release_and_verify_get_their_own_workflows(shard: StubShard) -> N
     assert await _executor(shard).execute(plan) == 2
     _, (wf_type, payload), attrs = await _started(shard, f"{shard.shard_id}/delete/m-3/1")
     assert wf_type == "DeleteWorkflow" and attrs["BigFleetPhase"] == "DELETING"
+    assert attrs["BigFleetReason"] == "release"
     assert _decode(shard, payload, DeleteInput).machine.provider == "simcloud"
     _, (wf_type, payload), attrs = await _started(shard, f"{shard.shard_id}/verify/m-4/1")
     assert wf_type == "VerifyWorkflow" and attrs["BigFleetClusterId"] == "victim"
