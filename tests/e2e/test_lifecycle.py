@@ -96,7 +96,9 @@ async def test_a_higher_priority_need_drains_a_lower_priority_machine_and_gets_i
     (drain,) = await eventually(drains, what="the drain to be visible")
     described = await client.get_workflow_handle(drain.id).describe()
     attrs = described.typed_search_attributes
-    assert attrs.get(sa.PRIORITY) == 1_000_000 and attrs.get(sa.CLUSTER_ID) == "low"
+    # BigFleetPriority on a drain is the victim's (ADR 0091); the reason says why.
+    assert attrs.get(sa.PRIORITY) == 100_000 and attrs.get(sa.CLUSTER_ID) == "low"
+    assert attrs.get(sa.REASON) == "preempt"
     assert attrs.get(sa.PHASE) == "IDLE" and attrs.get(sa.GRACE_SECONDS) == 30
     store = stack.store
 
