@@ -49,6 +49,16 @@ def _fit(vector: FloatArray, dims: int) -> FloatArray:
     return np.pad(vector, (0, dims - len(vector)))
 
 
+def _fit_rows(rows: FloatArray, dims: int) -> FloatArray:
+    """Per-bucket rows padded with zeros (or cut) to ``dims`` resources, as :func:`_fit` does."""
+    width = rows.shape[1]
+    if width == dims:
+        return rows
+    if width > dims:
+        return rows[:, :dims]
+    return np.pad(rows, ((0, 0), (0, dims - width)))
+
+
 @dataclass(slots=True)
 class _Track:
     """One need's recent aggregates: the value in force and the per-bucket maxima."""
@@ -58,6 +68,9 @@ class _Track:
     maxima: FloatArray
     minima: FloatArray
     epochs: npt.NDArray[np.int64]
+    # The bucket epoch in which ``current`` was last recorded: recording it
+    # again in that bucket changes nothing, so it is skipped.
+    current_epoch: int | None = None
 
     def record(self, vector: FloatArray, epoch: int) -> None:
         slot = epoch % _SLOTS
@@ -148,9 +161,10 @@ class DemandHistory:
         tracks = entry.tracks
         seen = set(demand.keys)
         for key, track in list(tracks.items()):
-            if track.current is not None:
+            if track.current is not None and track.current_epoch != epoch:
                 # The value in force until now counts in this bucket too.
                 track.record(track.current, epoch)
+                track.current_epoch = epoch
             if key not in seen:
                 track.current = None
                 if track.expires(epoch) is None:
@@ -160,7 +174,7 @@ class DemandHistory:
             found = tracks.get(key)
             if found is None:
                 track = _Track(
-                    mask=demand.matrix[i].copy(),
+                    mask=demand.matrix[i],  # a view: compiled matrices never change once built
                     current=None,
                     maxima=np.zeros((_SLOTS, len(vector))),
                     minima=np.full((_SLOTS, len(vector)), np.inf),
@@ -169,9 +183,16 @@ class DemandHistory:
                 tracks[key] = track
             else:
                 track = found
-                track.mask = demand.matrix[i].copy()
+                track.mask = demand.matrix[i]
+                if (
+                    track.current_epoch == epoch
+                    and track.current is not None
+                    and track.current.tolist() == vector.tolist()
+                ):
+                    continue  # the same value, already recorded in this bucket
             track.current = vector
             track.record(vector, epoch)
+            track.current_epoch = epoch
 
     def peaks(self, demand: Demand, *, now: float) -> Peaks:
         """The cluster's needs, each aggregate raised to its recent peak (see :class:`Peaks`)."""
@@ -184,18 +205,15 @@ class DemandHistory:
             return Peaks(demand.matrix, aggregate, swing, len(demand.keys), math.inf)
         epoch = self._epoch(now)
         recheck = math.inf
+        rows: list[int] = []
+        found: list[_Track] = []
         for i, key in enumerate(demand.keys):
             track = entry.tracks.get(key)
-            span = None if track is None else track.span(epoch, dims)
-            if track is None or span is None:
-                continue
-            high, low = span
-            swing[i] = np.maximum(high, aggregate[i]) - np.minimum(low, aggregate[i])
-            if (high > aggregate[i]).any() or (swing[i] > 0).any():
-                aggregate[i] = np.maximum(aggregate[i], high)
-                ends = track.expires(epoch)
-                if ends is not None:
-                    recheck = min(recheck, ends * self._width)
+            if track is not None:
+                rows.append(i)
+                found.append(track)
+        if found:
+            recheck = self._raise_to_peaks(found, rows, aggregate, swing, epoch, dims)
         current = set(demand.keys)
         extra_rows: list[BoolArray] = []
         extra_high: list[FloatArray] = []
@@ -225,6 +243,48 @@ class DemandHistory:
             len(demand.keys),
             recheck,
         )
+
+    def _raise_to_peaks(
+        self,
+        tracks: list[_Track],
+        rows: list[int],
+        aggregate: FloatArray,
+        swing: FloatArray,
+        epoch: int,
+        dims: int,
+    ) -> float:
+        """Raise current needs to their window peaks in place; returns the earliest recheck.
+
+        The rule of :meth:`_Track.span` and :meth:`_Track.expires`, applied
+        to every track of the cluster at once: buckets outside the window
+        are masked out (``-inf`` for maxima, ``inf`` for minima) instead of
+        selected, which leaves every maximum and minimum the same. A track
+        whose buckets all left the window and whose need is gone has no
+        span; the rows here are current needs, whose value in force always
+        counts.
+        """
+        maxima = np.stack([_fit_rows(t.maxima, dims) for t in tracks])
+        minima = np.stack([_fit_rows(t.minima, dims) for t in tracks])
+        epochs = np.stack([t.epochs for t in tracks])
+        present = np.array([t.current is not None for t in tracks])
+        now = np.stack(
+            [np.zeros(dims) if t.current is None else _fit(t.current, dims) for t in tracks]
+        )
+        live = epochs >= epoch - BUCKETS
+        spanned = live.any(axis=1) | present
+        high = np.maximum(np.where(live[:, :, None], maxima, -np.inf).max(axis=1), now)
+        low = np.minimum(np.where(live[:, :, None], minima, np.inf).min(axis=1), now)
+        at = np.array(rows, dtype=np.int64)
+        current = aggregate[at]
+        moved = np.maximum(high, current) - np.minimum(low, current)
+        raised = spanned & ((high > current).any(axis=1) | (moved > 0).any(axis=1))
+        swing[at[spanned]] = moved[spanned]
+        aggregate[at[raised]] = np.maximum(current[raised], high[raised])
+        ending = raised & live.any(axis=1)
+        if not ending.any():
+            return math.inf
+        first = np.where(live, epochs, np.iinfo(np.int64).max).min(axis=1)[ending]
+        return float(min((int(e) + BUCKETS + 1) * self._width for e in first.tolist()))
 
     def forget(self, cluster: int) -> None:
         """Drop everything remembered about ``cluster`` (it left this shard)."""

@@ -62,6 +62,13 @@ MAX_NEEDS = 10_000
 """Most need rows one roll-up may carry."""
 
 
+def _widened(rows: FloatArray, width: int) -> FloatArray:
+    """A copy of ``rows`` with zero columns added up to ``width``."""
+    if rows.shape[1] >= width:
+        return rows.copy()
+    return np.pad(rows, ((0, 0), (0, width - rows.shape[1])))
+
+
 class RollupRejected(ValueError):
     """A roll-up with a semantic problem; nothing of it was applied."""
 
@@ -604,25 +611,27 @@ class NeedsTable:
         for before, now in zip(old.needs, needs, strict=True):
             if before.requirements != now.requirements or before.min_unit != now.min_unit:
                 return None
+        # Rows whose aggregate is as before keep their compiled row; the others
+        # are filled afresh (a new resource name widens every row with zeros).
+        resized = [
+            i
+            for i, (before, now) in enumerate(zip(old.needs, needs, strict=True))
+            if before.aggregate != now.aggregate
+        ]
         dims = catalog.dims
         column = dims.index_of
-        rows: list[tuple[list[tuple[int, float]], list[tuple[int, float]]]] = [
-            (
-                [(column(name), value) for name, value in need.aggregate.items()],
-                [(column(name), value) for name, value in need.min_unit.items()],
-            )
-            for need in needs
-        ]
+        amounts = {
+            i: [(column(name), value) for name, value in needs[i].aggregate.items()]
+            for i in resized
+        }
         width = len(dims)
-        aggregate = np.zeros((len(needs), width))
-        unit = np.zeros((len(needs), width))
-        for i, (amounts, units) in enumerate(rows):
-            if amounts:
-                at, values = zip(*amounts, strict=True)
+        aggregate = _widened(old.aggregate, width)
+        for i, pairs in amounts.items():
+            aggregate[i] = 0.0
+            if pairs:
+                at, values = zip(*pairs, strict=True)
                 aggregate[i, list(at)] = values
-            if units:
-                at, values = zip(*units, strict=True)
-                unit[i, list(at)] = values
+        unit = _widened(old.min_unit, width)
         return replace(
             old,
             needs=needs,

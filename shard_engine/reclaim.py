@@ -395,17 +395,27 @@ def _youngest(
     """Per profile (``width`` of them), when its youngest settled machine here was configured.
 
     In the inventory's seconds; ``-inf`` for profiles with no settled machine.
+    One gather and one segmented maximum over all the cluster's pools.
     """
     inventory = sheet.inventory
     pools = inventory.pools
     youngest = np.full(width, -np.inf)
+    consumed = sheet.consumed
+    parts: list[npt.NDArray[np.int32]] = []
+    owners: list[int] = []
     for pool, profile in zip(pool_ids.tolist(), profiles.tolist(), strict=True):
         if profile >= width:
             continue
-        skip = sheet.consumed.get(pool, 0)
-        rows = pools.members(pool)[: pools.count(pool) - skip]
+        rows = pools.members(pool)[: pools.count(pool) - consumed.get(pool, 0)]
         if len(rows):
-            youngest[profile] = float(inventory.since[rows].max())
+            parts.append(rows)
+            owners.append(profile)
+    if not parts:
+        return youngest
+    starts = np.zeros(len(parts), dtype=np.int64)
+    np.cumsum([len(p) for p in parts[:-1]], out=starts[1:])
+    since = inventory.since[np.concatenate(parts)]
+    youngest[owners] = np.maximum.reduceat(since, starts).astype(np.float64)
     return youngest
 
 
