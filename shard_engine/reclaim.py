@@ -222,12 +222,6 @@ def reclaim_excess(
         ids = pools.by_cluster.get(cluster)
         if not ids:
             continue
-        named = _named_rows(sheet, release.get(cluster)) if release else None
-        if named is not None and not named:
-            # It named nothing it can give up (present and empty, or no machine we know):
-            # nothing of it may go for excess, so it costs neither work nor a place in
-            # this cycle's budget of examined clusters.
-            continue
         quiet_key = memo_key(sheet, demand)
         touched = sheet.touched(cluster)
         if (
@@ -235,6 +229,13 @@ def reclaim_excess(
             and memo.quiet.get(cluster) == quiet_key
             and now < memory.recheck_at.get(cluster, math.inf)
         ):
+            continue
+        offered = release.get(cluster) if release else None
+        named = _named_rows(sheet, offered) if offered else (None if offered is None else set())
+        if named is not None and not named:
+            # It named nothing it can give up (present and empty, or no machine we know):
+            # nothing of it may go for excess, so it costs neither work nor a place in
+            # this cycle's budget of examined clusters.
             continue
         if examined >= config.reclaim_clusters_per_cycle:
             memo.reclaim_cursor = start + offset
@@ -259,7 +260,6 @@ def reclaim_excess(
         available = available[live]
         profiles = pools.profile[pool_ids].astype(np.int64)
 
-        named = _named_rows(sheet, release.get(cluster)) if release else None
         peaks = memory.history.peaks(demand, now=now)
         supply = sheet.supply_row(cluster)
         settled = np.zeros(len(supply), dtype=np.int64)
