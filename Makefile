@@ -18,6 +18,11 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 ## The full stack on embedded defaults with a demo fleet (Ctrl-C stops it).
+## DEV_ARGS passes options on, e.g. rehearsing operations:
+##   make dev DEV_ARGS="--drain-seconds 120"   drains take about two minutes (escalate, force)
+##   make dev DEV_ARGS="--stuck-drain"         one drain never finishes: AwaitingOperator
+##   make dev DEV_ARGS="--shards 2 --fresh"    two shards, from empty state
+## (`.venv/bin/bigfleet dev --help` lists them all.)
 dev: install
 	$(PY) -m bigfleet dev $(DEV_ARGS)
 

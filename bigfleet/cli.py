@@ -87,7 +87,8 @@ def _logging(verbose: bool) -> None:
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
     )
-    for noisy in ("temporalio", "sqlalchemy", "alembic", "asyncio"):
+    # pgserver logs initdb's whole output at INFO; the others chatter likewise.
+    for noisy in ("temporalio", "sqlalchemy", "alembic", "asyncio", "pgserver"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
@@ -111,6 +112,20 @@ def dev(
     temporal_port: Annotated[int, typer.Option(help="Temporal frontend port.")] = 7233,
     shard_port: Annotated[int, typer.Option(help="Shard.Session port.")] = 7443,
     summary_every: Annotated[float, typer.Option(help="Seconds between summaries.")] = 5.0,
+    drain_seconds: Annotated[
+        float | None,
+        typer.Option(
+            help="Rehearse escalation: drains take about this many seconds (default: a few)."
+        ),
+    ] = None,
+    stuck_drain: Annotated[
+        bool,
+        typer.Option(
+            "--stuck-drain",
+            help="Rehearse an operator's work: one demo machine's drain never finishes and "
+            "ends in AwaitingOperator (bigfleet machine show/force/abandon).",
+        ),
+    ] = False,
     metrics_port: Annotated[
         int, typer.Option(help="Prometheus /metrics of the whole stack (0: not served).")
     ] = 9464,
@@ -145,6 +160,8 @@ def dev(
         shards=shards,
         tls=tls,
         metrics_listen=f"127.0.0.1:{metrics_port}" if metrics_port else None,
+        drain_seconds=drain_seconds,
+        stuck_drain=stuck_drain,
         temporal_metrics_listen=(
             f"127.0.0.1:{temporal_metrics_port}" if temporal_metrics_port else None
         ),
@@ -193,8 +210,11 @@ def dev(
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=summary_every)
         finally:
-            print("stopping…", flush=True)
+            # A deliberate stop: every part saying it stopped is not news (-v keeps it).
+            if not verbose:
+                logging.disable(logging.CRITICAL)
             await stack.stop()
+            print("stopped", flush=True)
 
     _run(_until_signalled(main))
 

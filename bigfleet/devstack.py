@@ -25,10 +25,11 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from temporalio.client import Client
-from temporalio.testing import WorkflowEnvironment
 
 from bigfleet import bootstrap, temporal
 from bigfleet.certs import leaf_stem, write_bundle
@@ -42,7 +43,7 @@ from bigfleet.shard.process import ShardOptions, ShardProcess
 from bigfleet.store import Database, EmbeddedPostgres, Store
 from clusters.operator import DemandPattern, SimulatedCluster
 from providers.client import ProviderClient
-from providers.config import ProviderConfig
+from providers.config import LatencyRange, ProviderConfig
 from providers.core import ProviderCore
 from providers.kinds import build_provider
 from providers.server import RunningProvider, ServerSecurity, start_provider_server
@@ -100,6 +101,11 @@ class DevStackOptions:
     poll: PollPolicy = field(default_factory=lambda: PollPolicy(initial_s=0.25, max_s=2.0))
     # The shards' engine tuning (reclaim hysteresis, minimum age, window, ...).
     engine: EngineConfig = field(default_factory=EngineConfig)
+    # Rehearsing operations: drains take about this many seconds of wall time (None:
+    # the provider's usual), and one demo machine's drain gets stuck and ends in
+    # AwaitingOperator (inject_stuck_drain).
+    drain_seconds: float | None = None
+    stuck_drain: bool = False
     # Prometheus /metrics for every part of the stack (one process), and the Temporal
     # SDK's own metrics; None: not served. Port 0: any free port.
     metrics_listen: str | None = None
@@ -129,7 +135,10 @@ class DevStack:
         self.coordinator: CoordinatorProcess | None = None
         self.clusters: list[SimulatedCluster] = []
         self._pg: EmbeddedPostgres | None = None
-        self._env: WorkflowEnvironment | None = None
+        self._temporal: temporal.DevServer | None = None
+        self.stuck_drain = ""
+        self._stuck: _StuckDrains | None = None
+        self._injector: asyncio.Task[None] | None = None
         # Per-process provider clients when each presents its own certificate (TLS).
         self._extra_clients: list[ProviderClient] = []
         self.certs_dir: Path | None = None
@@ -192,15 +201,17 @@ class DevStack:
             await temporal.ensure_search_attributes(self.client)
             self.temporal_address = o.temporal_address
         else:
-            self._env = await temporal.start_dev_server(
-                db_file=o.data_dir / "temporal.sqlite" if o.persist else None,
+            # Our own child in its own session: a Ctrl-C reaches BigFleet only, and the
+            # server is stopped last (stop()).
+            self._temporal = await temporal.DevServer.start(
                 port=o.temporal_port or _free_port(),
-                ui=o.ui,
-                ui_port=o.ui_port or None,
+                log_path=o.data_dir / "temporal.log",
+                db_file=o.data_dir / "temporal.sqlite" if o.persist else None,
+                ui_port=(o.ui_port or _free_port()) if o.ui else None,
                 runtime=runtime,
             )
-            self.client = self._env.client
-            self.temporal_address = self.client.service_client.config.target_host
+            self.client = self._temporal.client
+            self.temporal_address = self._temporal.address
 
         state_dir = o.data_dir / "providers" if o.persist else None
         config = ProviderConfig(
@@ -213,8 +224,17 @@ class DevStack:
             # SPECULATIVE after ten simulated minutes, as a cloud's cleanup would.
             failed_cleanup_s=600.0,
             state_path=state_dir / "simcloud.json" if state_dir else None,
+            # Rehearsals: drains that take about drain_seconds of wall time.
+            drain_latency_s=(
+                LatencyRange(
+                    0.8 * o.drain_seconds / o.time_factor, 1.2 * o.drain_seconds / o.time_factor
+                )
+                if o.drain_seconds
+                else None
+            ),
         )
         core = build_provider(config)
+        self._stuck = _StuckDrains(core)
         if o.provider_hook is not None:
             o.provider_hook(core)
         running = await start_provider_server(
@@ -287,6 +307,14 @@ class DevStack:
             cluster.start()
             self.clusters.append(cluster)
         self.endpoints().write(o.data_dir)
+        if o.stuck_drain:
+            self._injector = asyncio.create_task(self._inject_quietly(), name="stuck-drain")
+
+    async def _inject_quietly(self) -> None:
+        try:
+            await self.inject_stuck_drain()
+        except Exception:
+            log.exception("could not inject the stuck drain")
 
     def endpoints(self) -> Endpoints:
         """Where this stack can be reached (written to the data dir for the CLI)."""
@@ -305,8 +333,45 @@ class DevStack:
             started_at=time.time(),
         )
 
+    async def inject_stuck_drain(self) -> str:
+        """Rehearsal: drain one configured demo machine that never finishes draining.
+
+        A person's drain (reason ``operator``) with a short grace and short
+        deadlines; the provider never completes it, forced termination never
+        completes either, and the workflow ends in ``AwaitingOperator`` within
+        about a minute — the state ``bigfleet machine show/force/abandon``
+        are for. Returns the machine id.
+        """
+        assert self.shard is not None
+        shard = self.shard
+        while True:
+            candidates = [
+                m
+                for m in shard.engine.machines()
+                if m.state.name == "CONFIGURED"
+                and m.cluster
+                and m.id not in shard.engine.in_flight()
+            ]
+            if candidates and shard.active:
+                break
+            await asyncio.sleep(1.0)
+        record = sorted(candidates, key=lambda m: m.id)[0]
+        assert self._stuck is not None
+        self._stuck.machines.add(record.id)
+        shard.engine.claim(record.id, operation="drain", target_cluster="", now=time.time())
+        await shard.parts.executor.start_operator_drain(
+            record, grace_seconds=5, deadlines=Deadlines(draining_margin_s=15.0)
+        )
+        self.stuck_drain = record.id
+        log.info("injected a stuck drain of %s (ends in AwaitingOperator)", record.id)
+        return record.id
+
     async def stop(self) -> None:
         Endpoints.remove(self.options.data_dir)
+        if self._injector is not None:
+            self._injector.cancel()
+            with contextlib.suppress(BaseException):
+                await self._injector
         for cluster in self.clusters:
             await cluster.stop()
         if self.coordinator is not None:
@@ -321,15 +386,15 @@ class DevStack:
         for running in self.providers:
             with contextlib.suppress(Exception):
                 await running.stop()
-        if self._env is not None:
-            with contextlib.suppress(Exception):
-                await self._env.shutdown()
         if self.db is not None:
             await self.db.close()
         if self._pg is not None:
             await asyncio.to_thread(self._pg.stop)
         if self.metrics is not None:
             self.metrics.stop()
+        if self._temporal is not None:
+            with contextlib.suppress(Exception):
+                await self._temporal.shutdown()
 
     def _provider_security(self, name: str) -> ServerSecurity | None:
         source = self._tls(Identity(Role.PROVIDER, name))
@@ -340,9 +405,10 @@ class DevStack:
         source = self._tls(Identity(Role.ADMIN))
         return ChannelSecurity(source) if source is not None else None
 
-    def summary(self) -> str:
-        """One screenful: machines by state, each cluster's nodes, the shard's activity."""
-        lines: list[str] = []
+    def summary(self, *, now: float | None = None) -> str:
+        """One screenful, stamped with when it was taken, with what its columns mean."""
+        taken = datetime.fromtimestamp(time.time() if now is None else now).strftime("%H:%M:%S")
+        lines: list[str] = [f"— at {taken} —"]
         if self.coordinator is not None:
             lines.append(f"coordinator term {self.coordinator.term}")
         for process in self.shards:
@@ -367,7 +433,37 @@ class DevStack:
                 f"has {have:5.1f} cpu · nodes "
                 + (", ".join(f"{k} {v}" for k, v in sorted(by_state.items())) or "none yet")
             )
+        if self.stuck_drain:
+            lines.append(
+                f"  stuck drain: {self.stuck_drain} (bigfleet machine show {self.stuck_drain})"
+            )
+        lines.append(
+            "  (machines: the shard's inventory by state · in flight: machines an operation is "
+            "moving · wants: the cluster's demand now · has: CPU of its CONFIGURED machines · "
+            "nodes: what its operator was told, by state)"
+        )
         return "\n".join(lines)
+
+
+class _StuckDrains:
+    """Wraps a provider core's ``drain`` so drains of chosen machines never finish."""
+
+    def __init__(self, core: ProviderCore) -> None:
+        self.machines: set[str] = set()
+        original = core.drain
+        config = core.config
+
+        def drain(machine_id: str, *args: Any, **kwargs: Any) -> Any:
+            if machine_id not in self.machines:
+                return original(machine_id, *args, **kwargs)
+            saved = config.stuck_rate.get("drain", 0.0)
+            config.stuck_rate["drain"] = 1.0
+            try:
+                return original(machine_id, *args, **kwargs)
+            finally:
+                config.stuck_rate["drain"] = saved
+
+        core.drain = drain  # type: ignore[method-assign]
 
 
 def _free_port() -> int:

@@ -7,8 +7,12 @@ installed beside the Python interpreter.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import shutil
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 from temporalio.api.enums.v1 import IndexedValueType
@@ -25,6 +29,7 @@ from temporalio.testing import WorkflowEnvironment
 from workflows import search_attributes as sa
 
 __all__ = [
+    "DevServer",
     "binary",
     "connect",
     "ensure_search_attributes",
@@ -74,6 +79,88 @@ async def start_dev_server(
         dev_server_extra_args=extra,
         runtime=runtime,
     )
+
+
+_CLI_TYPES = {
+    SearchAttributeIndexedValueType.KEYWORD: "Keyword",
+    SearchAttributeIndexedValueType.KEYWORD_LIST: "KeywordList",
+    SearchAttributeIndexedValueType.INT: "Int",
+    SearchAttributeIndexedValueType.TEXT: "Text",
+    SearchAttributeIndexedValueType.DOUBLE: "Double",
+    SearchAttributeIndexedValueType.BOOL: "Bool",
+    SearchAttributeIndexedValueType.DATETIME: "Datetime",
+}
+
+
+class DevServer:
+    """The Temporal CLI dev server as this process's own child, in a session of its own.
+
+    ``bigfleet dev`` runs it this way rather than through the SDK so that a
+    Ctrl-C in the terminal reaches only BigFleet: the server keeps serving
+    while the workers and the shards stop, and is stopped last
+    (:meth:`shutdown`). Its output goes to ``log_path``.
+    """
+
+    def __init__(self, process: asyncio.subprocess.Process, client: Client, address: str) -> None:
+        self.process = process
+        self.client = client
+        self.address = address
+
+    @classmethod
+    async def start(
+        cls,
+        *,
+        port: int,
+        log_path: Path,
+        db_file: Path | None = None,
+        ui_port: int | None = None,
+        namespace: str = "default",
+        runtime: Runtime | None = None,
+        ready_within_s: float = 60.0,
+    ) -> DevServer:
+        """Start the server on 127.0.0.1:``port`` and connect; raises when it does not come up."""
+        args = [str(binary("temporal")), "server", "start-dev", "--ip", "127.0.0.1"]
+        args += ["--port", str(port), "--namespace", namespace, "--log-level", "warn"]
+        args += ["--ui-port", str(ui_port)] if ui_port else ["--headless"]
+        if db_file is not None:
+            db_file.parent.mkdir(parents=True, exist_ok=True)
+            args += ["--db-filename", str(db_file)]
+        for key in sa.ALL:
+            args += ["--search-attribute", f"{key.name}={_CLI_TYPES[key.indexed_value_type]}"]
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("ab") as log_file:
+            process = await asyncio.create_subprocess_exec(
+                *args, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        address = f"127.0.0.1:{port}"
+        deadline = time.monotonic() + ready_within_s
+        while True:
+            try:
+                client = await connect(address, namespace, runtime=runtime)
+                await client.service_client.check_health()
+                return cls(process, client, address)
+            except (RuntimeError, RPCError) as err:
+                if process.returncode is not None or time.monotonic() > deadline:
+                    with contextlib.suppress(ProcessLookupError):
+                        process.kill()
+                    raise RuntimeError(
+                        f"the Temporal dev server did not come up on {address} "
+                        f"(see {log_path}): {err}"
+                    ) from err
+                await asyncio.sleep(0.2)
+
+    async def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after ``timeout_s``)."""
+        if self.process.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            self.process.terminate()
+        try:
+            await asyncio.wait_for(self.process.wait(), timeout_s)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.kill()
+            await self.process.wait()
 
 
 async def start_time_skipping() -> WorkflowEnvironment:

@@ -68,6 +68,7 @@ from workflows.contracts import (
     REASON_CONFIGURE_FAILED,
     REASON_CREATE_FAILED,
     REASON_DECOMMISSION,
+    REASON_OPERATOR,
     REASON_PREEMPT,
     REASON_RECLAIM,
     REASON_RELEASE,
@@ -320,6 +321,7 @@ class Executor:
         why = {
             REASON_RECLAIM: f"{cluster_id} no longer needs it",
             REASON_DECOMMISSION: "its domain is being retired",
+            REASON_OPERATOR: "a person asked for it",
         }.get(reason, reason)
         if waiter is not None:
             why = f"for {waiter.cluster_id} at priority {waiter.priority}"
@@ -394,6 +396,25 @@ class Executor:
             SearchAttributePair(sa.PRIORITY, 0),
         ]
         return _Start(VerifyWorkflow.run, inp, OP_VERIFY, [record.id], seq, attrs)
+
+    async def start_operator_drain(
+        self, record: MachineRecord, *, grace_seconds: int, deadlines: Deadlines | None = None
+    ) -> str:
+        """Drain one configured machine because a person asked (reason ``operator``).
+
+        The caller has taken the machine out of the engine's planning
+        (``engine.claim``); the drain's outcome settles it like any other.
+        ``deadlines`` overrides the machine's own (rehearsals shorten them).
+        Returns the workflow id; raises on a Temporal error.
+        """
+        action = Reclaim(record.id, record.cluster, grace_seconds, reason=REASON_OPERATOR)
+        start = self._drain(action, record)
+        if deadlines is not None:
+            inp: DrainInput = start.arg
+            inp.deadlines = deadlines
+        await self._submit(start)
+        metrics.WORKFLOW_STARTS.labels("DrainWorkflow", REASON_OPERATOR).inc()
+        return self._id(start)
 
     async def start_recovery(self, recovery: RecoverInput) -> str:
         """Start (or find) the RecoverWorkflow of one machine a batch failed; returns its id.
