@@ -27,6 +27,7 @@ from temporalio.service import TLSConfig
 
 from activities.context import ProviderCalls
 from bigfleet import temporal
+from bigfleet.backoff import retrying
 from bigfleet.config import ConfigError, Settings
 from bigfleet.coordinator import CoordinatorProcess
 from bigfleet.identity import KeyPairSource, client_security, temporal_tls
@@ -71,11 +72,30 @@ class Wiring:
             self.metrics.stop()
 
 
-async def open_store(database_url: str, *, migrate: bool = True) -> tuple[Database, Store]:
-    """The database (upgraded to the newest schema unless ``migrate`` is False) and its store."""
+async def open_store(
+    database_url: str, *, migrate: bool = True, retry_s: float = 0.0
+) -> tuple[Database, Store]:
+    """The database (upgraded to the newest schema unless ``migrate`` is False) and its store.
+
+    With ``retry_s`` the first connection (and the migration) is retried with
+    back-off for that long while PostgreSQL is not reachable yet.
+    """
     db = Database.connect(database_url)
-    if migrate:
-        await db.migrate()
+
+    async def ready() -> None:
+        if migrate:
+            await db.migrate()
+        else:
+            await Store(db.engine).term()
+
+    try:
+        if retry_s > 0:
+            await retrying("PostgreSQL", ready, within_s=retry_s)
+        elif migrate:
+            await db.migrate()
+    except BaseException:
+        await db.close()
+        raise
     return db, Store(db.engine)
 
 
@@ -102,16 +122,22 @@ async def connect(settings: Settings, *, search_attributes: bool = True) -> Asyn
         raise ConfigError("BIGFLEET_TEMPORAL_ADDRESS", "must be set")
     tls = temporal_tls_of(settings)
     served = serve_metrics(settings.metrics_listen) if settings.metrics_listen else None
-    db, store = await open_store(settings.database_url)
+    db, store = await open_store(settings.database_url, retry_s=settings.connect_timeout_s)
     try:
-        client = await temporal.connect(
-            settings.temporal_address,
-            settings.temporal_namespace,
-            tls=tls,
-            runtime=temporal.runtime(settings.temporal_metrics_listen),
+        address = settings.temporal_address
+        runtime = temporal.runtime(settings.temporal_metrics_listen)
+
+        async def reach_temporal() -> Client:
+            found = await temporal.connect(
+                address, settings.temporal_namespace, tls=tls, runtime=runtime
+            )
+            if search_attributes:
+                await temporal.ensure_search_attributes(found, settings.temporal_namespace)
+            return found
+
+        client = await retrying(
+            f"Temporal at {address}", reach_temporal, within_s=settings.connect_timeout_s
         )
-        if search_attributes:
-            await temporal.ensure_search_attributes(client, settings.temporal_namespace)
     except BaseException:
         await db.close()
         if served is not None:
@@ -141,6 +167,7 @@ def shard_options(settings: Settings) -> ShardOptions:
     return ShardOptions(
         shard_id=settings.shard_id,
         listen=settings.shard_listen,
+        advertise=settings.shard_advertise,
         holder=settings.holder,
         lease_ttl_s=settings.lease_ttl_s,
         lease_margin_s=settings.lease_margin_s,

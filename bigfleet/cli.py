@@ -487,10 +487,14 @@ def migrate(revision: str = "head") -> None:
         _fail("BIGFLEET_DATABASE_URL is not set")
 
     async def main() -> None:
+        from bigfleet.backoff import retrying
+
         assert settings.database_url
         db = Database.connect(settings.database_url)
         try:
-            await db.migrate(revision)
+            await retrying(
+                "PostgreSQL", lambda: db.migrate(revision), within_s=settings.connect_timeout_s
+            )
         finally:
             await db.close()
 

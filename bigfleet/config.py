@@ -182,6 +182,10 @@ class Settings:
     reclaim_hysteresis_cycles: int = 3
     reclaim_min_age_s: float = 600.0
     reclaim_window_s: float = 600.0
+    # Where operators are told to dial this shard; empty: the listen address.
+    shard_advertise: str = ""
+    # How long a process keeps retrying PostgreSQL and Temporal at start-up.
+    connect_timeout_s: float = 120.0
     # Where /metrics is served (prometheus_client), and the Temporal SDK's own metrics.
     metrics_listen: str | None = None
     temporal_metrics_listen: str | None = None
@@ -221,6 +225,8 @@ class Settings:
             reclaim_hysteresis_cycles=_int(env, "BIGFLEET_RECLAIM_HYSTERESIS_CYCLES", 3, minimum=1),
             reclaim_min_age_s=_float(env, "BIGFLEET_RECLAIM_MIN_AGE_SECONDS", 600.0),
             reclaim_window_s=_float(env, "BIGFLEET_RECLAIM_WINDOW_SECONDS", 600.0),
+            shard_advertise=_listen(env, "BIGFLEET_SHARD_ADVERTISE") or "",
+            connect_timeout_s=_float(env, "BIGFLEET_CONNECT_TIMEOUT_SECONDS", 120.0),
             metrics_listen=_listen(env, "BIGFLEET_METRICS_LISTEN"),
             temporal_metrics_listen=_listen(env, "BIGFLEET_TEMPORAL_METRICS_LISTEN"),
             data_dir=Path(env.get("BIGFLEET_DATA_DIR", ".bigfleet")),
@@ -266,6 +272,13 @@ class Settings:
             "BIGFLEET_RECLAIM_MIN_AGE_SECONDS": (
                 "a machine (and its need) is reclaimed only this long after it was configured "
                 "(default 600)"
+            ),
+            "BIGFLEET_SHARD_ADVERTISE": (
+                "HOST:PORT operators are told to dial for this shard (default: the listen "
+                "address; a 0.0.0.0 listener needs one)"
+            ),
+            "BIGFLEET_CONNECT_TIMEOUT_SECONDS": (
+                "how long a process retries PostgreSQL and Temporal at start-up (default 120)"
             ),
             "BIGFLEET_METRICS_LISTEN": "HOST:PORT serving Prometheus /metrics (unset: none)",
             "BIGFLEET_TEMPORAL_METRICS_LISTEN": (

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass, field
 
 from bigfleet.shard.sessions import SessionLimits
 from shard_engine.engine import EngineConfig
 from workflows.contracts import Deadlines, PollPolicy, default_deadline_overrides
 
-__all__ = ["ShardOptions", "task_queue"]
+__all__ = [
+    "ShardOptions",
+    "advertised",
+    "task_queue",
+]
 
 
 def task_queue(shard_id: str) -> str:
@@ -22,6 +27,9 @@ class ShardOptions:
 
     shard_id: str = "shard-0"
     listen: str = "127.0.0.1:0"
+    # Where operators are told to dial this shard (a moved cluster's redirect target);
+    # empty: the listen address, with a wildcard host replaced by this host's name.
+    advertise: str = ""
     holder: str = "local"
     lease_ttl_s: float = 30.0
     # Stop acting this long before the lease can expire (None: a quarter of the ttl; ADR 0100).
@@ -51,3 +59,13 @@ class ShardOptions:
     @property
     def task_queue(self) -> str:
         return task_queue(self.shard_id)
+
+
+def advertised(listening: str, advertise: str = "") -> str:
+    """The address to publish for a shard listening on ``listening`` (see ``advertise``)."""
+    if advertise:
+        return advertise
+    host, _, port = listening.rpartition(":")
+    if host in ("", "0.0.0.0", "::", "[::]"):
+        return f"{socket.gethostname()}:{port}"
+    return listening

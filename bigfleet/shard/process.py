@@ -40,7 +40,7 @@ from bigfleet.shard import telemetry
 from bigfleet.shard.admissions import Admissions
 from bigfleet.shard.executor import claim_running
 from bigfleet.shard.intake import Intake
-from bigfleet.shard.options import ShardOptions, task_queue
+from bigfleet.shard.options import ShardOptions, advertised, task_queue
 from bigfleet.shard.parts import assemble
 from bigfleet.shard.rollups import SessionSink
 from bigfleet.shard.server import IngestOptions, IngestServer
@@ -71,7 +71,8 @@ class ShardProcess:
         self.store = store
         self.temporal = temporal
         self.clock = clock
-        self.address = ""
+        self.address = ""  # advertised to operators (ShardOptions.advertise)
+        self.listening = ""  # where the Session port is bound
         self.cycles = 0
         self.last_plan_actions = 0
         self._tasks: list[asyncio.Task[None]] = []
@@ -178,7 +179,8 @@ class ShardProcess:
             tls=self.tls,
             inspect=lambda cluster_id, limit: self.engine.inspect_needs(cluster_id, limit=limit),
         )
-        self.address = await self._server.start()
+        self.listening = await self._server.start()
+        self.address = advertised(self.listening, self.options.advertise)
         # Where a moved cluster's operator is sent: the lease row carries our address.
         await self.lease.publish_address(self.address)
         if self.active:

@@ -39,3 +39,31 @@ async def test_temporal_tls_without_certificates_names_what_is_missing() -> None
     with pytest.raises(ConfigError, match=r"BIGFLEET_TEMPORAL_TLS.*BIGFLEET_TLS_CERT"):
         async with bootstrap.connect(settings):
             pass
+
+
+def test_a_shard_advertises_its_own_address_not_its_wildcard_listener() -> None:
+    import socket
+
+    from bigfleet.shard.options import advertised
+
+    options = bootstrap.shard_options(
+        _settings(BIGFLEET_SHARD_LISTEN="0.0.0.0:7443", BIGFLEET_SHARD_ADVERTISE="shard-7:7443")
+    )
+    assert options.listen == "0.0.0.0:7443" and options.advertise == "shard-7:7443"
+    assert advertised("0.0.0.0:7443", options.advertise) == "shard-7:7443"
+    # Without a setting: a concrete listener is its own address, a wildcard one this host's name.
+    assert advertised("10.0.0.5:7443") == "10.0.0.5:7443"
+    assert advertised("0.0.0.0:7443") == f"{socket.gethostname()}:7443"
+    assert advertised("[::]:7443") == f"{socket.gethostname()}:7443"
+
+
+def test_a_malformed_advertise_address_names_its_variable() -> None:
+    with pytest.raises(ConfigError, match="BIGFLEET_SHARD_ADVERTISE"):
+        _settings(BIGFLEET_SHARD_ADVERTISE="shard-7")
+
+
+def test_the_start_up_retry_window_is_a_listed_setting() -> None:
+    assert _settings().connect_timeout_s == 120.0
+    assert _settings(BIGFLEET_CONNECT_TIMEOUT_SECONDS="5").connect_timeout_s == 5.0
+    assert "BIGFLEET_CONNECT_TIMEOUT_SECONDS" in Settings.describe()
+    assert "BIGFLEET_SHARD_ADVERTISE" in Settings.describe()
