@@ -245,6 +245,10 @@ class SimulatedCluster:
                     sender.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await sender
+                # End this session's request stream. A call the shard ended is not
+                # cancelled by closing the channel, so gRPC's task that feeds it from
+                # _requests() would wait on this queue for ever (one task per session).
+                self._outbox.put_nowait(None)
 
     def _bootstrap(self, req: shard_pb2.BootstrapRequest) -> shard_pb2.OperatorMessage:
         self.bootstrap_requests += 1

@@ -222,6 +222,10 @@ class ShardSession:
                     sender.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await sender
+                # End this session's request stream. A call the shard ended is not
+                # cancelled by closing the channel, so gRPC's task that feeds it from
+                # _requests() would wait on this queue for ever (one task per session).
+                self._outbox.put_nowait(None)
 
     def _on_ack(
         self, ack: shard_pb2.Acknowledgement, sender: asyncio.Task[None] | None

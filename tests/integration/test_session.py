@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 import pytest
@@ -16,8 +17,13 @@ from bigfleet.shard.sessions import (
     ShardUnavailable,
 )
 from bigfleet.v1alpha1 import capacity_pb2, provider_pb2, shard_pb2, shard_pb2_grpc
+from clusters.operator import DemandPattern, SimulatedCluster
+from nanook.config import parse_pool_config
+from nanook.pool import WorkerPool
+from nanook.session import ShardSession
 from shard_engine.engine import ShardEngine
 from shard_engine.model import Rollup
+from tests.integration.multishard import eventually
 from workflows.contracts import RequirementSpec
 
 
@@ -49,6 +55,7 @@ class Served:
     hub: SessionHub
     sink: EngineSink
     stub: shard_pb2_grpc.ShardAsyncStub
+    address: str
 
 
 @pytest.fixture
@@ -60,7 +67,7 @@ async def served() -> AsyncIterator[Served]:
     await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     try:
-        yield Served(hub, sink, shard_pb2_grpc.ShardStub(channel))
+        yield Served(hub, sink, shard_pb2_grpc.ShardStub(channel), f"127.0.0.1:{port}")
     finally:
         await channel.close(None)
         await server.stop(None)
@@ -72,6 +79,8 @@ class Operator:
     def __init__(self, stub: shard_pb2_grpc.ShardAsyncStub) -> None:
         self.queue: asyncio.Queue[shard_pb2.OperatorMessage | None] = asyncio.Queue()
         self.call = stub.Session(self._requests())
+        # Once the call ends, end the request stream too (or gRPC's task feeding it waits).
+        self.call.add_done_callback(lambda _: self.queue.put_nowait(None))
 
     async def _requests(self) -> AsyncIterator[shard_pb2.OperatorMessage]:
         while (msg := await self.queue.get()) is not None:
@@ -276,3 +285,47 @@ async def test_a_hello_to_a_shard_that_is_not_acting_is_refused_unavailable(
         await op.recv()
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
     assert served.sink.opened == []
+
+
+def _request_feeders() -> set[asyncio.Task[Any]]:
+    """gRPC's running tasks that feed a client's request stream from its iterator."""
+    return {
+        t
+        for t in asyncio.all_tasks()
+        if not t.done() and "_consume_request_iterator" in repr(t.get_coro())
+    }
+
+
+def _simulated(address: str) -> tuple[Callable[[], int], SimulatedCluster]:
+    demand = DemandPattern(cpu=1, memory_gib=1, min_unit_cpu=1, min_unit_memory_gib=1)
+    cluster = SimulatedCluster("c1", address, demand, rollup_interval_s=0.2)
+    return (lambda: cluster.acks.count("hello")), cluster
+
+
+def _nanook(address: str) -> tuple[Callable[[], int], ShardSession]:
+    pool = WorkerPool(parse_pool_config({"worker": {"resources": {"cpu": "4"}}}))
+    session = ShardSession("c1", address, pool)
+    return (lambda: session.sessions), session
+
+
+@pytest.mark.parametrize("make", [_simulated, _nanook], ids=["simulated-cluster", "nanook"])
+async def test_an_operator_whose_sessions_the_shard_ends_leaves_no_request_stream_running(
+    served: Served, make: Callable[[str], tuple[Callable[[], int], Any]]
+) -> None:
+    before = _request_feeders()
+    sessions, operator = make(served.address)
+    operator.start()
+    try:
+        for n in (1, 2, 3):
+            await eventually(lambda: sessions() >= n, within=30, what=f"session {n}")  # noqa: B023
+            if n < 3:
+                served.hub.close_all(unavailable="shard s1 is not acting; reconnect")
+    finally:
+        await operator.stop()
+    # Two sessions the shard ended and one the operator closed: no feeder of any is left
+    # (each would wait on its session's queue for as long as the process lives).
+    await eventually(
+        lambda: not _request_feeders() - before,
+        within=10,
+        what="the request streams of the ended sessions to end",
+    )
