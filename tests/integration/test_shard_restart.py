@@ -16,6 +16,7 @@ import sys
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -114,7 +115,7 @@ async def world(empty_database_url: str) -> AsyncIterator[World]:
         await env.shutdown()
 
 
-def _spawn_shard(world: World, listen: str) -> subprocess.Popen[bytes]:
+def _spawn_shard(world: World, listen: str, log: Path) -> subprocess.Popen[bytes]:
     env = dict(os.environ)
     env.update(
         BIGFLEET_DATABASE_URL=world.url,
@@ -127,12 +128,13 @@ def _spawn_shard(world: World, listen: str) -> subprocess.Popen[bytes]:
         BIGFLEET_REPORT_SECONDS="0.5",
         BIGFLEET_LEASE_TTL_SECONDS="3",
     )
-    return subprocess.Popen(
-        [sys.executable, "-m", "bigfleet", "shard"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "bigfleet", "shard"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
 
 async def _in_state(world: World, state: int) -> list[provider_pb2.Machine]:
@@ -141,10 +143,11 @@ async def _in_state(world: World, state: int) -> list[provider_pb2.Machine]:
 
 
 async def test_a_killed_shard_restarts_without_losing_or_duplicating_anything(
-    world: World,
+    world: World, tmp_path: Path
 ) -> None:
     listen = f"127.0.0.1:{_free_port()}"
-    first = _spawn_shard(world, listen)
+    log = tmp_path / "shard-0.log"
+    first = _spawn_shard(world, listen, log)
     try:
         await eventually(
             lambda: _lease_taken(world), within=30, what="the subprocess shard to take its lease"
@@ -222,6 +225,10 @@ async def test_a_killed_shard_restarts_without_losing_or_duplicating_anything(
                 await successor.stop()
         finally:
             await cluster.stop()
+    except BaseException:
+        # The subprocess's own account of what it did, for whoever reads the failure.
+        print(log.read_text(errors="replace")[-20_000:])
+        raise
     finally:
         if first.poll() is None:
             first.kill()
