@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from itertools import chain, repeat
 from types import MappingProxyType
 
 import numpy as np
@@ -450,29 +451,45 @@ class ShardEngine:
             else:
                 inventory.mark_in_flight(rows, targets[s])
         self._commit_taken(log, run, targets)
-        for s, kind in enumerate(log.kind):
-            rows = log.rows[s].tolist()
-            action = _KIND_OF[kind]
-            if action is ActionKind.PREEMPT:
-                source = log.source[s]
-            elif action in (ActionKind.RECLAIM, ActionKind.VERIFY):
-                source = log.cluster[s]
-            else:
-                source = NO_CLUSTER
-            flight = _Flight(
-                kind=action,
-                target=targets[s],
-                started=now,
-                source=source,
-                need_key=log.need_key(s),
-                priority=log.priority[s],
+        if not len(log):
+            named: list[int] = []
+        else:
+            named = np.concatenate(log.rows).tolist()
+            records: list[_Flight] = []
+            for s, kind in enumerate(log.kind):
+                action = _KIND_OF[kind]
+                if action is ActionKind.PREEMPT:
+                    source = log.source[s]
+                elif action is ActionKind.RECLAIM or action is ActionKind.VERIFY:
+                    source = log.cluster[s]
+                else:
+                    source = NO_CLUSTER
+                records.append(
+                    _Flight(
+                        kind=action,
+                        target=targets[s],
+                        started=now,
+                        source=source,
+                        need_key=log.need_key(s),
+                        priority=log.priority[s],
+                    )
+                )
+            # Every machine of a segment shares its record; rows in plan order.
+            flights.update(
+                zip(
+                    named,
+                    chain.from_iterable(
+                        repeat(record, len(rows))
+                        for record, rows in zip(records, log.rows, strict=True)
+                    ),
+                    strict=True,
+                )
             )
-            flights.update(dict.fromkeys(rows, flight))
-            if promises:
-                for row in rows:
-                    promises.pop(row, None)
-            if suspects:
-                suspects.difference_update(rows)
+        if promises:
+            for row in named:
+                promises.pop(row, None)
+        if suspects:
+            suspects.difference_update(named)
         for (cluster, key), domain in sheet.gang_choices.items():
             entry = self._table.entry(cluster)
             if entry is not None and key in entry.arrival:

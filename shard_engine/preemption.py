@@ -131,10 +131,12 @@ class VictimGroups:
             columns = [np.zeros(0, dtype=np.int64)] * 6
         pool = columns[0].astype(np.int64)
         available = pools.counts[pool].astype(np.int64)
-        if sheet.consumed:
+        consumed = sheet.consumed
+        if consumed:
             taken = np.zeros(len(pools), dtype=np.int64)
-            for pool_id, count in sheet.consumed.items():
-                taken[pool_id] = count
+            taken[np.fromiter(consumed, np.int64, len(consumed))] = np.fromiter(
+                consumed.values(), np.int64, len(consumed)
+            )
             available -= taken[pool]
         owner = np.repeat(np.array(clusters, dtype=np.int64), lengths)
         drain = np.repeat(

@@ -454,8 +454,8 @@ def _take_old_enough(
     if named is None:
         tail = pools.tail(pool, skip, machines)
         if len(tail) and (inventory.since[tail] <= oldest_since).all():
-            rows, found = sheet.take(key, machines)
-            return rows, found, True
+            sheet.take_tail(key, pool, tail)  # what ``sheet.take`` would read again
+            return tail, pool, True
     members = pools.members(pool)[: pools.count(pool) - skip]
     offered = np.array(
         [r for r in members.tolist() if (named is None or r in named) and r not in sheet.taken],

@@ -140,6 +140,16 @@ class Worksheet:
             self.free[key.tier][key.profile] -= taken
         return rows, pool
 
+    def take_tail(self, key: PoolKey, pool: int, rows: IntArray) -> None:
+        """Record ``rows`` — exactly what :meth:`take` would hand out now — as taken.
+
+        For a caller that had to read the tail first (to check it) and so
+        need not read it twice.
+        """
+        self.consumed[pool] = self.consumed.get(pool, 0) + len(rows)
+        if key.tier != TIER_BOUND:
+            self.free[key.tier][key.profile] -= len(rows)
+
     def is_taken(self, row: int) -> bool:
         """True when this cycle already named the machine: picked, or taken from its pool's tail.
 
