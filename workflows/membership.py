@@ -24,7 +24,8 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
-from workflows.contracts import MachineTarget
+from workflows import search_attributes as sa
+from workflows.contracts import REASON_SHARD_DRAIN, MachineTarget
 from workflows.coordinator_contracts import (
     ADOPT_MACHINES,
     FINISH_INSTRUCTION,
@@ -61,6 +62,27 @@ _WAIT = RetryPolicy(
     maximum_interval=timedelta(seconds=10),
     maximum_attempts=0,
 )
+
+
+# Workflows started before shard drains carried a reason set no search attributes;
+# the patch keeps their histories replaying.
+SHARD_DRAIN_REASON_PATCH = "shard-drain-reason"
+
+
+def _show_shard_drain(donor: str, receiver: str, what: str, cluster_id: str = "") -> None:
+    """Make a shard drain's workflow findable and readable in the Temporal UI.
+
+    ``BigFleetReason = 'shard-drain'`` and ``BigFleetShardId`` (the donor) are
+    search attributes; the current details (not a command) say what moves where.
+    """
+    if workflow.patched(SHARD_DRAIN_REASON_PATCH):
+        updates = [sa.REASON.value_set(REASON_SHARD_DRAIN), sa.SHARD_ID.value_set(donor)]
+        if cluster_id:
+            updates.append(sa.CLUSTER_ID.value_set(cluster_id))
+        workflow.upsert_search_attributes(updates)
+    workflow.set_current_details(
+        f"**shard drain** of {donor}: {what} to {receiver}\n\nreason: {REASON_SHARD_DRAIN}"
+    )
 
 
 async def _record(record: MembershipRecord) -> None:
@@ -113,6 +135,7 @@ class ClusterMoveWorkflow:
     @workflow.run
     async def run(self, inp: ClusterMoveInput) -> MembershipResult:
         spec = inp.spec
+        _show_shard_drain(spec.donor, spec.receiver, f"cluster {spec.cluster_id}", spec.cluster_id)
         await _record(
             MembershipRecord(
                 inp.term, inp.seq, "cluster-move", spec.donor, spec.receiver, spec.cluster_id
@@ -160,6 +183,7 @@ class HandoverWorkflow:
     @workflow.run
     async def run(self, inp: HandoverInput) -> MembershipResult:
         spec = inp.spec
+        _show_shard_drain(spec.donor, spec.receiver, f"{len(spec.machines)} unbound machine(s)")
         await _record(
             MembershipRecord(
                 inp.term,

@@ -11,10 +11,20 @@ from __future__ import annotations
 
 from temporalio import workflow
 
-from workflows.contracts import CONFIGURED, OP_VERIFY, MachineResult, VerifyInput
+from workflows import search_attributes as sa
+from workflows.contracts import (
+    CONFIGURED,
+    OP_VERIFY,
+    REASON_VERIFY_FAILED,
+    MachineResult,
+    VerifyInput,
+)
 from workflows.machine import MachineWorkflow
 
 VERIFYING = "VERIFYING"
+# Verifications started before a failed one carried a reason set no BigFleetReason;
+# the patch keeps their histories replaying.
+VERIFY_REASON_PATCH = "verify-failed-reason"
 
 
 @workflow.defn(name="VerifyWorkflow")
@@ -34,6 +44,12 @@ class VerifyWorkflow(MachineWorkflow):
         )
         seen = await self._observe()
         alive = seen.state == CONFIGURED
+        if not alive:
+            # The machine is replaced by the engine's next cycle; the reason makes
+            # that replacement findable (BigFleetReason = 'verify-failed').
+            self._view.reason = REASON_VERIFY_FAILED
+            if workflow.patched(VERIFY_REASON_PATCH):
+                workflow.upsert_search_attributes([sa.REASON.value_set(REASON_VERIFY_FAILED)])
         return await self._finish(
             seen.state,
             succeeded=alive,

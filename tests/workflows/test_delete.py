@@ -15,6 +15,7 @@ from workflows.contracts import (
     CONFIGURED,
     FAILED,
     IDLE,
+    REASON_VERIFY_FAILED,
     SPECULATIVE,
     Deadlines,
     EscalateSignal,
@@ -119,14 +120,19 @@ async def test_verify_finds_a_configured_machine_alive_and_changes_nothing_durab
     rig: Rig,
 ) -> None:
     machine_id = rig.configured_machine()
-    result = await rig.result(await rig.start(VerifyWorkflow.run, _verify(machine_id)))
+    handle = await rig.start(VerifyWorkflow.run, _verify(machine_id))
+    result = await rig.result(handle)
     assert result.state == CONFIGURED and result.succeeded
+    assert (await handle.describe()).typed_search_attributes.get(sa.REASON) is None
     (record,) = rig.ctx.records
     assert record.operation == "verify" and not record.persist
 
 
 async def test_verify_reports_a_vanished_machine_as_failed(rig: Rig) -> None:
-    result = await rig.result(await rig.start(VerifyWorkflow.run, _verify("no-such-machine")))
+    handle = await rig.start(VerifyWorkflow.run, _verify("no-such-machine"))
+    result = await rig.result(handle)
     assert result.state == FAILED and not result.succeeded
+    attrs = (await handle.describe()).typed_search_attributes
+    assert attrs.get(sa.REASON) == REASON_VERIFY_FAILED
     (record,) = rig.ctx.records
     assert record.persist and record.outcome.state == FAILED

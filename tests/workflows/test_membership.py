@@ -10,13 +10,15 @@ from typing import Any
 
 import pytest
 from temporalio import activity
+from temporalio.common import TypedSearchAttributes
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from workflows import coordinator_contracts as co
 from workflows import membership as ms
-from workflows.contracts import MachineTarget
+from workflows import search_attributes as sa
+from workflows.contracts import REASON_SHARD_DRAIN, MachineTarget
 
 MACHINES = [MachineTarget("m1", "sim"), MachineTarget("m2", "sim")]
 
@@ -69,7 +71,14 @@ def env(time_skipping_env: WorkflowEnvironment) -> WorkflowEnvironment:
     return time_skipping_env
 
 
-async def _run(env: WorkflowEnvironment, rec: Recorder, workflow: str, arg: object) -> object:
+async def _run(
+    env: WorkflowEnvironment,
+    rec: Recorder,
+    workflow: str,
+    arg: object,
+    attributes: list[TypedSearchAttributes] | None = None,
+) -> object:
+    """Run one membership workflow; ``attributes`` receives its final search attributes."""
     workers = [
         Worker(
             env.client,
@@ -82,13 +91,17 @@ async def _run(env: WorkflowEnvironment, rec: Recorder, workflow: str, arg: obje
         for queue in (co.COORDINATOR_QUEUE, "shard-old", "shard-new")
     ]
     async with workers[0], workers[1], workers[2]:
-        return await env.client.execute_workflow(
+        handle = await env.client.start_workflow(
             workflow,
             arg,
             id=f"test-{uuid.uuid4()}",
             task_queue=co.COORDINATOR_QUEUE,
             result_type=ms.MembershipResult,
         )
+        result = await handle.result()
+        if attributes is not None:
+            attributes.append((await handle.describe()).typed_search_attributes)
+        return result
 
 
 MOVE = ms.ClusterMoveInput(4, 9, ms.ClusterMoveSpec("web", "old", "new"))
@@ -98,8 +111,9 @@ async def test_a_cluster_move_waits_for_machines_in_motion_then_the_receiver_ado
     env: WorkflowEnvironment,
 ) -> None:
     rec = Recorder(busy_attempts=3)
+    attributes: list[TypedSearchAttributes] = []
 
-    result = await _run(env, rec, "ClusterMoveWorkflow", MOVE)
+    result = await _run(env, rec, "ClusterMoveWorkflow", MOVE, attributes)
 
     assert isinstance(result, ms.MembershipResult)
     assert (result.status, result.moved) == ("applied", 2)
@@ -109,6 +123,12 @@ async def test_a_cluster_move_waits_for_machines_in_motion_then_the_receiver_ado
         ("cluster-move", "web", 4, 9)
     ]
     assert [(o.status, o.term, o.seq) for o in rec.outcomes] == [("applied", 4, 9)]
+    (attrs,) = attributes
+    assert (attrs.get(sa.REASON), attrs.get(sa.SHARD_ID), attrs.get(sa.CLUSTER_ID)) == (
+        REASON_SHARD_DRAIN,
+        "old",
+        "web",
+    )
 
 
 async def test_a_refused_cluster_move_adopts_nothing_and_says_why(
@@ -126,15 +146,19 @@ async def test_a_refused_cluster_move_adopts_nothing_and_says_why(
 
 async def test_a_handover_adopts_only_what_the_donor_released(env: WorkflowEnvironment) -> None:
     rec = Recorder()
+    attributes: list[TypedSearchAttributes] = []
 
     result = await _run(
         env,
         rec,
         "HandoverWorkflow",
         ms.HandoverInput(4, 10, ms.HandoverSpec("old", "new", MACHINES)),
+        attributes,
     )
 
     assert isinstance(result, ms.MembershipResult)
     assert (result.status, result.moved) == ("applied", 1)
     assert rec.adopted == [("shard-new", ["m1"])]
     assert rec.records[0].machine_ids == ["m1", "m2"]
+    (attrs,) = attributes
+    assert (attrs.get(sa.REASON), attrs.get(sa.SHARD_ID)) == (REASON_SHARD_DRAIN, "old")
