@@ -31,17 +31,21 @@ here, counted and logged.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import enum
 import functools
 import logging
 import os
+import ssl
+import tempfile
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 from cryptography import x509
@@ -50,6 +54,7 @@ from temporalio.service import TLSConfig
 
 from bigfleet.config import TLSFiles
 from bigfleet.metrics import IDENTITY_REFUSALS
+from providers.errors import ProviderUnavailable
 from providers.server import ServerSecurity
 
 log = logging.getLogger(__name__)
@@ -73,6 +78,7 @@ __all__ = [
     "identity_from_uris",
     "own_identity",
     "peer_identity",
+    "presented_identity",
     "provider_security",
     "requires",
     "server_credentials",
@@ -173,7 +179,10 @@ def identity_from_uris(uris: Iterable[str]) -> Identity:
 
 def certificate_uris(pem: bytes) -> list[str]:
     """Every URI SAN of a PEM certificate."""
-    cert = x509.load_pem_x509_certificate(pem)
+    return _uris(x509.load_pem_x509_certificate(pem))
+
+
+def _uris(cert: x509.Certificate) -> list[str]:
     try:
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName)
     except x509.ExtensionNotFound:
@@ -312,9 +321,50 @@ class ChannelSecurity:
     def __init__(self, source: KeyPairSource) -> None:
         self.source = source
         self._built: tuple[int, grpc.ChannelCredentials] | None = None
+        self._verified: set[tuple[str, str, int]] = set()
+        self._logged: set[tuple[str, str, int]] = set()
 
     def generation(self) -> int:
         return self.source.current().generation
+
+    async def verify_peer(self, address: str, provider_name: str) -> None:
+        """Check that the server at ``address`` presents ``bigfleet://provider/<name>``.
+
+        grpcio's asyncio client verifies the chain and the host name but
+        exposes no peer certificate, so the identity is read by a separate TLS
+        handshake with the same files, once per (address, certificate
+        generation): a shard never sends a fencing token or a mutation to a
+        server that is not the provider it was configured with. A wrong
+        identity, or no answer, raises :class:`ProviderUnavailable` (the
+        callers' retries then wait for a fix) and is logged once.
+        """
+        pair = self.source.current()
+        key = (address, provider_name, pair.generation)
+        if key in self._verified:
+            return
+        expected = Identity(Role.PROVIDER, provider_name)
+        try:
+            presented = await presented_identity(address, pair)
+        except IdentityError as err:
+            self._refuse(key, f"the provider at {address} {err.detail}")
+        except (OSError, ssl.SSLError, TimeoutError) as err:
+            raise ProviderUnavailable(
+                f"provider {provider_name!r} at {address}: TLS handshake failed ({err})"
+            ) from err
+        if presented != expected:
+            self._refuse(
+                key,
+                f"the server at {address} presents {presented.uri}, not {expected.uri}: "
+                "check the provider's address and certificate",
+            )
+        self._verified.add(key)
+        self._logged.discard(key)
+
+    def _refuse(self, key: tuple[str, str, int], message: str) -> NoReturn:
+        if key not in self._logged:
+            self._logged.add(key)
+            log.error("refusing to call a provider: %s", message)
+        raise ProviderUnavailable(message)
 
     def current(self) -> grpc.ChannelCredentials:
         """Credentials from the newest files (for a client that reconnects by itself)."""
@@ -328,6 +378,39 @@ class ChannelSecurity:
             )
             self._built = (pair.generation, creds)
         return self._built
+
+
+async def presented_identity(address: str, pair: KeyPair, *, within_s: float = 5.0) -> Identity:
+    """The identity the TLS server at ``address`` (``host:port``) presents.
+
+    A handshake as a gRPC client makes it (HTTP/2 by ALPN, this process's
+    certificate, the chain and the host name checked against ``pair.ca``),
+    given ``within_s`` seconds; no request is sent.
+    """
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"provider address {address!r}: expected host:port")
+    host = host.strip("[]")
+    context = ssl.create_default_context(cadata=pair.ca.decode())
+    context.set_alpn_protocols(["h2"])
+    with tempfile.TemporaryDirectory(prefix="bigfleet-tls-") as tmp:
+        cert, key = Path(tmp) / "cert.pem", Path(tmp) / "key.pem"
+        cert.write_bytes(pair.cert)
+        key.touch(mode=0o600)
+        key.write_bytes(pair.key)
+        context.load_cert_chain(cert, key)
+    _, writer = await asyncio.wait_for(
+        asyncio.open_connection(host, int(port), ssl=context, server_hostname=host), within_s
+    )
+    try:
+        der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError, ssl.SSLError):
+            await writer.wait_closed()
+    if not der:
+        raise IdentityError("no-identity", "presented no certificate")
+    return identity_from_uris(_uris(x509.load_der_x509_certificate(der)))
 
 
 def channel(

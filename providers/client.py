@@ -16,7 +16,9 @@ With a `CredentialsSource` the client speaks mutual TLS, presenting the
 caller's certificate. When the source's generation moves (the certificate
 files were rotated) the next call opens a new channel with the new
 certificate; the old channel is closed a little later, so calls in flight
-finish on it.
+finish on it. A client given the provider's ``name`` also checks, once per
+certificate generation, that the server presents
+``bigfleet://provider/<name>`` before its first call (``verify_peer``).
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ class CredentialsSource(Protocol):
     def credentials(self) -> tuple[int, grpc.ChannelCredentials]:
         """(generation, credentials); the generation grows when the credentials change."""
 
+    async def verify_peer(self, address: str, provider_name: str) -> None:
+        """Raise ``ProviderUnavailable`` unless ``address`` presents the provider's identity
+        (cheap after the first check of a certificate generation)."""
+
 
 def _token_fields(token: FencingToken | None) -> dict[str, Any]:
     if token is None:
@@ -76,6 +82,8 @@ class ProviderClient:
         name: str = "",
     ) -> None:
         self.address = address
+        # With TLS, the server must present bigfleet://provider/<name> (checked before a call).
+        self.name = name
         # Calls are counted and timed per provider (bigfleet_provider_client_*).
         self._interceptors: list[Any] = [ProviderCallMetrics(name or address)]
         self.timeout = timeout
@@ -94,6 +102,12 @@ class ProviderClient:
         return grpc.aio.secure_channel(
             self.address, creds, options=CLIENT_OPTIONS, interceptors=self._interceptors
         )
+
+    async def _ready(self) -> provider_pb2_grpc.CapacityProviderAsyncStub:
+        """The stub to call, once the server proved it is the provider named ``name``."""
+        if self._security is not None and self.name:
+            await self._security.verify_peer(self.address, self.name)
+        return self._stub
 
     @property
     def _stub(self) -> provider_pb2_grpc.CapacityProviderAsyncStub:
@@ -136,8 +150,9 @@ class ProviderClient:
     ) -> provider_pb2.TransitionAck:
         """Ask for SPECULATIVE -> CREATING -> IDLE. Returns at acceptance."""
         request = provider_pb2.CreateRequest(machine_id=machine_id, **_token_fields(token))
+        stub = await self._ready()
         try:
-            return await self._stub.Create(request, timeout=self._deadline(deadline_s))
+            return await stub.Create(request, timeout=self._deadline(deadline_s))
         except grpc.aio.AioRpcError as error:
             raise _translate(error) from error
 
@@ -160,8 +175,9 @@ class ProviderClient:
             shard_metadata=dict(shard_metadata or {}),
             **_token_fields(token),
         )
+        stub = await self._ready()
         try:
-            return await self._stub.Configure(request, timeout=self._deadline(deadline_s))
+            return await stub.Configure(request, timeout=self._deadline(deadline_s))
         except grpc.aio.AioRpcError as error:
             raise _translate(error) from error
 
@@ -177,8 +193,9 @@ class ProviderClient:
         request = provider_pb2.DrainRequest(
             machine_id=machine_id, grace_period_seconds=grace_seconds, **_token_fields(token)
         )
+        stub = await self._ready()
         try:
-            return await self._stub.Drain(request, timeout=self._deadline(deadline_s))
+            return await stub.Drain(request, timeout=self._deadline(deadline_s))
         except grpc.aio.AioRpcError as error:
             raise _translate(error) from error
 
@@ -187,17 +204,17 @@ class ProviderClient:
     ) -> provider_pb2.TransitionAck:
         """Ask for IDLE -> DELETING -> SPECULATIVE (cloud only)."""
         request = provider_pb2.DeleteRequest(machine_id=machine_id, **_token_fields(token))
+        stub = await self._ready()
         try:
-            return await self._stub.Delete(request, timeout=self._deadline(deadline_s))
+            return await stub.Delete(request, timeout=self._deadline(deadline_s))
         except grpc.aio.AioRpcError as error:
             raise _translate(error) from error
 
     async def get(self, machine_id: str) -> provider_pb2.Machine:
         """One machine as the provider sees it now."""
+        stub = await self._ready()
         try:
-            return await self._stub.Get(
-                provider_pb2.MachineRef(id=machine_id), timeout=self.timeout
-            )
+            return await stub.Get(provider_pb2.MachineRef(id=machine_id), timeout=self.timeout)
         except grpc.aio.AioRpcError as error:
             raise _translate(error) from error
 
@@ -214,8 +231,9 @@ class ProviderClient:
             max_results=max_results,
             since_revision=since_revision,
         )
+        stub = await self._ready()
         try:
-            return await self._stub.List(request, timeout=self.timeout)
+            return await stub.List(request, timeout=self.timeout)
         except grpc.aio.AioRpcError as error:
             raise _translate(error) from error
 

@@ -23,6 +23,7 @@ from bigfleet.identity import (
     KeyPairSource,
     Role,
     channel,
+    presented_identity,
     provider_security,
     server_credentials,
 )
@@ -33,7 +34,7 @@ from nanook.pool import WorkerPool
 from nanook.session import ChannelFactory, ShardSession
 from providers.client import FencingToken, ProviderClient
 from providers.config import ProviderConfig
-from providers.errors import ProviderError
+from providers.errors import ProviderError, ProviderUnavailable
 from providers.model import State
 from providers.server import RunningProvider, start_provider_server
 from shard_engine.engine import ShardEngine
@@ -373,6 +374,47 @@ async def test_admin_may_mutate_for_any_shard(provider: tuple[Pki, RunningProvid
     machine = _speculative(running)
     async with ProviderClient(running.address, security=pki.client(ADMIN)) as client:
         assert (await client.create(machine, FencingToken("s9", 1, 1))).operation_id
+
+
+async def test_a_shard_calls_a_provider_only_if_it_presents_the_configured_name(
+    provider: tuple[Pki, RunningProvider],
+) -> None:
+    pki, running = provider
+    security = pki.client(SHARD)
+    async with ProviderClient(running.address, security=security, name="simcloud") as client:
+        assert len((await client.list_all()).machines) > 0
+    machine = _speculative(running)
+    async with ProviderClient(running.address, security=security, name="baremetal") as client:
+        with pytest.raises(ProviderUnavailable, match="presents bigfleet://provider/simcloud"):
+            await client.create(machine, FencingToken("s0", 1, 1))
+    assert running.provider.get(machine).state == State.SPECULATIVE
+
+
+async def test_a_provider_with_a_shards_certificate_is_not_trusted_as_a_provider(
+    tmp_path: Path,
+) -> None:
+    pki = Pki(tmp_path)
+    impostor = await start_provider_server(
+        ProviderConfig(kind="sim-cloud", time_factor=0.001),
+        "127.0.0.1:0",
+        security=provider_security(pki.source(Identity(Role.SHARD, "s0"))),
+    )
+    try:
+        async with ProviderClient(
+            impostor.address, security=pki.client(SHARD), name="simcloud"
+        ) as client:
+            with pytest.raises(ProviderUnavailable, match="presents bigfleet://shard/s0"):
+                await client.list_all()
+    finally:
+        await impostor.stop(grace=None)
+
+
+async def test_presented_identity_reads_the_providers_certificate(
+    provider: tuple[Pki, RunningProvider],
+) -> None:
+    pki, running = provider
+    pair = pki.source(SHARD).current()
+    assert await presented_identity(running.address, pair) == Identity(Role.PROVIDER, "simcloud")
 
 
 async def test_a_provider_refuses_a_client_without_a_certificate(
