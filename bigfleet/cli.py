@@ -16,6 +16,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
+# gRPC's core reads its log level once, when it loads: below ERROR it prints
+# every failed TLS handshake itself, where a command's one line already says it.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
 import typer
 
 from bigfleet.config import ConfigError, Settings
@@ -563,6 +567,56 @@ def show_config() -> None:
     """List the environment variables BigFleet reads."""
     for name, meaning in Settings.describe().items():
         typer.echo(f"{name:<28} {meaning}")
+
+
+@app.command("health")
+def health(
+    address: Annotated[str, typer.Argument(help="HOST:PORT of the server to probe.")],
+    service: Annotated[
+        str, typer.Option(help="gRPC service whose status to ask ('' is the whole server).")
+    ] = "",
+    temporal_frontend: Annotated[
+        bool,
+        typer.Option(
+            "--temporal",
+            help="Probe a Temporal frontend: it answers and knows BIGFLEET_TEMPORAL_NAMESPACE.",
+        ),
+    ] = False,
+    timeout: Annotated[float, typer.Option(min=0.1, help="Seconds to wait for an answer.")] = 5.0,
+) -> None:
+    """Exit 0 when ADDRESS is ready, 1 (with one line saying why) when it is not.
+
+    A shard or provider is asked grpc.health.v1 with the process's own TLS
+    settings (BIGFLEET_TLS_*: mutual TLS; unset: plaintext). For container
+    healthchecks and start-up scripts.
+    """
+    from bigfleet.health import NotReady, probe_grpc, probe_temporal
+
+    settings = _settings()
+
+    async def main() -> str:
+        if temporal_frontend:
+            return await probe_temporal(
+                address,
+                namespace=settings.temporal_namespace,
+                tls=_temporal_tls(settings),
+                timeout_s=timeout,
+            )
+        from bigfleet.identity import client_security
+
+        return await probe_grpc(
+            address, security=client_security(settings.tls), service=service, timeout_s=timeout
+        )
+
+    try:
+        status = asyncio.run(main())
+    except NotReady as err:
+        typer.echo(f"not ready: {err}", err=True)
+        raise typer.Exit(1) from None
+    except (OSError, ValueError) as err:  # unreadable TLS files, a malformed address
+        typer.echo(f"not ready: {address}: {err}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"{address}: {status}")
 
 
 # ------------------------------------------------------------ machine lifecycle

@@ -13,7 +13,6 @@ import typer
 
 from clusters.packing import DEFAULT_HEURISTIC, Heuristic
 from simulator.driver import POLICIES, Progress, RunOptions, simulate
-from simulator.report import write_report
 from simulator.scenarios import SCENARIOS, build
 from simulator.trace import TraceError, dump_trace, load_trace
 
@@ -144,6 +143,9 @@ def simulate_command(
         "heuristic": chosen.value,
         "wall_seconds": round(time.perf_counter() - started, 2),
     }
+    # matplotlib is imported only when a report is written, not by every `bigfleet` command.
+    from simulator.report import write_report
+
     report = write_report(out, meta, results)
     for result in results:
         s = result.summary
