@@ -2,8 +2,11 @@
 
 The dev stack writes where it can be reached into its data dir; every
 command that reads PostgreSQL, Temporal, a shard or a provider finds it
-there. Without a stack, a command fails with one line and a hint, not a
-traceback. The CLI runs as a subprocess, as an operator would run it.
+there. As an operator would: ``make dev`` in a checkout keeps its data in
+``.bigfleet`` there, and the CLI, run in the same directory with no
+``BIGFLEET_*`` variable at all (not even the data dir), finds it. Without
+a stack, a command fails with one line and a hint, not a traceback. The
+CLI runs as a subprocess, as an operator would run it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from bigfleet.config import Settings
 from bigfleet.devstack import DevStack, DevStackOptions
 from bigfleet.endpoints import ENDPOINTS_FILE
 from clusters.operator import DemandPattern
@@ -25,14 +29,12 @@ from clusters.operator import DemandPattern
 pytestmark = pytest.mark.e2e
 
 
-def _clean_environment(data_dir: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BIGFLEET_")}
-    env["BIGFLEET_DATA_DIR"] = str(data_dir)
-    return env
+def _clean_environment() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("BIGFLEET_")}
 
 
-async def bigfleet(data_dir: Path, *args: str) -> tuple[int, str]:
-    """Run ``bigfleet ARGS`` with no BIGFLEET_* variable but the data dir."""
+async def bigfleet(checkout: Path, *args: str) -> tuple[int, str]:
+    """Run ``bigfleet ARGS`` in ``checkout`` with no BIGFLEET_* variable."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -40,7 +42,8 @@ async def bigfleet(data_dir: Path, *args: str) -> tuple[int, str]:
         *args,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
-        env=_clean_environment(data_dir),
+        env=_clean_environment(),
+        cwd=checkout,
     )
     out, _ = await proc.communicate()
     assert proc.returncode is not None
@@ -63,7 +66,8 @@ async def eventually(check: Callable[[], Any], *, within: float, what: str) -> A
 @pytest.fixture
 async def stack(tmp_path: Path, empty_database_url: str) -> AsyncIterator[DevStack]:
     options = DevStackOptions(
-        data_dir=tmp_path,
+        # Where `make dev` keeps its data when nothing says otherwise.
+        data_dir=tmp_path / Settings().data_dir,
         database_url=empty_database_url,
         temporal_port=0,
         ui=False,
@@ -98,31 +102,32 @@ async def stack(tmp_path: Path, empty_database_url: str) -> AsyncIterator[DevSta
 async def test_every_reading_command_finds_the_dev_stack_by_itself(stack: DevStack) -> None:
     data_dir = stack.options.data_dir
     assert (data_dir / ENDPOINTS_FILE).exists()
+    checkout = data_dir.parent
 
-    code, out = await bigfleet(data_dir, "shards")
+    code, out = await bigfleet(checkout, "shards")
     assert code == 0 and "shard-0" in out, out
-    code, out = await bigfleet(data_dir, "clusters")
+    code, out = await bigfleet(checkout, "clusters")
     assert code == 0 and "cli-web" in out, out
-    code, out = await bigfleet(data_dir, "coordinator", "status")
+    code, out = await bigfleet(checkout, "coordinator", "status")
     assert code == 0 and out.startswith("term "), out
-    code, out = await bigfleet(data_dir, "drains")
+    code, out = await bigfleet(checkout, "drains")
     assert code == 0, out
 
     async def configured() -> str:
-        code, out = await bigfleet(data_dir, "machines", "--cluster", "cli-web")
+        code, out = await bigfleet(checkout, "machines", "--cluster", "cli-web")
         return out if code == 0 and "CONFIGURED" in out else ""
 
     out = await eventually(configured, within=90, what="cli-web's machines configured")
     assert "shard-0" in out and "cli-web" in out
 
     async def short() -> str:
-        code, out = await bigfleet(data_dir, "needs", "--unmet")
+        code, out = await bigfleet(checkout, "needs", "--unmet")
         return out if code == 0 and "cli-nowhere" in out else ""
 
     out = await eventually(short, within=30, what="the need nothing can serve reported short")
     (row,) = [line for line in out.splitlines() if "cli-nowhere" in line]
     assert "short cpu=4" in row and "no-matching-supply" in row and " 0/0/0 " in row, row
-    code, out = await bigfleet(data_dir, "needs", "--cluster", "cli-web")
+    code, out = await bigfleet(checkout, "needs", "--cluster", "cli-web")
     assert code == 0 and "cli-web" in out and "cli-nowhere" not in out, out
 
 
