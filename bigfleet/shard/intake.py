@@ -9,10 +9,14 @@ its next decision cycle. "Validated" means by the engine's own rules
 (``shard_engine.needs.validate_rollup``: names, ranges, requirements,
 spreads, counts) and its clock-skew bound (``check_clock``), run here on the
 sessions thread so a refusal reaches the operator as ``rollup-rejected``
-naming the field (ADR 0110). Each cluster's last accepted rows are kept so
-that a row re-sent unchanged, or changed only in size, is not checked in
-full again. The engine's later verdict (applied, or quarantined as a
-suspicious drop) is logged and counted rather than sent back.
+naming the field (ADR 0110). Each cluster's last accepted rows are kept:
+a row that *is* one of them (the edge hands back the same object for a
+need re-sent unchanged, ``convert.rollup_from_wire``) was checked already
+and is not looked at again; only the other rows go through the engine's
+validator, each beside its predecessor at the same index, so one changed
+only in size is not checked in full either. The engine's later verdict
+(applied, or quarantined as a suspicious drop) is logged and counted rather
+than sent back.
 
 Only the newest roll-up of a cluster is kept: roll-ups are full
 replacements, so a newer one makes an older unapplied one moot, and the
@@ -28,11 +32,20 @@ import time
 from collections.abc import Callable
 
 from shard_engine.model import Rollup
-from shard_engine.needs import Validated, check_clock, validate_rollup
+from shard_engine.needs import (
+    MAX_NEEDS,
+    RollupRejected,
+    Validated,
+    check_clock,
+    validate_rollup,
+)
 
 __all__ = ["STALE", "Intake"]
 
 STALE = "rollup-stale"
+
+_Accepted = tuple[tuple[Validated, ...], dict[int, Validated]]
+"""A cluster's last accepted rows, in order, and the same rows by ``id`` of the need sent."""
 
 
 class Intake:
@@ -48,7 +61,9 @@ class Intake:
         self._lock = threading.Lock()
         self._staged: dict[str, Rollup] = {}
         self._newest: dict[str, int] = {}
-        self._validated: dict[str, tuple[Validated, ...]] = {}
+        # Per cluster: its last accepted rows as validated (index-aligned), and
+        # those rows by identity (every one of them passed the engine's rules).
+        self._validated: dict[str, _Accepted] = {}
         self._on_ready = on_ready
         self._clock = clock
         self._max_skew_s = max_skew_s
@@ -67,8 +82,8 @@ class Intake:
         """
         check_clock(rollup.timestamp_ns, now=self._clock(), max_skew_seconds=self._max_skew_s)
         with self._lock:
-            previous = self._validated.get(rollup.cluster_id, ())
-        _, validated = validate_rollup(rollup, previous)
+            previous = self._validated.get(rollup.cluster_id)
+        validated = _check(rollup, previous)
         with self._lock:
             newest = self._newest.get(rollup.cluster_id)
             if newest is not None and rollup.timestamp_ns < newest:
@@ -108,3 +123,46 @@ class Intake:
 
     def __len__(self) -> int:
         return len(self._staged)
+
+
+def _check(rollup: Rollup, previous: _Accepted | None) -> _Accepted:
+    """Run the engine's rules over the rows not already accepted; what to remember.
+
+    Raises ``RollupRejected`` with the field path of the whole roll-up
+    (``needs[i]`` counts every row, checked or not).
+    """
+    rows, accepted = previous if previous is not None else ((), {})
+    needs = rollup.needs
+    known = [accepted.get(id(need)) for need in needs]
+    fresh = [i for i, row in enumerate(known) if row is None or row[0] is not needs[i]]
+    if len(needs) > MAX_NEEDS or len(fresh) == len(needs):
+        _, checked = validate_rollup(rollup, rows)
+    else:
+        # The roll-up's own fields, and every row not accepted before beside its
+        # predecessor at the same index (``fresh`` ascends, so those are a prefix).
+        subset = Rollup(
+            rollup.cluster_id,
+            rollup.timestamp_ns,
+            tuple(needs[i] for i in fresh),
+            reported_nodes=rollup.reported_nodes,
+            release=rollup.release,
+        )
+        try:
+            _, some = validate_rollup(subset, tuple(rows[i] for i in fresh if i < len(rows)))
+        except RollupRejected as err:
+            raise RollupRejected(_renumbered(err.field, fresh), err.reason) from None
+        merged: list[Validated | None] = known
+        for i, row in zip(fresh, some, strict=True):
+            merged[i] = row
+        checked = tuple(row for row in merged if row is not None)
+    return checked, {id(row[0]): row for row in checked}
+
+
+def _renumbered(field: str, fresh: list[int]) -> str:
+    """``needs[j]...`` of the checked subset as ``needs[i]...`` of the roll-up."""
+    if not field.startswith("needs["):
+        return field
+    index, bracket, rest = field[len("needs[") :].partition("]")
+    if not bracket or not index.isdigit() or int(index) >= len(fresh):
+        return field
+    return f"needs[{fresh[int(index)]}]{rest}"

@@ -104,3 +104,49 @@ def test_a_rollup_stamped_beyond_the_skew_bound_is_refused_and_does_not_freeze_i
         intake.offer(_rollup("a", 1_400 * 10**9))
     assert intake.offer(_rollup("a", 999 * 10**9)) == "rollup"
     assert intake.offer(_rollup("a", 1_299 * 10**9)) == "rollup"
+
+
+def _need(cpu: float, priority: int = 1) -> Need:
+    return Need(requirements=(), aggregate={"cpu": cpu}, priority=priority)
+
+
+def test_a_bad_row_among_rows_accepted_before_is_refused_under_its_own_index() -> None:
+    intake = Intake(clock=lambda: 1000.0)
+    rows = tuple(_need(1.0, priority=p) for p in range(5))
+    assert intake.offer(Rollup("a", 1, rows)) == "rollup"
+    bad = Need(requirements=(), aggregate={"cpu": -1.0}, priority=3)
+    with pytest.raises(RollupRejected) as caught:
+        intake.offer(Rollup("a", 2, (*rows[:3], bad, rows[4])))
+    assert caught.value.field == "needs[3].aggregate[cpu]"
+    assert len(intake) == 1, "the refused roll-up did not replace the staged one"
+
+
+def test_rows_accepted_before_are_accepted_again_wherever_they_stand() -> None:
+    intake = Intake(clock=lambda: 1000.0)
+    rows = tuple(_need(1.0, priority=p) for p in range(4))
+    intake.offer(Rollup("a", 1, rows))
+    moved = (rows[3], _need(2.0, priority=9), rows[0], rows[0])
+    assert intake.offer(Rollup("a", 2, moved)) == "rollup"
+    [staged] = intake.take_all()
+    assert staged.needs == moved
+
+
+def test_a_row_accepted_for_one_cluster_is_still_checked_for_another() -> None:
+    intake = Intake(clock=lambda: 1000.0)
+    bad = Need(requirements=(), aggregate={"cpu": float("nan")}, priority=1)
+    with pytest.raises(RollupRejected):
+        intake.offer(Rollup("a", 1, (_need(1.0), bad)))
+    good = _need(1.0)
+    intake.offer(Rollup("a", 2, (good,)))
+    with pytest.raises(RollupRejected) as caught:
+        intake.offer(Rollup("b", 1, (good, bad)))
+    assert caught.value.field == "needs[1].aggregate[cpu]"
+
+
+def test_a_rollup_level_problem_is_found_when_every_row_was_accepted_before() -> None:
+    intake = Intake(clock=lambda: 1000.0)
+    rows = (_need(1.0),)
+    intake.offer(Rollup("a", 1, rows))
+    with pytest.raises(RollupRejected) as caught:
+        intake.offer(Rollup("a", 2, rows, release=frozenset({"bad id"})))
+    assert caught.value.field.startswith("release")
