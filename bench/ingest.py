@@ -36,6 +36,7 @@ import argparse
 import asyncio
 import atexit
 import contextlib
+import gc
 import json
 import os
 import random
@@ -47,7 +48,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -335,6 +336,7 @@ async def serve_shard(args: argparse.Namespace) -> None:
     import logging
 
     from bigfleet import temporal
+    from bigfleet.shard.interpreter import InterpreterSettings
     from bigfleet.shard.process import ShardOptions, ShardProcess
     from bigfleet.store import Database, Store
     from providers.client import ProviderClient
@@ -344,12 +346,18 @@ async def serve_shard(args: argparse.Namespace) -> None:
     await db.migrate()
     client = await temporal.connect(args.temporal)
     providers = {"simcloud": ProviderClient(args.provider)}
+    interpreter = InterpreterSettings()
+    if args.switch_interval_ms is not None:
+        interpreter = replace(interpreter, switch_interval_s=args.switch_interval_ms / 1000 or None)
+    if args.plain_gc:
+        interpreter = replace(interpreter, gc_young_threshold=None, freeze_after_start=False)
     process = ShardProcess(
         ShardOptions(
             shard_id="shard-0",
             listen="127.0.0.1:0",
             holder=f"bench:{os.getpid()}",
             cycle_interval_s=args.cycle_seconds,
+            interpreter=interpreter,
         ),
         store=Store(db.engine),
         temporal=client,
@@ -386,14 +394,48 @@ async def serve_shard(args: argparse.Namespace) -> None:
             await asyncio.sleep(0.01)
             lag_max = max(lag_max, time.monotonic() - t0 - 0.01)
 
+    # Pauses of the cyclic garbage collector (they hold the GIL: no thread runs).
+    gc_started = [0.0]
+    gc_pauses: dict[int, list[float]] = {0: [], 1: [], 2: []}
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            gc_started[0] = time.perf_counter()
+        else:
+            gc_pauses[info["generation"]].append(time.perf_counter() - gc_started[0])
+
+    # Each decision cycle's wall and CPU time (the CPU of the shard's loop thread):
+    # what the sessions thread's share of the GIL costs the cycle.
+    cycle_times: list[tuple[float, float]] = []
+    engine_cycle = process.engine.cycle
+
+    def timed_cycle(*args: Any, **kwargs: Any) -> Any:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        try:
+            return engine_cycle(*args, **kwargs)
+        finally:
+            cycle_times.append((time.perf_counter() - wall, time.thread_time() - cpu))
+
+    process.engine.cycle = timed_cycle  # type: ignore[method-assign]
+    objects_at_start = len(gc.get_objects())
+    gc.callbacks.append(on_gc)
     sampler = asyncio.create_task(sample())
     await stop.wait()
     sampler.cancel()
+    gc.callbacks.remove(on_gc)
     summary = process.engine.summary()
     print(
         json.dumps(
             {
+                "gc_max_ms": {
+                    g: round(1000 * max(p, default=0.0), 1) for g, p in gc_pauses.items()
+                },
+                "gc_count": {g: len(p) for g, p in gc_pauses.items()},
+                "gc_objects": [objects_at_start, len(gc.get_objects()), gc.get_freeze_count()],
+                "sessions_lag_max_ms": round(1000 * process.session_loop_lag_worst(), 1),
                 "loop_lag_max_ms": round(lag_max * 1000, 1),
+                "cycle_wall_ms": [round(1000 * w, 1) for w, _ in cycle_times],
+                "cycle_cpu_ms": [round(1000 * c, 1) for _, c in cycle_times],
                 "cycles": process.cycles - cycles_before,
                 "needs": summary.needs,
                 "sessions": len(process.hub.clusters()),
@@ -480,6 +522,9 @@ class Stack:
     temporal: str
     provider: str
     admin_url: str | None
+    switch_interval_ms: float | None = None
+    cycle_seconds: float = 5.0
+    plain_gc: bool = False
 
 
 async def _json_line(stream: asyncio.StreamReader, within: float) -> dict[str, Any]:
@@ -506,7 +551,6 @@ async def _scenario(
     rate: float = 0.0,
     period: float = 10.0,
     unmet: bool = False,
-    cycle_seconds: float = 5.0,
 ) -> None:
     url, drop = await _database(stack.admin_url)
     shard = await asyncio.create_subprocess_exec(
@@ -522,7 +566,13 @@ async def _scenario(
         "--provider",
         stack.provider,
         "--cycle-seconds",
-        str(cycle_seconds),
+        str(stack.cycle_seconds),
+        *(
+            []
+            if stack.switch_interval_ms is None
+            else ["--switch-interval-ms", str(stack.switch_interval_ms)]
+        ),
+        *(["--plain-gc"] if stack.plain_gc else []),
         stdout=asyncio.subprocess.PIPE,
     )
     assert shard.stdout is not None
@@ -652,8 +702,25 @@ async def _scenario(
         "ms",
         cycles=stats["cycles"],
         needs=stats["needs"],
+        sessions_loop_lag_max_ms=stats.get("sessions_lag_max_ms"),
+        gc_max_ms=stats.get("gc_max_ms"),
+        gc_count=stats.get("gc_count"),
+        gc_objects=stats.get("gc_objects"),
         **common,
     )
+    walls, cpus = stats.get("cycle_wall_ms", []), stats.get("cycle_cpu_ms", [])
+    if walls:
+        _emit(
+            name,
+            "cycle_wall_mean",
+            sum(walls) / len(walls),
+            "ms",
+            cycles=len(walls),
+            max_ms=max(walls),
+            cpu_mean_ms=round(sum(cpus) / len(cpus), 1),
+            cpu_max_ms=max(cpus),
+            **common,
+        )
 
 
 def _cpu_seconds(pid: int, tid: int | None = None) -> float:
@@ -676,7 +743,14 @@ async def run(args: argparse.Namespace) -> int:
         ),
         "127.0.0.1:0",
     )
-    stack = Stack(env.client.service_client.config.target_host, provider.address, args.pg)
+    stack = Stack(
+        env.client.service_client.config.target_host,
+        provider.address,
+        args.pg,
+        args.switch_interval_ms,
+        args.cycle_seconds,
+        args.plain_gc,
+    )
     wanted = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     try:
         for scenario in wanted:
@@ -768,11 +842,24 @@ def main(argv: list[str]) -> int:
         help="connections the idle sessions share (the hard descriptor limit here is 20,000)",
     )
     parser.add_argument("--pg", default=None, help="PostgreSQL admin URL (default: machine's)")
+    parser.add_argument(
+        "--switch-interval-ms",
+        type=float,
+        default=None,
+        help="the shard's interpreter switch interval (default: the shard's own; 0: Python's)",
+    )
+    parser.add_argument(
+        "--plain-gc",
+        action="store_true",
+        help="leave the garbage collector as Python sets it (no freeze, default thresholds)",
+    )
     # children
     parser.add_argument("--database-url", help=argparse.SUPPRESS)
     parser.add_argument("--temporal", help=argparse.SUPPRESS)
     parser.add_argument("--provider", help=argparse.SUPPRESS)
-    parser.add_argument("--cycle-seconds", type=float, default=5.0, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--cycle-seconds", type=float, default=5.0, help="the shard's cycle interval"
+    )
     parser.add_argument("--address", help=argparse.SUPPRESS)
     parser.add_argument("--prefix", default="c", help=argparse.SUPPRESS)
     parser.add_argument("--sessions", type=int, default=1, help=argparse.SUPPRESS)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass, field
 
+from bigfleet.shard.interpreter import InterpreterSettings
 from bigfleet.shard.sessions import SessionLimits
 from shard_engine.engine import EngineConfig
 from workflows.contracts import Deadlines, PollPolicy, default_deadline_overrides
@@ -55,6 +56,8 @@ class ShardOptions:
     # at most this long after they arrive (newer roll-ups of a cluster replace older).
     apply_slice_s: float = 0.002
     apply_coalesce_s: float = 0.25
+    # Switch interval and garbage collector, set while the process runs (ADR 0066).
+    interpreter: InterpreterSettings = field(default_factory=InterpreterSettings)
 
     @property
     def task_queue(self) -> str:

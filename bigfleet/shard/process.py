@@ -82,6 +82,7 @@ class ShardProcess:
         self._worker_task: asyncio.Task[None] | None = None
         self._stopping_worker: asyncio.Task[None] | None = None
         self._stopping = False
+        self._undo_interpreter: Callable[[], None] | None = None
         self.parts = assemble(
             options, store=store, temporal=temporal, providers=providers, clock=clock
         )
@@ -134,6 +135,10 @@ class ShardProcess:
         """The highest coordinator term this process has seen."""
         return self.parts.terms.highest
 
+    def session_loop_lag_worst(self) -> float:
+        """The longest the Session port's loop has run late, in seconds (0 before it runs)."""
+        return self._server.lag.worst if self._server is not None else 0.0
+
     @property
     def active(self) -> bool:
         """May act: holds its lease, was not fenced, is not stopping."""
@@ -143,6 +148,8 @@ class ShardProcess:
 
     async def start(self) -> None:
         """Take the lease, load inventory, serve sessions, and start the loops."""
+        # Short GIL hand-overs and short collector pauses for the acks (interpreter.py).
+        self._undo_interpreter = self.options.interpreter.apply()
         await self.lease.take_or_stand_by()
         # Renewals start at once: the rest of start-up may outlast the acting window.
         self._lease_task = asyncio.create_task(self.lease.keep(self._after_retake), name="lease")
@@ -192,6 +199,7 @@ class ShardProcess:
             self._every(self.options.report_interval_s, self._report, name="report"),
             self._every(self.options.reconcile_interval_s, self._reconcile, name="reconcile"),
         ]
+        self.options.interpreter.started()
         log.info(
             "shard %s serving on %s (epoch %d, task queue %s)",
             self.shard_id,
@@ -219,6 +227,9 @@ class ShardProcess:
         if self._server is not None:
             await self._server.stop(grace=1.0)
         await self.lease.release()
+        if self._undo_interpreter is not None:
+            self._undo_interpreter()
+            self._undo_interpreter = None
 
     # -------------------------------------------------------------- worker
 
