@@ -71,6 +71,8 @@ class _Track:
     # The bucket epoch in which ``current`` was last recorded: recording it
     # again in that bucket changes nothing, so it is skipped.
     current_epoch: int | None = None
+    # ``current`` as Python floats: what a re-sent row is compared with.
+    values: list[float] | None = None
 
     def record(self, vector: FloatArray, epoch: int) -> None:
         slot = epoch % _SLOTS
@@ -84,8 +86,10 @@ class _Track:
             self.maxima[slot] = 0.0
             self.minima[slot] = np.inf
         value = _fit(vector, dims)
-        self.maxima[slot] = np.maximum(self.maxima[slot], value)
-        self.minima[slot] = np.minimum(self.minima[slot], value)
+        high = self.maxima[slot]
+        np.maximum(high, value, out=high)
+        low = self.minima[slot]
+        np.minimum(low, value, out=low)
 
     def span(self, epoch: int, dims: int) -> tuple[FloatArray, FloatArray] | None:
         """(largest, smallest) aggregate in force within the window ending in bucket ``epoch``.
@@ -169,28 +173,33 @@ class DemandHistory:
                 track.current = None
                 if track.expires(epoch) is None:
                     del tracks[key]
+        matrix = demand.matrix
+        # One conversion for all rows: most rows of a changed roll-up are as they were.
+        rows = demand.aggregate.tolist()
         for i, key in enumerate(demand.keys):
-            vector = np.array(demand.aggregate[i], dtype=np.float64)
+            row = rows[i]
             found = tracks.get(key)
             if found is None:
                 track = _Track(
-                    mask=demand.matrix[i],  # a view: compiled matrices never change once built
+                    mask=matrix[i],  # a view: compiled matrices never change once built
                     current=None,
-                    maxima=np.zeros((_SLOTS, len(vector))),
-                    minima=np.full((_SLOTS, len(vector)), np.inf),
+                    maxima=np.zeros((_SLOTS, len(row))),
+                    minima=np.full((_SLOTS, len(row)), np.inf),
                     epochs=np.full(_SLOTS, -(2**62), dtype=np.int64),
                 )
                 tracks[key] = track
             else:
                 track = found
-                track.mask = demand.matrix[i]
+                track.mask = matrix[i]
                 if (
                     track.current_epoch == epoch
                     and track.current is not None
-                    and track.current.tolist() == vector.tolist()
+                    and track.values == row
                 ):
                     continue  # the same value, already recorded in this bucket
+            vector = np.array(row, dtype=np.float64)
             track.current = vector
+            track.values = row
             track.record(vector, epoch)
             track.current_epoch = epoch
 

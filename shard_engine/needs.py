@@ -171,6 +171,25 @@ def _same_identity(a: Need, b: Need) -> bool:
     )
 
 
+def _resized(need: Need, aggregate: dict[str, float], unit: dict[str, float]) -> Need:
+    """``need`` with a new aggregate and ``min_unit``: ``dataclasses.replace``, spelled out.
+
+    A size change is the usual edit of a roll-up, and ``replace`` costs
+    several times a direct construction; a unit test holds this to every
+    field of :class:`Need`.
+    """
+    return Need(
+        requirements=need.requirements,
+        aggregate=aggregate,
+        priority=need.priority,
+        min_unit=unit,
+        spread=need.spread,
+        interruption_penalty=need.interruption_penalty,
+        reclamation_penalty=need.reclamation_penalty,
+        app_class=need.app_class,
+    )
+
+
 def _validate_need(need: Need, *, field: str) -> Need:
     if isinstance(need.priority, bool) or not isinstance(need.priority, int):
         raise RollupRejected(f"{field}.priority", f"not an integer: {need.priority!r}")
@@ -233,8 +252,18 @@ def check_clock(stamp_ns: object, *, now: float, max_skew_seconds: float | None)
         )
 
 
+def _equal_prefix(needs: Sequence[Need], before: Sequence[Need]) -> int:
+    """How many leading rows of ``needs`` equal ``before``'s, row for row."""
+    count = 0
+    for now, then in zip(needs, before, strict=False):
+        if now is not then and now != then:
+            break
+        count += 1
+    return count
+
+
 def validate_rollup(
-    rollup: Rollup, previous: Sequence[Validated] = ()
+    rollup: Rollup, previous: Sequence[Validated] = (), *, equal: int = 0
 ) -> tuple[dict[str, Need], tuple[Validated, ...]]:
     """Check a roll-up and return its needs by key, normalised, one per need key.
 
@@ -247,6 +276,8 @@ def validate_rollup(
     row: a row equal to its predecessor is reused, and one that differs only
     in size keeps its key and requirement checks (operators re-send their
     needs in a stable order, and a size change is the common edit).
+    ``equal`` says the first that many rows are already known to equal
+    ``previous``'s (the caller compared them), so they are not compared again.
     """
     if not isinstance(rollup.cluster_id, str) or not rollup.cluster_id:
         raise RollupRejected("cluster_id", "empty")
@@ -266,11 +297,11 @@ def validate_rollup(
     for i, raw in enumerate(rollup.needs):
         field = f"needs[{i}]"
         before = previous[i] if i < len(previous) else None
-        if before is not None and raw == before[0]:
+        if before is not None and (i < equal or raw == before[0]):
             need, key = before[1], before[2]
         elif before is not None and _same_identity(raw, before[0]):
             aggregate, unit = _sizes(raw, field=field)
-            need = replace(before[1], aggregate=aggregate, min_unit=unit)
+            need = _resized(before[1], aggregate, unit)
             key = before[2]
         else:
             need = _validate_need(raw, field=field)
@@ -410,6 +441,9 @@ class NeedsTable:
         """
         found = self._clusters.find(rollup.cluster_id) if rollup.cluster_id else None
         same = self._entries.get(found) if found is not None else None
+        # How many leading rows equal the last roll-up's (validation reuses them
+        # without comparing again): all of them is the unchanged re-send.
+        equal = _equal_prefix(rollup.needs, same.received) if same is not None else 0
         if (
             same is not None
             and same.applied_ns is not None
@@ -418,7 +452,8 @@ class NeedsTable:
             and not isinstance(rollup.timestamp_ns, bool)
             and same.seen_ns is not None
             and rollup.timestamp_ns >= same.seen_ns
-            and rollup.needs == same.received
+            and isinstance(rollup.needs, tuple)
+            and len(rollup.needs) == equal == len(same.received)
             and (
                 rollup.reported_nodes is None
                 or all(isinstance(n, str) for n in rollup.reported_nodes)
@@ -429,7 +464,9 @@ class NeedsTable:
             same.reported_nodes = rollup.reported_nodes
             self._set_release(same, rollup.release)
             return RollupOutcome("applied", f"{len(same.needs)} needs, unchanged"), same
-        needs, validated = validate_rollup(rollup, same.validated if same is not None else ())
+        needs, validated = validate_rollup(
+            rollup, same.validated if same is not None else (), equal=equal
+        )
         index = self._clusters.index_of(rollup.cluster_id)
         entry = self._entries.get(index)
         if entry is None:
@@ -476,33 +513,50 @@ class NeedsTable:
         if (
             entry.applied_ns is not None
             and incoming == previous
-            and all(needs[k] == n for k, n in zip(entry.keys, entry.needs, strict=True))
+            and all(
+                needs[k] is n or needs[k] == n for k, n in zip(entry.keys, entry.needs, strict=True)
+            )
         ):
             # Same demand re-sent (the usual case every ten seconds): nothing to recompile.
             entry.applied_ns = rollup.timestamp_ns
             entry.reported_nodes = rollup.reported_nodes
             self._set_release(entry, rollup.release)
             return RollupOutcome("applied", f"{len(needs)} needs, unchanged"), entry
-        self._replace(entry, needs, rollup)
+        self._replace(entry, needs, rollup, same_keys=incoming == previous)
         return RollupOutcome("applied", f"{len(needs)} needs"), entry
 
-    def _replace(self, entry: ClusterNeeds, needs: dict[str, Need], rollup: Rollup) -> None:
-        arrival: dict[str, int] = {}
-        for key in needs:
-            seq = entry.arrival.get(key)
-            if seq is None:
-                seq = self._arrivals
-                self._arrivals += 1
-            arrival[key] = seq
-        entry.arrival = arrival
-        self._rows += len(needs) - len(entry.needs)
-        ordered = sorted(needs.items(), key=lambda kv: (-kv[1].priority, arrival[kv[0]]))
-        entry.keys = tuple(k for k, _ in ordered)
-        entry.needs = tuple(n for _, n in ordered)
+    def _replace(
+        self, entry: ClusterNeeds, needs: dict[str, Need], rollup: Rollup, *, same_keys: bool
+    ) -> None:
+        if (
+            same_keys
+            and len(entry.keys) == len(needs)
+            and all(
+                needs[k].priority == n.priority
+                for k, n in zip(entry.keys, entry.needs, strict=True)
+            )
+        ):
+            # The usual edit (sizes changed, the same needs): every key keeps its
+            # arrival and priority, and (priority, arrival) is unique per key, so
+            # the order is the one already in force.
+            entry.needs = tuple(needs[k] for k in entry.keys)
+        else:
+            arrival: dict[str, int] = {}
+            for key in needs:
+                seq = entry.arrival.get(key)
+                if seq is None:
+                    seq = self._arrivals
+                    self._arrivals += 1
+                arrival[key] = seq
+            entry.arrival = arrival
+            self._rows += len(needs) - len(entry.needs)
+            ordered = sorted(needs.items(), key=lambda kv: (-kv[1].priority, arrival[kv[0]]))
+            entry.keys = tuple(k for k, _ in ordered)
+            entry.needs = tuple(n for _, n in ordered)
         entry.applied_ns = rollup.timestamp_ns
         entry.reported_nodes = rollup.reported_nodes
         self._set_release(entry, rollup.release)
-        entry.gang_domain = {k: v for k, v in entry.gang_domain.items() if k in arrival}
+        entry.gang_domain = {k: v for k, v in entry.gang_domain.items() if k in entry.arrival}
         self.touch(entry)
 
     def _set_release(self, entry: ClusterNeeds, release: frozenset[str] | None) -> None:
@@ -608,16 +662,19 @@ class NeedsTable:
         ):
             return None
         needs = entry.needs
-        for before, now in zip(old.needs, needs, strict=True):
-            if before.requirements != now.requirements or before.min_unit != now.min_unit:
-                return None
         # Rows whose aggregate is as before keep their compiled row; the others
         # are filled afresh (a new resource name widens every row with zeros).
-        resized = [
-            i
-            for i, (before, now) in enumerate(zip(old.needs, needs, strict=True))
-            if before.aggregate != now.aggregate
-        ]
+        # A row that is the very object it was needs no comparison at all.
+        resized: list[int] = []
+        differ: list[int] = []
+        for i, (before, now) in enumerate(zip(old.needs, needs, strict=True)):
+            if before is now:
+                continue
+            if before.requirements != now.requirements or before.min_unit != now.min_unit:
+                return None
+            differ.append(i)
+            if before.aggregate != now.aggregate:
+                resized.append(i)
         dims = catalog.dims
         column = dims.index_of
         amounts = {
@@ -631,16 +688,33 @@ class NeedsTable:
             if pairs:
                 at, values = zip(*pairs, strict=True)
                 aggregate[i, list(at)] = values
-        unit = _widened(old.min_unit, width)
-        return replace(
-            old,
+        # Compiled arrays are never written in place, so unchanged ones are shared.
+        unit = old.min_unit if old.min_unit.shape[1] == width else _widened(old.min_unit, width)
+        app_rank = old.app_rank
+        if any(old.needs[i].app_class != needs[i].app_class for i in differ):
+            app_rank = np.array([APP_CLASS_VICTIM_RANK[n.app_class] for n in needs], dtype=np.int8)
+        return Demand(
+            cluster=old.cluster,
             needs=needs,
+            keys=old.keys,
+            priority=old.priority,
+            arrival=old.arrival,
             aggregate=aggregate,
             min_unit=unit,
-            app_rank=np.array([APP_CLASS_VICTIM_RANK[n.app_class] for n in needs], dtype=np.int8),
+            interruption_penalty=old.interruption_penalty,
+            reclamation_penalty=old.reclamation_penalty,
+            app_rank=app_rank,
+            mask_keys=old.mask_keys,
+            matrix=old.matrix,
+            serving=old.serving,
+            gang_keys=old.gang_keys,
+            topological=old.topological,
+            profiles=old.profiles,
             dims=width,
             version=entry.version,
+            gang_domain=old.gang_domain,
             slack_rows=None,
+            slack_tolerance=old.slack_tolerance,
         )
 
     def _compile(self, entry: ClusterNeeds) -> Demand:

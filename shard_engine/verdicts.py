@@ -131,6 +131,8 @@ class Arrivals:
             return
         self._versions[demand.cluster] = demand.version
         known = self.first_seen.get(demand.cluster, {})
+        if len(known) == len(demand.keys) and all(key in known for key in demand.keys):
+            return  # the same needs, resized: every key keeps when it was first seen
         self.first_seen[demand.cluster] = {key: known.get(key, now) for key in demand.keys}
 
     def of(self, cluster: int, key: str) -> float | None:

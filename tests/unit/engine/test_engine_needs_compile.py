@@ -8,8 +8,9 @@ from dataclasses import fields, replace
 import numpy as np
 import pytest
 
-from shard_engine.model import Rollup
-from shard_engine.needs import Demand
+from shard_engine.model import AppClass, Rollup
+from shard_engine.needs import Demand, _equal_prefix, validate_rollup
+from shard_engine.needs import _resized as _resized_need
 from tests.unit.engine.plan_history import CLUSTERS, History, _random_need, _resized
 
 CACHES = {"slack_rows", "slack_tolerance"}
@@ -74,3 +75,42 @@ def test_a_resized_need_reuses_the_matrix_and_a_new_min_unit_does_not() -> None:
     assert resized.version != before.version
     assert recompiled.matrix is not resized.matrix
     assert_same_demand(recompiled, table._compile(entry))
+
+
+def test_resizing_a_validated_need_keeps_every_other_field() -> None:
+    rng = random.Random(3)
+    for _ in range(50):
+        need = replace(
+            _random_need(rng),
+            priority=rng.randint(-5, 5),
+            interruption_penalty=rng.random(),
+            reclamation_penalty=rng.random(),
+            app_class=rng.choice(list(AppClass)),
+        )
+        aggregate, unit = {"cpu": 3.0}, {"memory": 1.0}
+        assert _resized_need(need, aggregate, unit) == replace(
+            need, aggregate=aggregate, min_unit=unit
+        )
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_validation_that_reuses_rows_equals_validation_from_scratch(seed: int) -> None:
+    rng = random.Random(seed)
+    wanted = [_random_need(rng) for _ in range(rng.randint(1, 25))]
+    _, previous = validate_rollup(Rollup("c", 1, tuple(wanted)))
+    for step in range(40):
+        i = rng.randrange(len(wanted))
+        roll = rng.random()
+        if roll < 0.6:
+            wanted[i] = _resized(rng, wanted[i])
+        elif roll < 0.8:
+            wanted[i] = _random_need(rng)
+        else:
+            wanted.insert(i, wanted[rng.randrange(len(wanted))])  # a duplicate row merges
+        rollup = Rollup("c", 2 + step, tuple(wanted))
+        equal = _equal_prefix(rollup.needs, [v[0] for v in previous])
+        reused, validated = validate_rollup(rollup, previous, equal=equal)
+        fresh, _ = validate_rollup(rollup)
+        assert list(reused.items()) == list(fresh.items())
+        assert [v[1:] for v in validated] == [v[1:] for v in validate_rollup(rollup)[1]]
+        previous = validated
