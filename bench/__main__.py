@@ -5,7 +5,8 @@ through Temporal), ``packing`` (vector bin packing heuristics), ``simulate``
 (the simulator's speed at fleet scale), ``nanook`` (the Nanook adapter's
 answers), ``ingest`` (roll-up acks and sessions on one shard process),
 ``churn`` (reclaims and flaps under changing demand), ``reconcile`` (one
-comparison of providers, record and engine), ``all`` (every suite in turn).
+comparison of providers, record and engine), ``probe`` (one container
+healthcheck, ``bigfleet health``), ``all`` (every suite in turn).
 Each line is
 ``{"bench": ..., "metric": ..., "value": ..., "unit": ...}``.
 """
@@ -24,6 +25,7 @@ SUITES = {
     "ingest": "bench.ingest",
     "churn": "bench.churn",
     "reconcile": "bench.reconcile",
+    "probe": "bench.probe",
 }
 
 
