@@ -90,6 +90,13 @@ class BaselinePolicy:
         self._next_batch = 0.0
         self._next_consolidate = options.consolidate_every_s
 
+    def close(self) -> None:
+        """Nothing to stop: the baseline runs in this process."""
+
+    def worker_cpu_seconds(self) -> float:
+        """The baseline has no worker processes."""
+        return 0.0
+
     def start(self, now: float) -> None:
         """Deal the fleet's quota out to the clusters."""
         records = list(self.fleet.records())

@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, defaultdict
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
-from bigfleet.shard.convert import InvalidRollup, rollup_from_wire
+from functools import partial
+
 from providers.errors import ProviderError
 from providers.model import FencingToken
 from shard_engine.coordination import (
@@ -46,27 +47,24 @@ from shard_engine.coordination import (
     distribute_evenly,
     plan_transfers,
 )
-from shard_engine.engine import EngineConfig, RollupRejected, ShardEngine
+from shard_engine.engine import EngineConfig, ShardEngine
 from shard_engine.model import (
+    Action,
     AssignIdle,
     MachineRecord,
     MachineState,
     Need,
-    Plan,
     Preempt,
     Provision,
     Reclaim,
     Release,
+    Shortfall,
     Verify,
 )
-from shard_engine.transfers import (
-    TransferProfile,
-    VictimTerms,
-    choose_cross_shard_victims,
-    choose_donations,
-    saturation_of,
-)
+from shard_engine.transfers import TransferProfile, VictimTerms
+from simulator import engines as ops
 from simulator.cluster import ClusterModel
+from simulator.engines import Applied, Engines, LocalEngines, Result, WorkerEngines
 from simulator.fleet import Fleet
 
 __all__ = ["BigFleetOptions", "BigFleetPolicy"]
@@ -85,6 +83,8 @@ class BigFleetOptions:
     rollup_interval_s: float = 10.0
     report_interval_s: float = 30.0
     engine: EngineConfig = field(default_factory=EngineConfig)
+    #: Worker processes holding the engines (1: in this process). Decisions do not depend on it.
+    workers: int = 1
 
 
 @dataclass(slots=True)
@@ -101,7 +101,6 @@ class _Op:
 @dataclass(slots=True)
 class _Shard:
     shard_id: str
-    engine: ShardEngine
     owned: dict[str, str] = field(default_factory=dict)  # machine -> provider
     ops: dict[str, _Op] = field(default_factory=dict)
     clusters: set[str] = field(default_factory=set)
@@ -124,6 +123,7 @@ class BigFleetPolicy:
         self.clusters = clusters
         self.options = options
         self.shards: dict[str, _Shard] = {}
+        self.engines: Engines = LocalEngines({})
         self.owner: dict[str, str] = {}  # machine -> shard
         self.cluster_shard: dict[str, str] = {}
         self.needs: dict[tuple[str, str], Need] = {}
@@ -141,27 +141,38 @@ class BigFleetPolicy:
     # -- set-up -----------------------------------------------------------------------
     def start(self, now: float) -> None:
         """Create the shards and give each its share of every profile (the coordinator's split)."""
-        config = self.options.engine
         ids = [f"shard-{i:02d}" for i in range(self.options.shards)]
         records = list(self.fleet.records())
         per_shard = len(records) // max(1, len(ids)) + 1
         for sid in ids:
-            engine = ShardEngine(_with_expected(config, per_shard))
-            self.shards[sid] = _Shard(sid, engine)
+            self.shards[sid] = _Shard(sid)
         groups: dict[str, list[str]] = defaultdict(list)
         by_id = {r.id: r for r in records}
         for r in records:
             rack = r.labels.get("topology.kubernetes.io/rack")
             group = f"rack:{rack}" if rack else f"{r.provider}/{r.zone}/{r.instance_type}"
             groups[group].append(r.id)
+        loads: dict[str, list[MachineRecord]] = {}
         for sid, machine_ids in distribute_evenly(groups, ids, {}).items():
             shard = self.shards[sid]
-            for mid in machine_ids:
-                record = by_id[mid]
-                shard.engine.upsert_machine(record, now=now)
-                shard.owned[mid] = record.provider
-                self.owner[mid] = sid
+            loads[sid] = [by_id[mid] for mid in machine_ids]
+            for record in loads[sid]:
+                shard.owned[record.id] = record.provider
+                self.owner[record.id] = sid
                 self._track(record)
+        load = partial(_load_engines, self.options.engine, per_shard, loads, now)
+        if self.options.workers > 1:
+            self.engines = WorkerEngines(ids, load, workers=self.options.workers)
+        else:
+            self.engines = LocalEngines(load(ids))
+
+    def close(self) -> None:
+        """Stop the engines' workers (if any); again is a no-op."""
+        self.engines.close()
+
+    def worker_cpu_seconds(self) -> float:
+        """CPU time the engines' worker processes used so far (0 without workers)."""
+        return self.engines.cpu_seconds()
 
     def _track(self, record: MachineRecord) -> None:
         self.state_of[record.id] = record.state
@@ -185,8 +196,9 @@ class BigFleetPolicy:
             self._send_rollups(now)
         if now >= self._next_cycle:
             self._next_cycle = now + self.options.cycle_interval_s
-            for shard in self.shards.values():
-                self._execute(shard, shard.engine.cycle(now=now), now)
+            plans = self.engines.call_each(self.shards, ops.cycle, now)
+            for shard, actions in zip(self.shards.values(), plans, strict=True):
+                self._execute(shard, actions, now)
         if now >= self._next_report:
             self._next_report = now + self.options.report_interval_s
             self._coordinate(now)
@@ -203,28 +215,37 @@ class BigFleetPolicy:
                 # unchanged path), so it is not converted and not sent.
                 self.stats["rollups_unchanged"] += 1
                 continue
-            msg.timestamp_unix_nanos = int(now * 1e9) + 1
             shard = self._shard_for(cluster_id)
-            try:
-                rollup = rollup_from_wire(msg, session_cluster=cluster_id)
-                outcome = shard.engine.apply_rollup(rollup, now=now)
-            except (InvalidRollup, RollupRejected) as err:
-                self.stats["rollups_rejected"] += 1
-                log.warning("cluster %s: roll-up refused: %s", cluster_id, err)
-                self._applied.pop(cluster_id, None)
-                continue
-            self.stats["rollups"] += 1
-            # A quarantined roll-up waits for confirmations: re-sends of it must reach the engine.
-            if outcome.status == "applied":
-                self._applied[cluster_id] = body
-            else:
-                self._applied.pop(cluster_id, None)
-            for need in rollup.needs:
-                self.needs[(cluster_id, need.key)] = need
+            self.engines.post(
+                shard.shard_id,
+                ops.apply_wire,
+                body,
+                cluster_id,
+                int(now * 1e9) + 1,
+                now,
+                then=partial(self._rollup_applied, cluster_id, body),
+            )
+
+    def _rollup_applied(self, cluster_id: str, body: bytes, result: Result) -> None:
+        """The engine's answer to a roll-up (before the next engine call returns)."""
+        applied: Applied = result.value
+        if applied.status == "rejected":
+            self.stats["rollups_rejected"] += 1
+            log.warning("cluster %s: roll-up refused: %s", cluster_id, applied.reason)
+            self._applied.pop(cluster_id, None)
+            return
+        self.stats["rollups"] += 1
+        # A quarantined roll-up waits for confirmations: re-sends of it must reach the engine.
+        if applied.status == "applied":
+            self._applied[cluster_id] = body
+        else:
+            self._applied.pop(cluster_id, None)
+        for need in applied.needs:
+            self.needs[(cluster_id, need.key)] = need
 
     # -- carrying out a plan --------------------------------------------------------------
-    def _execute(self, shard: _Shard, plan: Plan, now: float) -> None:
-        for action in plan.actions:
+    def _execute(self, shard: _Shard, actions: tuple[Action, ...], now: float) -> None:
+        for action in actions:
             if isinstance(action, Provision):
                 for mid in action.machine_ids:
                     op = _Op("provision", action.cluster_id, action.need_key, action.priority)
@@ -245,7 +266,7 @@ class BigFleetPolicy:
                 self._call(shard, action.machine_id, _Op("delete"), now)
             elif isinstance(action, Verify):
                 record = self._record(shard, action.machine_id)
-                shard.engine.settle(action.machine_id, record, now=now)
+                self.engines.post(shard.shard_id, ops.settle, action.machine_id, record, now)
 
     def _drain(self, shard: _Shard, mid: str, cluster_id: str, now: float, reason: str) -> None:
         """The operator cordons the node and evicts its pods when told to drain it."""
@@ -258,7 +279,7 @@ class BigFleetPolicy:
     def _call(self, shard: _Shard, mid: str, op: _Op, now: float, *, grace: int = 0) -> None:
         provider = shard.owned.get(mid)
         if provider is None:
-            shard.engine.settle(mid, None, now=now)
+            self.engines.post(shard.shard_id, ops.settle, mid, None, now)
             return
         core = self.fleet.providers[provider]
         shard.ops[mid] = op
@@ -275,7 +296,7 @@ class BigFleetPolicy:
             # The executor's rule: an action that cannot start gives its machine back.
             self.stats[f"refused:{type(err).__name__}"] += 1
             shard.ops.pop(mid, None)
-            shard.engine.settle(mid, self._record(shard, mid), now=now)
+            self.engines.post(shard.shard_id, ops.settle, mid, self._record(shard, mid), now)
 
     def _configure(self, shard: _Shard, mid: str, op: _Op) -> None:
         core = self.fleet.providers[shard.owned[mid]]
@@ -318,29 +339,29 @@ class BigFleetPolicy:
                 if cluster.has_node(record.id):
                     cluster.remove_node(record.id, now, reason="interrupt")
             self.priority_of.pop(record.id, None)
-        shard.engine.upsert_machine(record, now=now)
+        self.engines.post(shard.shard_id, ops.upsert, record, now)
 
     def _progress(self, shard: _Shard, record: MachineRecord, op: _Op, now: float) -> None:
         mid = record.id
         state = record.state
         if op.kind == "provision" and state is MachineState.IDLE:
-            shard.engine.upsert_machine(record, now=now)
+            self.engines.post(shard.shard_id, ops.upsert, record, now)
             op.kind = "assign"
             try:
                 self._configure(shard, mid, op)
             except ProviderError:
                 shard.ops.pop(mid, None)
-                shard.engine.settle(mid, self._record(shard, mid), now=now)
+                self.engines.post(shard.shard_id, ops.settle, mid, self._record(shard, mid), now)
             return
         if op.kind == "handover":
             if state is MachineState.IDLE:
                 self._hand_over(shard, record, op, now)
                 return
             shard.ops.pop(mid, None)
-            shard.engine.upsert_machine(record, now=now)
+            self.engines.post(shard.shard_id, ops.upsert, record, now)
             return
         shard.ops.pop(mid, None)
-        shard.engine.settle(mid, record, now=now)
+        self.engines.post(shard.shard_id, ops.settle, mid, record, now)
         if state is MachineState.CONFIGURED and op.kind in ("assign", "provision"):
             self.priority_of[mid] = op.priority
             self.need_of[mid] = (op.cluster, op.need_key)
@@ -350,18 +371,24 @@ class BigFleetPolicy:
 
     # -- the coordinator ----------------------------------------------------------------------
     def _coordinate(self, now: float) -> None:
-        if not any(s.engine.shortfalls() for s in self.shards.values()):
+        lacking = dict(zip(self.shards, self.engines.call_each(self.shards, ops.shortfalls)))
+        if not any(lacking.values()):
             return
-        views = {sid: self._view(shard) for sid, shard in self.shards.items()}
+        busy = dict(zip(self.shards, self.engines.call_each(self.shards, ops.busy)))
+        views = {
+            sid: self._view(shard, busy[sid], lacking[sid]) for sid, shard in self.shards.items()
+        }
         for instruction in plan_transfers(views):
             self.stats[f"transfer:{instruction.kind}"] += 1
             self._transfer(instruction, now)
 
-    def _view(self, shard: _Shard) -> ShardView:
+    def _view(
+        self, shard: _Shard, busy: frozenset[str], lacking: tuple[Shortfall, ...]
+    ) -> ShardView:
+        """What the shard reports: supply per profile (not busy) and its shortfalls."""
         idle: Counter[ProfileKey] = Counter()
         speculative: Counter[ProfileKey] = Counter()
         configured: dict[ProfileKey, Counter[int]] = defaultdict(Counter)
-        busy = shard.engine.in_flight().keys() | shard.engine.promised().keys()
         for mid in shard.owned:
             if mid in busy or mid in shard.ops:
                 continue
@@ -390,7 +417,7 @@ class BigFleetPolicy:
                 )
             )
         shortfalls = []
-        for sf in shard.engine.shortfalls():
+        for sf in lacking:
             need = self.needs.get((sf.cluster_id, sf.need_key))
             shortfalls.append(
                 ShardShortfall(
@@ -415,7 +442,6 @@ class BigFleetPolicy:
         """Carry out one instruction; the donor chooses with ``shard_engine.transfers``."""
         donor = self.shards[instruction.donor]
         receiver = self.shards[instruction.receiver]
-        busy = set(donor.engine.in_flight()) | set(donor.engine.promised()) | set(donor.ops)
         profile = TransferProfile(
             provider=instruction.provider,
             instance_type=instruction.instance_type,
@@ -423,24 +449,25 @@ class BigFleetPolicy:
             capacity_type=instruction.capacity_type,
         )
         if instruction.kind == "preempt":
-            self._preempt_for(instruction, donor, profile, busy, now)
+            self._preempt_for(instruction, donor, profile, now)
             return
         wanted = MachineState.IDLE if instruction.kind == "idle" else MachineState.SPECULATIVE
-        chosen = choose_donations(
-            donor.engine.machines(),
-            profile=profile,
-            state=wanted,
-            count=instruction.count,
-            busy=busy,
+        chosen = self.engines.call(
+            donor.shard_id,
+            ops.donations,
+            profile,
+            wanted,
+            instruction.count,
+            frozenset(donor.ops),
         )
         for record in chosen:
             self._move(donor, receiver, record, now)
 
     def _move(self, donor: _Shard, receiver: _Shard, record: MachineRecord, now: float) -> None:
-        donor.engine.remove_machine(record.id)
+        self.engines.post(donor.shard_id, ops.remove, record.id)
         provider = donor.owned.pop(record.id)
         receiver.owned[record.id] = provider
-        receiver.engine.upsert_machine(record, now=now)
+        self.engines.post(receiver.shard_id, ops.upsert, record, now)
         self.owner[record.id] = receiver.shard_id
 
     def _preempt_for(
@@ -448,34 +475,37 @@ class BigFleetPolicy:
         instruction: Instruction,
         donor: _Shard,
         profile: TransferProfile,
-        busy: set[str],
         now: float,
     ) -> None:
         """Drain the donor's victims (``choose_cross_shard_victims``) and hand them over idle."""
-        machines = list(donor.engine.machines())
         terms: dict[str, VictimTerms] = {}
-        for record in machines:
-            need = self.needs.get(self.need_of.get(record.id, ("", "")))
+        priorities: dict[str, int] = {}
+        for mid in donor.owned:
+            need_ref = self.need_of.get(mid)
+            if need_ref is None:  # not configured for a need (priority_of is a subset)
+                continue
+            if mid in self.priority_of:
+                priorities[mid] = self.priority_of[mid]
+            need = self.needs.get(need_ref)
             if need is not None:
-                terms[record.id] = VictimTerms(
+                terms[mid] = VictimTerms(
                     interruption_penalty=need.interruption_penalty,
                     reclamation_penalty=need.reclamation_penalty,
                     app_class=need.app_class,
                 )
-        victims = choose_cross_shard_victims(
-            machines,
-            profile=profile,
-            preemptor_priority=instruction.below_priority,
-            count=instruction.count,
-            busy=busy,
-            priorities=self.priority_of,
-            terms=terms,
-            drain_seconds={},
-            saturation=saturation_of(machines, busy=busy),
-            config=self.options.engine,
+        victims = self.engines.call(
+            donor.shard_id,
+            ops.victims,
+            profile,
+            instruction.below_priority,
+            instruction.count,
+            frozenset(donor.ops),
+            priorities,
+            terms,
+            self.options.engine,
         )
         for victim in victims:
-            donor.engine.remove_machine(victim.machine_id)
+            self.engines.post(donor.shard_id, ops.remove, victim.machine_id)
             self.stats["preemptions_cross_shard"] += 1
             self._drain(donor, victim.machine_id, victim.cluster_id, now, "preempt")
             self._call(
@@ -491,7 +521,7 @@ class BigFleetPolicy:
         receiver = self.shards[op.receiver]
         provider = donor.owned.pop(record.id)
         receiver.owned[record.id] = provider
-        receiver.engine.upsert_machine(record, now=now)
+        self.engines.post(receiver.shard_id, ops.upsert, record, now)
         self.owner[record.id] = receiver.shard_id
 
     # -- reading --------------------------------------------------------------------------------
@@ -500,7 +530,18 @@ class BigFleetPolicy:
         return Counter(s.name for s in self.state_of.values())
 
 
-def _with_expected(config: EngineConfig, machines: int) -> EngineConfig:
-    from dataclasses import replace
-
-    return replace(config, expected_machines=machines)
+def _load_engines(
+    config: EngineConfig,
+    per_shard: int,
+    loads: Mapping[str, list[MachineRecord]],
+    now: float,
+    shard_ids: Sequence[str],
+) -> dict[str, ShardEngine]:
+    """Each shard's engine with its share of the fleet (run where the engines live)."""
+    engines = {}
+    for sid in shard_ids:
+        engine = ShardEngine(replace(config, expected_machines=per_shard))
+        for record in loads[sid]:
+            engine.upsert_machine(record, now=now)
+        engines[sid] = engine
+    return engines

@@ -47,6 +47,8 @@ class Policy(Protocol):
     def start(self, now: float) -> None: ...
     def tick(self, now: float) -> None: ...
     def on_changes(self, changes: list[tuple[str, str]], now: float) -> None: ...
+    def close(self) -> None: ...
+    def worker_cpu_seconds(self) -> float: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +66,8 @@ class RunOptions:
     interruption_scale: float = 1.0
     engine: EngineConfig = field(default_factory=EngineConfig)
     baseline: BaselineOptions = field(default_factory=BaselineOptions)
+    #: Worker processes for the BigFleet policy's engines (1: none); results do not depend on it.
+    workers: int = 1
 
 
 @dataclass(slots=True)
@@ -93,6 +97,7 @@ def _policy(
         cycle_interval_s=o.cycle_interval_s,
         rollup_interval_s=o.rollup_interval_s,
         engine=o.engine,
+        workers=o.workers,
     )
     policy = BigFleetPolicy(fleet, clusters, options)
     policy.name = name
@@ -123,54 +128,60 @@ def run_policy(
         for c in trace.clusters
     }
     policy = _policy(policy_name, fleet, clusters, options, trace)
-    policy.start(0.0)
-    fleet.drain_changes()
-    setup = time.perf_counter() - started
-    setup_cpu = time.process_time() - cpu_started
-    recorder = Recorder(sample_s=options.sample_s)
-    events = trace.events
-    index = 0
-    now = 0.0
-    next_sample = 0.0
-    step = options.step_s
-    while now <= trace.duration:
-        while index < len(events) and events[index].t <= now:
-            event = events[index]
-            cluster = clusters[event.cluster]
-            if isinstance(event, Arrive):
-                cluster.arrive(event.pod, now)
-            else:
-                cluster.leave(event.pod, now)
-            index += 1
-        changes = fleet.drain_changes()
-        if changes:
-            policy.on_changes(changes, now)
-        for cluster_id in list(touched):
-            clusters[cluster_id].schedule(now)
-        touched.clear()
-        policy.tick(now)
-        if now >= next_sample:
-            next_sample += options.sample_s
-            recorder.sample(
-                now,
-                cost_rate=fleet.cost_rate,
-                billed_machines=fleet.billed_machines,
-                billed_alloc=fleet.billed_alloc,
-                clusters=clusters,
-            )
-            if progress is not None:
-                progress(now)
-        scheduler.advance(step)
-        now += step
-    stats: dict[str, int] = dict(getattr(policy, "stats", {}))
-    summary = recorder.summary(cost=fleet.cost_so_far(), clusters=clusters, stats=stats)
-    summary["cost_by_category_usd"] = fleet.cost_by_category()
-    fleet.close()
+    try:
+        policy.start(0.0)
+        fleet.drain_changes()
+        setup = time.perf_counter() - started
+        setup_cpu = time.process_time() - cpu_started + policy.worker_cpu_seconds()
+        recorder = Recorder(sample_s=options.sample_s)
+        events = trace.events
+        index = 0
+        now = 0.0
+        next_sample = 0.0
+        step = options.step_s
+        while now <= trace.duration:
+            while index < len(events) and events[index].t <= now:
+                event = events[index]
+                cluster = clusters[event.cluster]
+                if isinstance(event, Arrive):
+                    cluster.arrive(event.pod, now)
+                else:
+                    cluster.leave(event.pod, now)
+                index += 1
+            changes = fleet.drain_changes()
+            if changes:
+                policy.on_changes(changes, now)
+            for cluster_id in list(touched):
+                clusters[cluster_id].schedule(now)
+            touched.clear()
+            policy.tick(now)
+            if now >= next_sample:
+                next_sample += options.sample_s
+                recorder.sample(
+                    now,
+                    cost_rate=fleet.cost_rate,
+                    billed_machines=fleet.billed_machines,
+                    billed_alloc=fleet.billed_alloc,
+                    clusters=clusters,
+                )
+                if progress is not None:
+                    progress(now)
+            scheduler.advance(step)
+            now += step
+        worker_cpu = policy.worker_cpu_seconds()
+        policy.close()  # answers still on their way (roll-up outcomes) land in the stats
+        stats: dict[str, int] = dict(getattr(policy, "stats", {}))
+        summary = recorder.summary(cost=fleet.cost_so_far(), clusters=clusters, stats=stats)
+        summary["cost_by_category_usd"] = fleet.cost_by_category()
+    finally:
+        policy.close()
+        fleet.close()
     wall = time.perf_counter() - started
     summary["wall_seconds"] = round(wall, 2)
     summary["setup_seconds"] = round(setup, 2)
-    # CPU time of this process: on a shared machine wall time is several times larger.
-    summary["cpu_seconds"] = round(time.process_time() - cpu_started, 2)
+    # CPU time of this process and its engine workers (if any): on a shared machine wall
+    # time is several times larger.
+    summary["cpu_seconds"] = round(time.process_time() - cpu_started + worker_cpu, 2)
     summary["setup_cpu_seconds"] = round(setup_cpu, 2)
     summary["speedup"] = round(trace.duration / wall, 1) if wall > 0 else 0.0
     return PolicyResult(policy_name, summary, recorder.series, wall)

@@ -1,0 +1,394 @@
+"""The shards' engines, in this process or spread over worker processes.
+
+The BigFleet policy never holds a ``ShardEngine`` itself: it sends every
+engine call through :class:`Engines` as an *operation* (a module-level
+function of this file taking the engine first). Each engine sees its calls
+in exactly the order the policy issued them, with the same arguments, so it
+decides exactly as if it were called directly; what differs between the two
+implementations is only where the engine lives:
+
+* :class:`LocalEngines` calls the engine at once (the default; tests);
+* :class:`WorkerEngines` forks worker processes after the fleet is built,
+  each of which loads and keeps the engines of some shards (shard ``i`` on
+  worker ``i mod workers``) and serves their operations in order.
+
+Three ways to call, by what the caller needs back::
+
+    post(shard, op, *args)              fire and forget (upsert, settle, remove)
+    post(shard, op, *args, then=f)      f(result) runs before the next call returns
+    call(shard, op, *args)              wait for the result
+    call_each(shards, op, *args)        start op on every shard, yield results in shard order
+
+``call_each`` is what makes the workers pay: the 20 shards' cycles run on
+both cores at once while the caller carries out the first shard's plan. Ops
+posted between two calls are sent in batches; a worker answers only the ops
+that want an answer, in order, from a sender thread (so a worker never
+blocks on a full pipe while the caller is blocked sending to it).
+
+Why the engines are independent between calls (so this is safe): the
+engines share nothing; the provider cores, the cluster models and the
+coordinator stay in the calling process, and every provider call is still
+made there, in the order the sequential loop made it (ADR 0085).
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import queue
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from bigfleet.shard.convert import InvalidRollup, rollup_from_wire
+from bigfleet.v1alpha1 import capacity_pb2
+from shard_engine.engine import EngineConfig, RollupRejected, ShardEngine
+from shard_engine.model import Action, MachineRecord, MachineState, Need, Shortfall
+from shard_engine.transfers import (
+    TransferProfile,
+    VictimTerms,
+    choose_cross_shard_victims,
+    choose_donations,
+    saturation_of,
+)
+
+__all__ = [
+    "Applied",
+    "Engines",
+    "LocalEngines",
+    "Loader",
+    "Result",
+    "WorkerEngines",
+    "apply_wire",
+    "busy",
+    "cycle",
+    "donations",
+    "remove",
+    "settle",
+    "shortfalls",
+    "upsert",
+    "victims",
+]
+
+Op = Callable[..., Any]
+Loader = Callable[[Sequence[str]], dict[str, ShardEngine]]
+"""Builds the engines of the given shards (runs in the worker, after the fork)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """What a posted operation returned."""
+
+    value: Any
+
+
+# -- operations (run where the engine lives) --------------------------------------------
+def upsert(engine: ShardEngine, record: MachineRecord, now: float) -> None:
+    """``upsert_machine``."""
+    engine.upsert_machine(record, now=now)
+
+
+def settle(engine: ShardEngine, machine_id: str, record: MachineRecord | None, now: float) -> None:
+    """``settle``."""
+    engine.settle(machine_id, record, now=now)
+
+
+def remove(engine: ShardEngine, machine_id: str) -> None:
+    """``remove_machine``."""
+    engine.remove_machine(machine_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """What became of a roll-up: the engine's status and the needs, or why it was refused."""
+
+    status: str  # applied | stale | quarantined | rejected
+    needs: tuple[Need, ...] = ()
+    reason: str = ""
+
+
+def apply_wire(
+    engine: ShardEngine, body: bytes, cluster_id: str, timestamp_ns: int, now: float
+) -> Applied:
+    """Convert a serialised roll-up, stamped ``timestamp_ns``, and apply it (the Session's path)."""
+    msg = capacity_pb2.ClusterCapacityNeeds.FromString(body)
+    msg.timestamp_unix_nanos = timestamp_ns
+    try:
+        rollup = rollup_from_wire(msg, session_cluster=cluster_id)
+        outcome = engine.apply_rollup(rollup, now=now)
+    except (InvalidRollup, RollupRejected) as err:
+        return Applied("rejected", reason=str(err))
+    return Applied(outcome.status, rollup.needs)
+
+
+def cycle(engine: ShardEngine, now: float) -> tuple[Action, ...]:
+    """One cycle; its actions."""
+    return engine.cycle(now=now).actions
+
+
+def shortfalls(engine: ShardEngine) -> tuple[Shortfall, ...]:
+    """The last cycle's shortfalls."""
+    return engine.shortfalls()
+
+
+def busy(engine: ShardEngine) -> frozenset[str]:
+    """Machines in flight or promised (not to be given away)."""
+    return frozenset(engine.in_flight()) | frozenset(engine.promised())
+
+
+def donations(
+    engine: ShardEngine,
+    profile: TransferProfile,
+    state: MachineState,
+    count: int,
+    extra_busy: frozenset[str],
+) -> list[MachineRecord]:
+    """``choose_donations`` over the engine's machines (busy: in flight, promised, ``extra``)."""
+    return choose_donations(
+        engine.machines(),
+        profile=profile,
+        state=state,
+        count=count,
+        busy=set(busy(engine) | extra_busy),
+    )
+
+
+def victims(
+    engine: ShardEngine,
+    profile: TransferProfile,
+    below_priority: int,
+    count: int,
+    extra_busy: frozenset[str],
+    priorities: Mapping[str, int],
+    terms: Mapping[str, VictimTerms],
+    config: EngineConfig,
+) -> list[Any]:
+    """``choose_cross_shard_victims`` over the engine's machines."""
+    machines = list(engine.machines())
+    taken = set(busy(engine) | extra_busy)
+    return list(
+        choose_cross_shard_victims(
+            machines,
+            profile=profile,
+            preemptor_priority=below_priority,
+            count=count,
+            busy=taken,
+            priorities=priorities,
+            terms=terms,
+            drain_seconds={},
+            saturation=saturation_of(machines, busy=taken),
+            config=config,
+        )
+    )
+
+
+# -- where the engines live ---------------------------------------------------------------
+class Engines:
+    """The shards' engines (see the module docstring)."""
+
+    def post(
+        self, shard_id: str, op: Op, *args: Any, then: Callable[[Result], None] | None = None
+    ) -> None:
+        """Run ``op`` on the shard's engine after every call posted before; ``then`` its result."""
+        raise NotImplementedError
+
+    def call(self, shard_id: str, op: Op, *args: Any) -> Any:
+        """Run ``op`` on the shard's engine and return its result."""
+        raise NotImplementedError
+
+    def call_each(self, shard_ids: Iterable[str], op: Op, *args: Any) -> Iterator[Any]:
+        """Run ``op`` on every shard (in parallel where it can); results in ``shard_ids`` order."""
+        raise NotImplementedError
+
+    def cpu_seconds(self) -> float:
+        """CPU time of the worker processes so far (0 without workers)."""
+        return 0.0
+
+    def close(self) -> None:
+        """Stop the workers (if any); raises the first failure of a posted operation."""
+
+
+class LocalEngines(Engines):
+    """Every engine in this process, called at once."""
+
+    def __init__(self, engines: dict[str, ShardEngine]) -> None:
+        self._engines = engines
+
+    def post(
+        self, shard_id: str, op: Op, *args: Any, then: Callable[[Result], None] | None = None
+    ) -> None:
+        value = op(self._engines[shard_id], *args)
+        if then is not None:
+            then(Result(value))
+
+    def call(self, shard_id: str, op: Op, *args: Any) -> Any:
+        return op(self._engines[shard_id], *args)
+
+    def call_each(self, shard_ids: Iterable[str], op: Op, *args: Any) -> Iterator[Any]:
+        for shard_id in shard_ids:
+            yield op(self._engines[shard_id], *args)
+
+
+class WorkerFailed(RuntimeError):
+    """An operation failed in a worker process (the message carries its traceback)."""
+
+
+_BATCH = 256  # posted ops sent in one message at most
+
+
+@dataclass(slots=True)
+class _Worker:
+    conn: Connection
+    process: multiprocessing.process.BaseProcess
+    outbox: list[tuple[str, Op, tuple[Any, ...], bool]]
+    handlers: deque[Callable[[Result], None]]
+
+    def flush(self) -> None:
+        if self.outbox:
+            self.conn.send(self.outbox)
+            self.outbox = []
+
+    def receive_one(self) -> None:
+        ok, value = self.conn.recv()
+        handler = self.handlers.popleft()
+        if not ok:
+            raise WorkerFailed(value)
+        handler(Result(value))
+
+
+class WorkerEngines(Engines):
+    """Engines in ``workers`` forked processes; shard ``i`` of ``shard_ids`` on worker ``i mod n``.
+
+    Forks (the engines are built in the workers by ``load``, from what this
+    process holds at the fork), so it needs the ``fork`` start method (Linux).
+    """
+
+    def __init__(self, shard_ids: Sequence[str], load: Loader, *, workers: int) -> None:
+        context = multiprocessing.get_context("fork")
+        self._workers: list[_Worker] = []
+        self._where: dict[str, _Worker] = {}
+        gc.collect()
+        gc.freeze()  # the children would otherwise copy every page the collector touches
+        try:
+            for w in range(workers):
+                mine = [s for i, s in enumerate(shard_ids) if i % workers == w]
+                parent, child = context.Pipe()
+                process = context.Process(
+                    target=_serve, args=(child, load, mine), name=f"sim-engines-{w}", daemon=True
+                )
+                try:
+                    process.start()
+                finally:
+                    child.close()
+                worker = _Worker(parent, process, [], deque())
+                self._workers.append(worker)
+                for s in mine:
+                    self._where[s] = worker
+        finally:
+            gc.unfreeze()
+        try:
+            self.cpu_seconds()  # wait until every worker has loaded its engines
+        except BaseException:
+            self._stop()
+            raise
+
+    def post(
+        self, shard_id: str, op: Op, *args: Any, then: Callable[[Result], None] | None = None
+    ) -> None:
+        worker = self._where[shard_id]
+        worker.outbox.append((shard_id, op, args, then is not None))
+        if then is not None:
+            worker.handlers.append(then)
+        if len(worker.outbox) >= _BATCH:
+            worker.flush()
+
+    def call(self, shard_id: str, op: Op, *args: Any) -> Any:
+        return next(self.call_each([shard_id], op, *args))
+
+    def call_each(self, shard_ids: Iterable[str], op: Op, *args: Any) -> Iterator[Any]:
+        slots: list[tuple[_Worker, list[Result]]] = []
+        for shard_id in shard_ids:
+            box: list[Result] = []
+            self.post(shard_id, op, *args, then=box.append)
+            slots.append((self._where[shard_id], box))
+        for worker in self._workers:
+            worker.flush()
+        for worker, box in slots:
+            worker.flush()  # ops the caller posted since (e.g. settles from the last plan)
+            while not box:
+                worker.receive_one()
+            yield box[0].value
+
+    def cpu_seconds(self) -> float:
+        """Every worker's CPU time so far (a round trip to each; a failed op surfaces here)."""
+        firsts = {id(w): s for s, w in reversed(self._where.items())}
+        return sum(self.call_each(firsts.values(), _cpu_seconds))
+
+    def close(self) -> None:
+        """Collect every pending answer, then stop the workers; again is a no-op."""
+        if not self._workers:
+            return
+        try:
+            self.cpu_seconds()  # flushes every outbox and receives every answer before its own
+        finally:
+            self._stop()
+
+    def _stop(self) -> None:
+        for worker in self._workers:
+            try:
+                worker.conn.send(None)
+            except OSError:
+                pass
+        for worker in self._workers:
+            worker.process.join(timeout=10)
+            if worker.process.is_alive():
+                worker.process.terminate()
+                worker.process.join()
+            worker.conn.close()
+        self._workers = []
+
+
+def _cpu_seconds(engine: ShardEngine) -> float:
+    """The worker process's CPU time (user + system)."""
+    return time.process_time()
+
+
+def _serve(conn: Connection, load: Loader, shard_ids: Sequence[str]) -> None:
+    """A worker: build its engines, then run operations in order until told to stop."""
+    answers: queue.SimpleQueue[tuple[bool, Any] | None] = queue.SimpleQueue()
+
+    def send() -> None:
+        while (answer := answers.get()) is not None:
+            conn.send(answer)
+
+    sender = threading.Thread(target=send, name="answers", daemon=True)
+    sender.start()
+    failure: str | None = None
+    try:
+        engines = load(shard_ids)
+    except Exception:
+        failure = traceback.format_exc()
+        engines = {}
+    while (batch := conn.recv()) is not None:
+        for shard_id, op, args, wants_answer in batch:
+            if failure is not None:
+                if wants_answer:
+                    answers.put((False, failure))
+                continue
+            try:
+                value = op(engines[shard_id], *args)
+            except Exception:
+                failure = f"shard {shard_id}, {op.__name__}:\n{traceback.format_exc()}"
+                if wants_answer:
+                    answers.put((False, failure))
+                continue
+            if wants_answer:
+                answers.put((True, value))
+    answers.put(None)
+    sender.join()
+    conn.close()
