@@ -24,6 +24,7 @@ import resource
 import time
 
 from simulator.driver import RunOptions, run_policy
+from simulator.engines import default_workers
 from simulator.scenarios import build
 
 __all__ = ["main"]
@@ -43,10 +44,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--cycle-interval", type=float, default=10.0)
     parser.add_argument(
-        "--workers", type=int, default=1, help="worker processes for the engines (1: none)"
+        "--workers",
+        type=int,
+        default=None,
+        help="processes running the engines (1: none; default one per core, at most one a shard)",
     )
     args = parser.parse_args(argv)
     quota_scale = args.machines / _MACHINES_AT_SCALE_1
+    workers = args.workers if args.workers is not None else default_workers(args.shards)
     load_before = _loadavg()
     started = time.perf_counter()
     scenario = build(
@@ -62,13 +67,13 @@ def main(argv: list[str] | None = None) -> int:
         quota_scale=quota_scale,
         shards=args.shards,
         cycle_interval_s=args.cycle_interval,
-        workers=args.workers,
+        workers=workers,
     )
     result = run_policy(scenario.trace, args.policy, options)
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    workers = resource.getrusage(resource.RUSAGE_CHILDREN)  # the engine workers, joined by now
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)  # the engine workers, joined by now
     rss_gib = usage.ru_maxrss / 2**20
-    cpu_s = usage.ru_utime + usage.ru_stime + workers.ru_utime + workers.ru_stime
+    cpu_s = usage.ru_utime + usage.ru_stime + children.ru_utime + children.ru_stime
     base = {"bench": "simulate", "policy": args.policy, "machines": args.machines}
     lines = [
         ("trace_generation_s", round(generated, 1), "s"),
@@ -85,9 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         ("events", len(scenario.trace.events), "events"),
         ("clusters", args.clusters, "clusters"),
         ("shards", args.shards, "shards"),
-        ("workers", args.workers, "processes"),
+        ("workers", workers, "processes"),
         ("peak_rss", round(rss_gib, 2), "GiB"),
-        ("peak_rss_largest_worker", round(workers.ru_maxrss / 2**20, 2), "GiB"),
+        ("peak_rss_largest_worker", round(children.ru_maxrss / 2**20, 2), "GiB"),
         ("cpu_s", round(cpu_s, 1), "s"),
         ("cpu_s_main_process", round(usage.ru_utime + usage.ru_stime, 1), "s"),
         ("speedup_on_cpu_time", round(args.duration / max(cpu_s, 1e-9), 1), "x"),

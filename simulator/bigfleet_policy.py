@@ -34,7 +34,6 @@ import logging
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-
 from functools import partial
 
 from providers.errors import ProviderError
@@ -371,10 +370,12 @@ class BigFleetPolicy:
 
     # -- the coordinator ----------------------------------------------------------------------
     def _coordinate(self, now: float) -> None:
-        lacking = dict(zip(self.shards, self.engines.call_each(self.shards, ops.shortfalls)))
+        lacking = dict(
+            zip(self.shards, self.engines.call_each(self.shards, ops.shortfalls), strict=True)
+        )
         if not any(lacking.values()):
             return
-        busy = dict(zip(self.shards, self.engines.call_each(self.shards, ops.busy)))
+        busy = dict(zip(self.shards, self.engines.call_each(self.shards, ops.busy), strict=True))
         views = {
             sid: self._view(shard, busy[sid], lacking[sid]) for sid, shard in self.shards.items()
         }

@@ -13,6 +13,7 @@ import typer
 
 from clusters.packing import DEFAULT_HEURISTIC, Heuristic
 from simulator.driver import POLICIES, Progress, RunOptions, simulate
+from simulator.engines import default_workers
 from simulator.scenarios import SCENARIOS, build
 from simulator.trace import TraceError, dump_trace, load_trace
 
@@ -79,6 +80,14 @@ def simulate_command(
         float | None, typer.Option(help="Fleet size as a multiple of the shipped catalogs.")
     ] = None,
     shards: Annotated[int, typer.Option(min=1, help="Shard engines (BigFleet policy).")] = 2,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Processes running the engines (1: none; default one per core, at most one "
+            "per shard). Results do not depend on it.",
+        ),
+    ] = None,
     heuristic: Annotated[
         str, typer.Option(help="Packing: ffd-sum, ffd-avg, ffd-prod, dot-product, l2.")
     ] = DEFAULT_HEURISTIC.value,
@@ -125,6 +134,7 @@ def simulate_command(
         shards=shards,
         heuristic=chosen,
         cycle_interval_s=cycle_interval,
+        workers=workers if workers is not None else default_workers(shards),
     )
     show = sys.stderr.isatty() if progress is None else progress
     started = time.perf_counter()
@@ -140,6 +150,7 @@ def simulate_command(
         "seed": seed,
         "quota_scale": fleet_scale,
         "shards": shards,
+        "workers": options.workers,
         "heuristic": chosen.value,
         "wall_seconds": round(time.perf_counter() - started, 2),
     }

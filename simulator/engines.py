@@ -16,6 +16,7 @@ Three ways to call, by what the caller needs back::
 
     post(shard, op, *args)              fire and forget (upsert, settle, remove)
     post(shard, op, *args, then=f)      f(result) runs before the next call returns
+                                        (in posting order per shard, not across shards)
     call(shard, op, *args)              wait for the result
     call_each(shards, op, *args)        start op on every shard, yield results in shard order
 
@@ -35,13 +36,15 @@ from __future__ import annotations
 
 import gc
 import multiprocessing
+import os
+import pickle
 import queue
 import threading
 import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -60,13 +63,15 @@ from shard_engine.transfers import (
 __all__ = [
     "Applied",
     "Engines",
-    "LocalEngines",
     "Loader",
+    "LocalEngines",
     "Result",
     "WorkerEngines",
+    "WorkerFailed",
     "apply_wire",
     "busy",
     "cycle",
+    "default_workers",
     "donations",
     "remove",
     "settle",
@@ -85,6 +90,16 @@ class Result:
     """What a posted operation returned."""
 
     value: Any
+
+
+def default_workers(shards: int) -> int:
+    """Worker processes for ``shards`` engines: one per core, at most one per shard (1: none).
+
+    1 where processes cannot be forked (the workers inherit the fleet).
+    """
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return 1
+    return max(1, min(shards, os.cpu_count() or 1))
 
 
 # -- operations (run where the engine lives) --------------------------------------------
@@ -147,7 +162,7 @@ def donations(
     state: MachineState,
     count: int,
     extra_busy: frozenset[str],
-) -> list[MachineRecord]:
+) -> tuple[MachineRecord, ...]:
     """``choose_donations`` over the engine's machines (busy: in flight, promised, ``extra``)."""
     return choose_donations(
         engine.machines(),
@@ -238,25 +253,51 @@ class WorkerFailed(RuntimeError):
     """An operation failed in a worker process (the message carries its traceback)."""
 
 
-_BATCH = 256  # posted ops sent in one message at most
+_BATCH = 64  # posted ops sent in one message at most (small: the worker starts on them early)
 
 
 @dataclass(slots=True)
 class _Worker:
+    """One worker process as the caller sees it.
+
+    Messages are pickled by the caller and written by a sender thread, so
+    the caller never waits for a busy worker to read: it waits only for
+    answers it needs.
+    """
+
     conn: Connection
     process: multiprocessing.process.BaseProcess
-    outbox: list[tuple[str, Op, tuple[Any, ...], bool]]
-    handlers: deque[Callable[[Result], None]]
+    outbox: list[tuple[str, Op, tuple[Any, ...], bool]] = field(default_factory=list)
+    handlers: deque[Callable[[Result], None]] = field(default_factory=deque)
+    sending: queue.SimpleQueue[bytes | None] = field(default_factory=queue.SimpleQueue)
+    sender: threading.Thread | None = None
+    failed: bool = False  # an answer was a failure (raised to the caller already)
+
+    def start_sender(self) -> None:
+        self.sender = threading.Thread(target=self._send, name="engine-ops", daemon=True)
+        self.sender.start()
+
+    def _send(self) -> None:
+        while (data := self.sending.get()) is not None:
+            self.conn.send_bytes(data)
 
     def flush(self) -> None:
         if self.outbox:
-            self.conn.send(self.outbox)
+            self.sending.put(pickle.dumps(self.outbox, protocol=pickle.HIGHEST_PROTOCOL))
             self.outbox = []
+
+    def stop(self) -> None:
+        """Tell the worker to stop after everything sent; end the sender thread."""
+        self.sending.put(pickle.dumps(None))
+        self.sending.put(None)
+        if self.sender is not None:
+            self.sender.join()
 
     def receive_one(self) -> None:
         ok, value = self.conn.recv()
         handler = self.handlers.popleft()
         if not ok:
+            self.failed = True
             raise WorkerFailed(value)
         handler(Result(value))
 
@@ -285,12 +326,14 @@ class WorkerEngines(Engines):
                     process.start()
                 finally:
                     child.close()
-                worker = _Worker(parent, process, [], deque())
+                worker = _Worker(parent, process)
                 self._workers.append(worker)
                 for s in mine:
                     self._where[s] = worker
         finally:
             gc.unfreeze()
+        for worker in self._workers:  # threads only after every fork
+            worker.start_sender()
         try:
             self.cpu_seconds()  # wait until every worker has loaded its engines
         except BaseException:
@@ -327,23 +370,21 @@ class WorkerEngines(Engines):
     def cpu_seconds(self) -> float:
         """Every worker's CPU time so far (a round trip to each; a failed op surfaces here)."""
         firsts = {id(w): s for s, w in reversed(self._where.items())}
-        return sum(self.call_each(firsts.values(), _cpu_seconds))
+        return float(sum(self.call_each(firsts.values(), _cpu_seconds)))
 
     def close(self) -> None:
         """Collect every pending answer, then stop the workers; again is a no-op."""
         if not self._workers:
             return
         try:
-            self.cpu_seconds()  # flushes every outbox and receives every answer before its own
+            if not any(w.failed for w in self._workers):  # else it was raised already
+                self.cpu_seconds()  # flushes every outbox, receives every answer before its own
         finally:
             self._stop()
 
     def _stop(self) -> None:
         for worker in self._workers:
-            try:
-                worker.conn.send(None)
-            except OSError:
-                pass
+            worker.stop()
         for worker in self._workers:
             worker.process.join(timeout=10)
             if worker.process.is_alive():
