@@ -170,8 +170,9 @@ class Stack:
         self.logs = logs
         self.workdir = workdir
         self.running: dict[str, Running] = {}
-        self.healthy: set[str] = set()
         self.completed: set[str] = set()
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._health: dict[str, asyncio.Task[None]] = {}
 
     def order(self, wanted: set[str]) -> list[str]:
         done: list[str] = []
@@ -188,15 +189,30 @@ class Stack:
             visit(name, ())
         return done
 
-    async def start(self, service: str) -> None:
-        svc = self.loop.services[service]
-        for dep, condition in _depends(svc).items():
+    async def up(self, wanted: set[str]) -> None:
+        """Start ``wanted`` as compose does: each service as soon as its dependencies allow."""
+        self._tasks = {
+            name: asyncio.create_task(self._when_ready(name)) for name in self.order(wanted)
+        }
+        try:
+            await asyncio.gather(*self._tasks.values())
+        finally:
+            for task in (*self._tasks.values(), *self._health.values()):
+                task.cancel()
+
+    async def _when_ready(self, service: str) -> None:
+        for dep, condition in _depends(self.loop.services[service]).items():
             if dep in PROVIDED:
                 continue
+            await self._tasks[dep]  # started; a one-shot's task ends once it exited 0
             if condition == "service_completed_successfully":
                 assert dep in self.completed, f"{service} starts before {dep} completed"
             elif condition == "service_healthy":
                 await self.wait_healthy(dep)
+        await self.start(service)
+
+    async def start(self, service: str) -> None:
+        svc = self.loop.services[service]
         log = self.logs / f"{service}.log"
         with log.open("ab") as out:
             process = await asyncio.create_subprocess_exec(
@@ -218,8 +234,12 @@ class Stack:
             self.completed.add(service)
 
     async def wait_healthy(self, service: str) -> None:
-        if service in self.healthy:
-            return
+        """Until the service's own healthcheck passes (one prober however many wait)."""
+        if service not in self._health:
+            self._health[service] = asyncio.create_task(self._probe(service))
+        await asyncio.shield(self._health[service])
+
+    async def _probe(self, service: str) -> None:
         argv = self.loop.healthcheck(service)
         assert argv is not None, f"something waits for {service} to be healthy; it has no check"
         run = self.running[service]
@@ -236,7 +256,6 @@ class Stack:
             out, _ = await probe.communicate()
             last = out.decode(errors="replace").strip()
             if probe.returncode == 0:
-                self.healthy.add(service)
                 return
             if time.monotonic() > deadline:
                 raise AssertionError(f"{service} never became healthy: {last}\n{run.tail()}")
@@ -302,12 +321,11 @@ async def test_every_bigfleet_service_starts_from_its_compose_definition_and_bec
     stack = Stack(loop, tmp_path / "logs", tmp_path / "home")
     wanted = _ours(services)
     try:
-        for service in stack.order(wanted):
-            await stack.start(service)
+        await stack.up(wanted)
         # Every service with a healthcheck passes it, whether or not anything waits for it.
-        for service in sorted(wanted):
-            if services[service].get("healthcheck"):
-                await stack.wait_healthy(service)
+        await asyncio.gather(
+            *(stack.wait_healthy(s) for s in sorted(wanted) if services[s].get("healthcheck"))
+        )
         await _the_stack_is_up(stack, loop, client)
     except BaseException:
         print(stack.tails())
