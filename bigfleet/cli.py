@@ -169,6 +169,7 @@ def dev(
         temporal_metrics_listen=(
             f"127.0.0.1:{temporal_metrics_port}" if temporal_metrics_port else None
         ),
+        connect_timeout_s=settings.connect_timeout_s,
     )
 
     async def main(stop: asyncio.Event) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 from temporalio.client import Client
 
 from bigfleet import bootstrap, temporal
+from bigfleet.backoff import retrying
 from bigfleet.certs import leaf_stem, write_bundle
 from bigfleet.config import TLSFiles
 from bigfleet.coordinator import CoordinatorProcess
@@ -116,6 +117,9 @@ class DevStackOptions:
     extra_providers: tuple[ProviderConfig, ...] = ()
     # Mutual TLS on every gRPC edge, with development certificates under data_dir/certs.
     tls: bool = False
+    # How long a given database_url or temporal_address is retried at start-up
+    # (BIGFLEET_CONNECT_TIMEOUT_SECONDS); the embedded servers are waited for anyway.
+    connect_timeout_s: float = 0.0
 
 
 class DevStack:
@@ -194,12 +198,25 @@ class DevStack:
         else:
             self._pg = EmbeddedPostgres(o.data_dir / "postgres")
             self.database_url = await asyncio.to_thread(self._pg.start)
-        self.db, self.store = await bootstrap.open_store(self.database_url)
+        self.db, self.store = await bootstrap.open_store(
+            self.database_url, retry_s=o.connect_timeout_s if o.database_url else 0.0
+        )
 
         if o.temporal_address:
-            self.client = await temporal.connect(o.temporal_address, runtime=runtime)
-            await temporal.ensure_search_attributes(self.client)
-            self.temporal_address = o.temporal_address
+            address = o.temporal_address
+
+            async def reach_temporal() -> Client:
+                client = await temporal.connect(address, runtime=runtime)
+                await temporal.ensure_search_attributes(client)
+                return client
+
+            if o.connect_timeout_s > 0:
+                self.client = await retrying(
+                    f"Temporal at {address}", reach_temporal, within_s=o.connect_timeout_s
+                )
+            else:
+                self.client = await reach_temporal()
+            self.temporal_address = address
         else:
             # Our own child in its own session: a Ctrl-C reaches BigFleet only, and the
             # server is stopped last (stop()).

@@ -1,0 +1,84 @@
+"""``bigfleet dev`` pointed at a Temporal that is not up yet waits for it (with back-off).
+
+The stack's own servers are waited for anyway; a given ``temporal_address``
+(or database URL) is retried for ``connect_timeout_s``
+(``BIGFLEET_CONNECT_TIMEOUT_SECONDS``), as every other process does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from pathlib import Path
+
+import pytest
+from temporalio.testing import WorkflowEnvironment
+
+from bigfleet.devstack import DevStack, DevStackOptions
+from bigfleet.temporal import start_dev_server
+
+pytestmark = pytest.mark.e2e
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+async def test_the_dev_stack_waits_for_a_temporal_that_comes_up_late(
+    tmp_path: Path, empty_database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    port = _free_port()
+    options = DevStackOptions(
+        data_dir=tmp_path,
+        database_url=empty_database_url,
+        temporal_address=f"127.0.0.1:{port}",
+        shard_listen="127.0.0.1:0",
+        clusters=(),
+        coordinator=False,
+        persist=False,
+        connect_timeout_s=60.0,
+    )
+    late: list[WorkflowEnvironment] = []
+
+    async def start_late() -> None:
+        await asyncio.sleep(2.0)
+        late.append(await start_dev_server(port=port, ui=False))
+
+    stack = DevStack(options)
+    caplog.set_level(logging.WARNING, logger="bigfleet.backoff")
+    starter = asyncio.create_task(start_late())
+    try:
+        await stack.start()
+        assert stack.temporal_address == f"127.0.0.1:{port}"
+        assert stack.client is not None
+        assert await stack.client.service_client.check_health()
+        waited = [r.getMessage() for r in caplog.records if r.name == "bigfleet.backoff"]
+        assert waited and all(f"Temporal at 127.0.0.1:{port}" in m for m in waited), waited
+    finally:
+        await stack.stop()
+        await starter
+        for env in late:
+            await env.shutdown()
+
+
+async def test_without_a_retry_window_an_absent_temporal_fails_at_once(
+    tmp_path: Path, empty_database_url: str
+) -> None:
+    options = DevStackOptions(
+        data_dir=tmp_path,
+        database_url=empty_database_url,
+        temporal_address=f"127.0.0.1:{_free_port()}",
+        clusters=(),
+        coordinator=False,
+        persist=False,
+    )
+    stack = DevStack(options)
+    try:
+        with pytest.raises(RuntimeError, match="connect"):
+            await stack.start()
+    finally:
+        await stack.stop()
