@@ -1212,10 +1212,17 @@ def _hint(err: BaseException) -> str | None:
         detail = f"{err.code().name}: {err.details()}"
     elif not isinstance(err, OSError | TimeoutError):
         return None
-    return (
-        f"cannot reach {what}: {detail[:200]} "
-        "(is `make dev` running? --database-url / --address point elsewhere)"
-    )
+    return f"cannot reach {what}: {detail[:200]} ({_where_to_look()})"
+
+
+def _where_to_look() -> str:
+    """The hint after "cannot reach": a deployment's settings, or the local dev stack."""
+    configured = [
+        v for v in ("BIGFLEET_DATABASE_URL", "BIGFLEET_TEMPORAL_ADDRESS") if os.environ.get(v)
+    ]
+    if configured:
+        return f"check {' / '.join(configured)}, or --database-url / --address"
+    return "is `make dev` running? --database-url / --address point elsewhere"
 
 
 def _temporal_tls(settings: Settings) -> TLSConfig | None:

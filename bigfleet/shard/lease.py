@@ -225,12 +225,16 @@ class LeaseKeeper:
         self._note_stopped("another epoch holds the lease")
         return ShardInactive(str(err))
 
-    def _note_stopped(self, reason: str) -> None:
-        """The moment acting ends: tell the listeners once (sessions close, loops idle)."""
+    def _note_stopped(self, reason: str, *, level: int = logging.ERROR) -> None:
+        """The moment acting ends: tell the listeners once (sessions close, loops idle).
+
+        An error unless the process chose to stop (``level``): a clean shutdown
+        is not an incident.
+        """
         if not self._acting:
             return
         self._acting = False
-        log.error("shard %s epoch %d stops acting: %s", self.shard_id, self.epoch, reason)
+        log.log(level, "shard %s epoch %d stops acting: %s", self.shard_id, self.epoch, reason)
         for listener in self._stop_listeners:
             try:
                 listener(reason)
@@ -382,4 +386,4 @@ class LeaseKeeper:
             except Exception:
                 log.warning("shard %s: releasing the lease failed", self.shard_id, exc_info=True)
         self.lease_ok = False
-        self._note_stopped("it gave its lease up")
+        self._note_stopped("it gave its lease up", level=logging.INFO)
