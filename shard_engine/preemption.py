@@ -389,8 +389,13 @@ def _place_gang(
     codes = domain_codes(catalog, gang)
     base = item.mask
     free = (sheet.free[TIER_IDLE] + sheet.free[TIER_SPECULATIVE]).astype(np.float64)
-    victims = np.zeros(len(catalog))
-    np.add.at(victims, groups.profile[eligible], groups.available[eligible])
+    # Preemptible machines per profile. Whole counts, so summing them in float64
+    # is exact in any order (``np.add.at`` said the same, several times slower).
+    victims = np.bincount(
+        groups.profile[eligible],
+        weights=groups.available[eligible].astype(np.float64),
+        minlength=len(catalog),
+    )
     previous_key = demand.keys[item.index]
     choice = choose_gang_domain(
         codes=codes,

@@ -49,6 +49,25 @@ class GangChoice:
     reason: str = ""
 
 
+def _distinct(codes: CodeArray) -> tuple[CodeArray, CodeArray]:
+    """``np.unique(codes, return_inverse=True)`` for non-negative codes, without sorting.
+
+    Domain codes are small dense integers (the catalog numbers label
+    values), so a presence table and its running count give the sorted
+    distinct codes and each code's rank directly; ``np.unique`` sorts, which
+    costs several times more at the sizes a gang sees. Codes spread too
+    thinly for a table (several topology keys combined) take ``np.unique``.
+    """
+    size = int(codes.max()) + 1
+    if size > 4 * len(codes) + 1024:
+        uniq, dense = np.unique(codes, return_inverse=True)
+        return uniq, dense.reshape(-1)
+    present = np.zeros(size, dtype=np.bool_)
+    present[codes] = True
+    rank = np.cumsum(present) - 1
+    return np.flatnonzero(present).astype(np.int64), rank[codes].astype(np.int64)
+
+
 def choose_gang_domain(
     *,
     codes: CodeArray,
@@ -73,7 +92,7 @@ def choose_gang_domain(
     eligible = np.flatnonzero(mask & (codes >= 0))
     if len(eligible) == 0:
         return GangChoice(None, "no profile carries the gang's topology label")
-    uniq, dense = np.unique(codes[eligible], return_inverse=True)
+    uniq, dense = _distinct(codes[eligible])
     count = len(uniq)
     shapes = alloc[eligible]
     have = held[eligible]

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
+
 from shard_engine.engine import ShardEngine
 from shard_engine.model import MachineState
+from shard_engine.topology import _distinct
 from tests.unit.engine.engine_fleet import (
     Carrier,
     fleet,
@@ -114,3 +117,15 @@ def test_existing_machines_count_toward_the_spread() -> None:
     ids = machine_ids(engine.cycle(now=1).actions)
 
     assert zones_of(engine, ids) == {"b": 2}
+
+
+def test_distinct_domain_codes_equal_numpy_unique_with_inverse() -> None:
+    rng = np.random.default_rng(1)
+    for _ in range(500):
+        top = int(rng.integers(1, 5000))
+        codes = rng.integers(0, top, size=int(rng.integers(1, 300))).astype(np.int64)
+        uniq, inverse = np.unique(codes, return_inverse=True)
+        found, dense = _distinct(codes)
+        assert found.dtype == uniq.dtype
+        assert np.array_equal(found, uniq)
+        assert np.array_equal(dense, inverse.reshape(-1))
