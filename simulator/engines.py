@@ -313,7 +313,6 @@ class WorkerEngines(Engines):
         context = multiprocessing.get_context("fork")
         self._workers: list[_Worker] = []
         self._where: dict[str, _Worker] = {}
-        gc.collect()
         gc.freeze()  # the children would otherwise copy every page the collector touches
         try:
             for w in range(workers):
