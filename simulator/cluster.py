@@ -99,6 +99,8 @@ class ClusterModel:
         # pod -> (placement, reservation, borrows the gap): fixed for a pod's life
         self._vec: dict[str, tuple[FloatArray, FloatArray, bool]] = {}
         self.pending: dict[str, None] = {}
+        # pod -> its scheduling rank (priority descending, then arrival): fixed for a pod's life
+        self._rank: dict[str, tuple[int, float]] = {}
         self.counters = Counters()
         self.dirty = True  # the roll-up changed since it was last built
         self._ids: list[str] = []
@@ -216,6 +218,7 @@ class ClusterModel:
         if pod.name in self.pods:
             return
         self.pods[pod.name] = PodState(spec=pod, arrived=now)
+        self._rank[pod.name] = (-pod.priority, now)
         request = pod.placement(gap=False) if pod.in_gap else pod.placement(gap=self.gap)
         self._keys[pod.name] = (need_key_of(pod), request)
         self.pending[pod.name] = None
@@ -235,6 +238,7 @@ class ClusterModel:
         self.pending.pop(name, None)
         self._keys.pop(name, None)
         self._vec.pop(name, None)
+        self._rank.pop(name, None)
         self.dirty = True
         self._notify.add(self.cluster_id)
 
@@ -325,9 +329,7 @@ class ClusterModel:
         """Place what can be placed; returns pods placed. Gaps close on best-effort pods."""
         if not self.pending or not self._ids:
             return 0
-        order = sorted(
-            self.pending, key=lambda n: (-self.pods[n].spec.priority, self.pods[n].arrived)
-        )
+        order = sorted(self.pending, key=self._rank.__getitem__)
         masks: dict[tuple[Requirement, ...], np.ndarray] = {}
         failed: dict[tuple[Requirement, ...], list[FloatArray]] = {}
         # Free room in total over a kind's matching nodes, as of ``placed`` placements.
