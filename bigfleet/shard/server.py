@@ -64,6 +64,12 @@ class IngestOptions:
     keepalive_timeout_s: float = 10.0
     # Operators may ping this often (a Go operator pings every 30 s by default).
     min_client_ping_s: float = 10.0
+    # A call gRPC's core has received but this server has not yet picked up is
+    # cancelled after this long (core's default is 30 s). A Hello storm on a busy
+    # machine queues calls for longer than that; each must get our own answer
+    # instead (an ack, or RESOURCE_EXHAUSTED with a retry hint), not CANCELLED.
+    # Waiting calls stay bounded by max_pending_requests (below).
+    max_unrequested_s: float = 600.0
 
     def server_options(self) -> list[tuple[str, Any]]:
         return [
@@ -83,6 +89,7 @@ class IngestOptions:
             # answered with RESOURCE_EXHAUSTED and a retry hint (sessions.SessionLimits).
             ("grpc.server.max_pending_requests", 2 * self.limits.max_sessions),
             ("grpc.server.max_pending_requests_hard_limit", 2 * self.limits.max_sessions),
+            ("grpc.server_max_unrequested_time_in_server", int(self.max_unrequested_s)),
         ]
 
 

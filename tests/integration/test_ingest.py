@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from collections.abc import AsyncIterator, Coroutine
@@ -246,9 +247,23 @@ async def test_rollups_arriving_while_the_sessions_loop_lags_are_shed() -> None:
         await p.server.stop(grace=0)
 
 
-async def test_thousands_of_hellos_at_once_are_all_answered(port: Port) -> None:
-    """gRPC's core refuses calls beyond 3,000 not yet picked up by default; ours may not."""
-    count = 3500
+async def test_thousands_of_hellos_at_once_are_all_answered() -> None:
+    """gRPC's core refuses calls beyond 3,000 not yet picked up by default; ours may not.
+
+    Our own overload shedding is off here: a storm of 3,500 Hellos keeps the sessions'
+    loop busy, and on a loaded machine long enough (over a second) for the ``overload``
+    rule to shed some of them with RESOURCE_EXHAUSTED, as ADR 0067 intends. That rule has
+    its own tests; this one is about gRPC's pending-call limit alone, so every refusal it
+    sees comes from gRPC's core.
+    """
+    port = await _port(SessionLimits(shed_lag_s=math.inf, shed_busy=math.inf))
+    try:
+        await _all_answered(port, count=3500)
+    finally:
+        await port.server.stop(grace=0)
+
+
+async def _all_answered(port: Port, *, count: int) -> None:
     channels = [grpc.aio.insecure_channel(port.server.address) for _ in range(10)]
     hold = asyncio.Event()
 
@@ -267,9 +282,9 @@ async def test_thousands_of_hellos_at_once_are_all_answered(port: Port) -> None:
 
     tasks = [asyncio.create_task(hello(i)) for i in range(count)]
     try:
-        for _ in range(600):
-            if len(port.hub) + sum(1 for t in tasks if t.done()) >= count:
-                break
+        deadline = time.monotonic() + 300  # generous: a loaded machine is slow, not wrong
+        while len(port.hub) + sum(1 for t in tasks if t.done()) < count:
+            assert time.monotonic() < deadline, f"{len(port.hub)} of {count} Hellos answered"
             await asyncio.sleep(0.1)
         refused = [t.result() for t in tasks if t.done()]
         assert refused == [] and len(port.hub) == count
