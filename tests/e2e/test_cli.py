@@ -111,7 +111,7 @@ class Cli:
         return handle
 
 
-async def eventually(check: Callable[[], Awaitable[T]], *, what: str, within: float = 20) -> T:
+async def eventually(check: Callable[[], Awaitable[T]], *, what: str, within: float = 60) -> T:
     deadline = time.monotonic() + within
     while True:
         result = await check()
@@ -227,7 +227,7 @@ async def test_abandon_marks_the_machine_failed(cli: Cli) -> None:
     machine_id = cli.configured_machine(2)
     cli.fake.step_s = 0.0
     handle = await cli.drain(machine_id, grace=600, margin_s=600)
-    await eventually(lambda: _listed(cli, machine_id), what="the drain to be visible", within=20)
+    await eventually(lambda: _listed(cli, machine_id), what="the drain to be visible", within=60)
     code, out = await cli.run("machine", "abandon", machine_id)
     assert code == 0 and "phase: DRAINING -> FAILED" in out, out
     result = await handle.result()

@@ -58,11 +58,11 @@ async def _hello(address: str, security: ChannelSecurity | None, cluster: str) -
 
     async def frames() -> AsyncIterator[shard_pb2.OperatorMessage]:
         yield shard_pb2.OperatorMessage(hello=shard_pb2.Hello(cluster_id=cluster))
-        await asyncio.sleep(5)
+        await asyncio.sleep(60)
 
     try:
         call = shard_pb2_grpc.ShardStub(chan).Session(frames())
-        frame = await asyncio.wait_for(call.read(), timeout=10)
+        frame = await asyncio.wait_for(call.read(), timeout=60)
         assert isinstance(frame, shard_pb2.ShardMessage)
         call.cancel()
         return frame.ack.echo

@@ -129,7 +129,7 @@ async def rig(tmp_path: Path, empty_database_url: str) -> AsyncIterator[Rig]:
             adapter, rest_listen="127.0.0.1:0", grpc_listen="127.0.0.1:0"
         )
         try:
-            await eventually(lambda: adapter.pool.connected, within=20, what="the shard session")
+            await eventually(lambda: adapter.pool.connected, within=60, what="the shard session")
             # The shard's supply hints reach the adapter once it owns the cloud's 8 machines.
             await eventually(
                 lambda: adapter.pool.supply() == 8, within=30, what="supply hints for 8 machines"
@@ -175,7 +175,7 @@ async def test_a_scheduler_scales_0_to_6_to_2_over_rest_keeping_its_named_worker
     assert rig.workers() == set(keep)
     await eventually(
         lambda: scheduler.config is not None and scheduler.config.available == 2,
-        within=10,
+        within=60,
         what="available down to 2",
     )
     await scheduler.stop()
@@ -226,7 +226,7 @@ async def test_bad_rest_requests_get_the_seeds_answers_and_change_nothing(rig: R
         async with http.get(rig.rest_url + "/scale_config") as resp:
             assert resp.status == 200
         rig.adapter.session.start()
-        await eventually(lambda: rig.adapter.pool.connected, within=20, what="the session back")
+        await eventually(lambda: rig.adapter.pool.connected, within=60, what="the session back")
         status, _ = await post('{"amount": 1, "workers_to_keep": null, "workers_to_delete": null}')
         assert status == 204
 
@@ -243,7 +243,7 @@ async def test_over_grpc_a_higher_priority_cluster_preempts_the_pool_and_the_str
 
     follower = asyncio.create_task(follow())
     try:
-        await eventually(lambda: seen, within=5, what="the first ScaleConfig message")
+        await eventually(lambda: seen, within=60, what="the first ScaleConfig message")
         assert (seen[0].desired, seen[0].min) == (0, 0)
 
         await client.scale_to(6)
@@ -252,13 +252,13 @@ async def test_over_grpc_a_higher_priority_cluster_preempts_the_pool_and_the_str
         )
         assert seen[-1].desired == 6
         # The shard's supply hints bound max: 6 live workers + 2 free machines = 8.
-        await eventually(lambda: seen[-1].max == 8, within=10, what="max from the supply hints")
+        await eventually(lambda: seen[-1].max == 8, within=60, what="max from the supply hints")
 
         # An administrator lowers the pool's max: the stream shows it without a restart.
         document = yaml.safe_load(rig.pool_file.read_text())
         document["max"] = 7
         rig.pool_file.write_text(yaml.safe_dump(document))
-        await eventually(lambda: seen[-1].max == 7, within=10, what="max 7 streamed")
+        await eventually(lambda: seen[-1].max == 7, within=60, what="max 7 streamed")
         with pytest.raises(ScalingError) as above:
             await client.scale_to(8)
         assert above.value.status == "INVALID_ARGUMENT"
@@ -295,7 +295,7 @@ async def test_over_grpc_a_higher_priority_cluster_preempts_the_pool_and_the_str
             assert seen[-1].desired == 6  # the target stands; BigFleet could not keep it
             assert rig.adapter.pool.reclaimed_total >= 2
             await eventually(
-                lambda: seen[-1].max == 4, within=10, what=f"max down to 4 ({seen[-1]})"
+                lambda: seen[-1].max == 4, within=60, what=f"max down to 4 ({seen[-1]})"
             )
             # Meanwhile nothing higher is accepted than the pool can get.
             with pytest.raises(ScalingError):
@@ -306,16 +306,21 @@ async def test_over_grpc_a_higher_priority_cluster_preempts_the_pool_and_the_str
         # Lost session: ScaleTo is UNAVAILABLE, which the scheduler retries until it is back.
         await rig.adapter.session.stop()
 
+        attempts_before = client.attempts
+
         async def come_back() -> None:
-            await asyncio.sleep(1.5)
+            # Back once the first request was refused (a retry is sent only after a
+            # refusal), whenever that is on a loaded machine.
+            await eventually(
+                lambda: client.attempts >= attempts_before + 2, within=60, what="a retry"
+            )
             rig.adapter.session.start()
 
         back = asyncio.create_task(come_back())
-        attempts_before = client.attempts
         await client.scale_to(4)
         await back
         assert client.attempts - attempts_before >= 2
-        await eventually(lambda: seen[-1].desired == 4, within=5, what="desired 4 streamed")
+        await eventually(lambda: seen[-1].desired == 4, within=60, what="desired 4 streamed")
     finally:
         follower.cancel()
         await asyncio.gather(follower, return_exceptions=True)

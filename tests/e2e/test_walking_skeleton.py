@@ -114,7 +114,7 @@ async def test_a_cluster_rollup_becomes_configured_machines(
     await _eventually(configured_cpu, within=90, what="12 cores configured for the cluster")
 
     # The operator was told about its nodes over the session.
-    await _eventually(lambda: cluster.configured_nodes(), within=15, what="NodeStateUpdate frames")
+    await _eventually(lambda: cluster.configured_nodes(), within=60, what="NodeStateUpdate frames")
     assert "rollup" in cluster.acks and cluster.bootstrap_requests >= 1
 
     # The machines' workflows completed in Temporal and are findable by cluster.

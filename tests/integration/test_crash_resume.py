@@ -159,7 +159,7 @@ async def _configured_machine(rig: Rig) -> str:
     return machine_id
 
 
-async def _until(rig: Rig, machine_id: str, state: int, within: float = 20.0) -> None:
+async def _until(rig: Rig, machine_id: str, state: int, within: float = 60.0) -> None:
     deadline = time.monotonic() + within
     while (await rig.client.get(machine_id)).state != state:
         if time.monotonic() > deadline:
@@ -211,7 +211,7 @@ async def test_a_drain_survives_a_killed_worker_without_a_second_provider_drain(
         id=f"shard-crash/drain/{machine_id}/1",
         task_queue=queue,
     )
-    await _drain_activity_completed(handle, within=30)
+    await _drain_activity_completed(handle, within=90)
     assert (await rig.client.get(machine_id)).state == provider_pb2.MACHINE_STATE_DRAINING
 
     first.send_signal(signal.SIGKILL)

@@ -80,7 +80,7 @@ class Client:
         self.thread.start()
         self.stream: Any = None
 
-    def run(self, coro: Coroutine[Any, Any, Any], within: float = 10.0) -> Any:
+    def run(self, coro: Coroutine[Any, Any, Any], within: float = 60.0) -> Any:
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         return future.result(within)
 

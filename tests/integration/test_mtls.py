@@ -39,6 +39,7 @@ from providers.model import State
 from providers.server import RunningProvider, start_provider_server
 from shard_engine.engine import ShardEngine
 from shard_engine.model import Rollup
+from tests.integration.multishard import eventually
 from tests.integration.pki import Pki
 
 CLUSTER = Identity(Role.CLUSTER, "c1")
@@ -129,7 +130,7 @@ class Operator:
         return await self.recv()
 
     async def recv(self) -> shard_pb2.ShardMessage:
-        frame = await asyncio.wait_for(self.call.read(), timeout=5)
+        frame = await asyncio.wait_for(self.call.read(), timeout=60)
         assert isinstance(frame, shard_pb2.ShardMessage)
         return frame
 
@@ -467,10 +468,9 @@ async def test_the_nanook_adapter_dials_its_shard_with_its_cluster_certificate(
     )
     session.start()
     try:
-        for _ in range(100):
-            if shard.sink.engine.summary().needs:
-                break
-            await asyncio.sleep(0.05)
+        await eventually(
+            lambda: shard.sink.engine.summary().needs, within=60, what="the pool's roll-up"
+        )
         assert pool.connected and shard.hub.clusters() == ["c1"]
         assert shard.sink.engine.summary().needs == 1
     finally:
@@ -485,10 +485,11 @@ async def test_the_nanook_adapter_cannot_speak_for_another_cluster(shard: TlsSha
     )
     session.start()
     try:
-        for _ in range(100):
-            if refusals(SHARD_SERVICE, "name-mismatch") > before:
-                break
-            await asyncio.sleep(0.05)
+        await eventually(
+            lambda: refusals(SHARD_SERVICE, "name-mismatch") > before,
+            within=60,
+            what="the refusal",
+        )
         assert refusals(SHARD_SERVICE, "name-mismatch") > before
         assert not pool.connected and shard.hub.clusters() == []
     finally:

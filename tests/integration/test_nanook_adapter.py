@@ -303,7 +303,7 @@ async def test_bigfleet_nanook_serve_runs_the_adapter_until_terminated(
         assert shard.hub.clusters() == [CLUSTER]
     finally:
         process.send_signal(signal.SIGTERM)
-        _, stderr = await asyncio.wait_for(process.communicate(), timeout=20)
+        _, stderr = await asyncio.wait_for(process.communicate(), timeout=60)
     assert process.returncode == 0, stderr.decode()[-2000:]
 
 

@@ -256,7 +256,7 @@ def _hello(cluster_id: str) -> bytes:
 async def _ack(call: grpc.aio.StreamStreamCall[bytes, shard_pb2.ShardMessage]) -> str:
     """The echo of the next acknowledgement (other frames are skipped)."""
     while True:
-        frame = await asyncio.wait_for(call.read(), timeout=20)
+        frame = await asyncio.wait_for(call.read(), timeout=60)
         assert frame is not EOF, "the stream ended where an answer was due"
         assert isinstance(frame, shard_pb2.ShardMessage)
         if frame.WhichOneof("payload") == "ack":
@@ -267,7 +267,7 @@ async def _drain(call: grpc.aio.StreamStreamCall[bytes, shard_pb2.ShardMessage])
     """Read to the end of the stream; the first ack's echo (if any)."""
     echo = ""
     try:
-        while (frame := await asyncio.wait_for(call.read(), timeout=20)) is not EOF:
+        while (frame := await asyncio.wait_for(call.read(), timeout=60)) is not EOF:
             assert isinstance(frame, shard_pb2.ShardMessage)
             echo = echo or frame.ack.echo
     except grpc.aio.AioRpcError:
@@ -293,7 +293,7 @@ class Operator:
     async def finish(self) -> None:
         if self.call is not None:
             await self.call.done_writing()
-            assert await asyncio.wait_for(self.call.read(), timeout=20) is EOF
+            assert await asyncio.wait_for(self.call.read(), timeout=60) is EOF
             assert await self.call.code() == grpc.StatusCode.OK
             self.call = None
 
