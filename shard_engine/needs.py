@@ -443,7 +443,14 @@ class NeedsTable:
         same = self._entries.get(found) if found is not None else None
         # How many leading rows equal the last roll-up's (validation reuses them
         # without comparing again): all of them is the unchanged re-send.
-        equal = _equal_prefix(rollup.needs, same.received) if same is not None else 0
+        equal = 0
+        if same is not None:
+            # One C-level comparison settles the usual re-send; only a changed roll-up
+            # walks its rows to find where it starts to differ.
+            if rollup.needs == same.received:
+                equal = len(same.received)
+            else:
+                equal = _equal_prefix(rollup.needs, same.received)
         if (
             same is not None
             and same.applied_ns is not None

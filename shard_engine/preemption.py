@@ -286,8 +286,11 @@ def _preempt_for(
         if placed is None:
             return
         mask = placed
-    helpful = (alloc[groups.profile][:, deficit > 0] > 0).any(axis=1)
-    at = np.flatnonzero(eligible & helpful)
+    # Of the eligible groups, those offering something still missing. Judged on the
+    # eligible few only: gathering every group's shape cost more than the rest of
+    # the need's Phase 2 together.
+    at = np.flatnonzero(eligible)
+    at = at[(alloc[groups.profile[at]][:, deficit > 0] > 0).any(axis=1)]
     item.victims_available += int(groups.available[at].sum())
     if len(at) == 0 or not deficit.any():
         return
