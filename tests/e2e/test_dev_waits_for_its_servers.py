@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -40,12 +41,21 @@ async def test_the_dev_stack_waits_for_a_temporal_that_comes_up_late(
         clusters=(),
         coordinator=False,
         persist=False,
-        connect_timeout_s=60.0,
+        connect_timeout_s=120.0,
     )
     late: list[WorkflowEnvironment] = []
 
+    def waited() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "bigfleet.backoff"]
+
     async def start_late() -> None:
-        await asyncio.sleep(2.0)
+        # Temporal comes up once the stack has found it absent and said it waits
+        # (however long the stack takes to get there), not after a fixed pause.
+        deadline = time.monotonic() + 60
+        while True:
+            if waited() or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
         late.append(await start_dev_server(port=port, ui=False))
 
     stack = DevStack(options)
@@ -56,8 +66,8 @@ async def test_the_dev_stack_waits_for_a_temporal_that_comes_up_late(
         assert stack.temporal_address == f"127.0.0.1:{port}"
         assert stack.client is not None
         assert await stack.client.service_client.check_health()
-        waited = [r.getMessage() for r in caplog.records if r.name == "bigfleet.backoff"]
-        assert waited and all(f"Temporal at 127.0.0.1:{port}" in m for m in waited), waited
+        said = waited()
+        assert said and all(f"Temporal at 127.0.0.1:{port}" in m for m in said), said
     finally:
         await stack.stop()
         await starter
