@@ -17,6 +17,9 @@ a running workflow is left alone: that workflow records its own outcome.
     unowned           the provider has a machine past SPECULATIVE that no shard owns:
                       reported, never acted on
     vanished          the record owns a machine its provider no longer lists: reported
+    adopted           the record names this shard as the owner of a machine the shard does
+                      not hold (a hand-over whose receiving step failed for good): the
+                      shard takes it over, as the hand-over's second step would have
     stale-flight      the engine holds a machine in flight with no workflow running for
                       it (the workflow ended without settling): release it, so the
                       machine can be planned again — a leaked machine becomes reclaimable
@@ -56,6 +59,7 @@ class RepairKind(enum.StrEnum):
     VANISHED = "vanished"
     STALE_FLIGHT = "stale-flight"
     ENGINE_REFRESHED = "engine-refreshed"
+    ADOPTED = "adopted"
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +118,7 @@ def find_drift(
     in_flight_since: Mapping[str, float],
     busy: Collection[str],
     held: Collection[str] = (),
+    unheld: Mapping[str, Recorded] | None = None,
     now: float,
     stale_after_s: float,
 ) -> tuple[Repair, ...]:
@@ -126,8 +131,19 @@ def find_drift(
     workflows; ``held`` those the engine keeps out of its view on purpose
     (quarantined, declared failed, leaving for another shard).
     ``in_flight_since`` is when the engine marked each machine in flight.
+    ``unheld`` holds rows that name this shard but that the shard does not hold.
     """
     repairs: list[Repair] = []
+    for machine_id, mine in sorted((unheld or {}).items()):
+        repairs.append(
+            Repair(
+                RepairKind.ADOPTED,
+                machine_id,
+                mine.provider,
+                "recorded as this shard's, not held",
+                "held" + (f", bound to {mine.cluster}" if mine.cluster else ""),
+            )
+        )
     seen: set[str] = set()
     for m in listed:
         seen.add(m.machine_id)

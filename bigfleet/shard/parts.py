@@ -48,7 +48,8 @@ from bigfleet.shard.terms import CoordinatorTerms
 from bigfleet.shard.transfers import CrossShardTransfers
 from bigfleet.store import Store
 from shard_engine.engine import ShardEngine
-from workflows.contracts import DeadlinePolicy
+from workflows.contracts import DeadlinePolicy, MachineTarget
+from workflows.coordinator_contracts import AdoptInput
 
 __all__ = ["ShardParts", "assemble"]
 
@@ -163,6 +164,11 @@ def assemble(
         terms=terms,
         clock=clock,
     )
+
+    async def adopt_unheld(targets: list[MachineTarget]) -> int:
+        """Take over rows that name this shard but that it does not hold (reconcile)."""
+        return (await transfers.adopt_machines(AdoptInput(terms.highest, 0, targets))).adopted
+
     reconciler = Reconciler(
         store,
         lease=lease,
@@ -175,6 +181,7 @@ def assemble(
         temporal=temporal,
         clock=clock,
         interval_s=options.reconcile_interval_s,
+        adopt=adopt_unheld,
     )
     context = ShardActivityContext(
         lease=lease,

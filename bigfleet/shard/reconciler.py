@@ -8,6 +8,7 @@
       binding-recorded / -cleared  Store.reconcile_binding (CAS, logged as "reconcile")
       stale-flight                 engine.settle with the provider's view: plannable again
       engine-refreshed             ProviderObserver.observe
+      adopted                      a hand-over's receiving step (adopt_machines)
       unowned / vanished           reported only
     each repair: one log line naming the machine and the change, and
     bigfleet_reconcile_repairs_total{kind} += 1
@@ -27,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from temporalio.client import Client
@@ -47,6 +48,7 @@ from shard_engine.drift import Believed, Listed, Recorded, Repair, RepairKind, f
 from shard_engine.engine import ShardEngine
 from shard_engine.model import MachineRecord, MachineState
 from workflows import search_attributes as sa
+from workflows.contracts import MachineTarget
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +114,7 @@ class Reconciler:
         clock: Callable[[], float],
         interval_s: float,
         visibility_lag_s: float = 2.0,
+        adopt: Callable[[list[MachineTarget]], Awaitable[int]] | None = None,
     ) -> None:
         self._store = store
         self._lease = lease
@@ -125,6 +128,7 @@ class Reconciler:
         self._clock = clock
         self.interval_s = interval_s
         self._lag_s = visibility_lag_s
+        self._adopt = adopt
         # A flight younger than this is never judged stale (its workflow may be
         # starting): at least the visibility lag, at most one period.
         self.stale_after_s = max(3 * visibility_lag_s, min(30.0, interval_s))
@@ -144,6 +148,16 @@ class Reconciler:
             for r in rows
             if r.machine_id in owned
         }
+        # Ours by the record, not held: a hand-over whose receiving step never ran.
+        unheld = (
+            {
+                r.machine_id: Recorded(r.machine_id, r.provider, r.cluster_id)
+                for r in rows
+                if r.machine_id not in owned and r.machine_id not in self._holdings.leaving
+            }
+            if self._adopt is not None
+            else {}
+        )
         owners = await self._store.owners(list(listing))
         busy = await running_machines(self._temporal, shard_id)
         listed_at = time.monotonic()
@@ -168,6 +182,7 @@ class Reconciler:
             in_flight_since=self._engine.in_flight_since(),
             busy=busy,
             held=held,
+            unheld=unheld,
             now=self._clock(),
             stale_after_s=self.stale_after_s,
         )
@@ -259,6 +274,9 @@ class Reconciler:
         elif kind is RepairKind.ENGINE_REFRESHED:
             seen = listing[repair.machine_id]
             self._observer.observe(seen.provider, seen.machine)
+        elif kind is RepairKind.ADOPTED:
+            assert self._adopt is not None
+            changed = await self._adopt([MachineTarget(repair.machine_id, repair.provider)]) > 0
         else:
             changed = False  # unowned, vanished: reported, not acted on
         if changed or kind in (RepairKind.UNOWNED, RepairKind.VANISHED):

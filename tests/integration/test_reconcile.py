@@ -203,3 +203,21 @@ async def test_a_binding_the_provider_dropped_is_cleared_from_the_record(world: 
     )
     log = await world.store.assignment_log(machine_id)
     assert log[-1][0] == "reconcile" and log[-1][2] is None
+
+
+async def test_a_machine_recorded_as_the_shards_but_not_held_is_adopted(world: World) -> None:
+    """A hand-over whose receiving step failed for good: the row names this shard, the
+    shard never loaded the machine. One reconcile period later it holds and plans it."""
+    listed = (await world.client.list()).machines
+    machine_id = next(m.id for m in listed if m.id not in world.shard.owned)
+    await world.store.assign_unowned("shard-0", "simcloud", [machine_id], term=1)
+    assert machine_id not in world.shard.owned
+
+    async def held() -> bool:
+        return (
+            machine_id in world.shard.owned and world.shard.engine.machine(machine_id) is not None
+        )
+
+    await eventually(held, within=60.0, what="the unheld machine to be adopted")
+    kinds = {r.kind for rnd in world.shard.parts.reconciler.rounds for r in rnd.applied}
+    assert RepairKind.ADOPTED in kinds

@@ -156,3 +156,31 @@ def test_when_everything_agrees_there_is_nothing_to_repair(
         recorded[mid] = Recorded(mid, "p", bound or None)
         believed[mid] = Believed(state, bound)
     assert _drift(listed, recorded=recorded, believed=believed) == []
+
+
+def test_a_row_naming_this_shard_that_it_does_not_hold_is_adopted() -> None:
+    """A hand-over moved the row to this shard and its receiving step never ran."""
+    repairs = find_drift(
+        listed=[Listed("m9", "p", S.CONFIGURED, "c1")],
+        listed_providers={"p"},
+        recorded={},
+        owners={"m9": "s1"},
+        believed={},
+        in_flight_since={},
+        busy=(),
+        unheld={"m9": Recorded("m9", "p", "c1")},
+        now=NOW,
+        stale_after_s=30.0,
+    )
+    assert [(r.kind, r.machine_id, r.after) for r in repairs] == [
+        (RepairKind.ADOPTED, "m9", "held, bound to c1")
+    ]
+
+
+def test_without_unheld_rows_nothing_is_adopted() -> None:
+    drift = _drift(
+        [Listed("m1", "p", S.IDLE)],
+        recorded={"m1": Recorded("m1", "p", None)},
+        believed={"m1": Believed(S.IDLE)},
+    )
+    assert RepairKind.ADOPTED not in [d[0] for d in drift]
