@@ -10,9 +10,8 @@ from __future__ import annotations
 import asyncio
 import socket
 import sys
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -25,6 +24,7 @@ from temporalio.worker import Worker
 from activities.registry import activities_for
 from bigfleet.temporal import start_dev_server
 from providers.model import FencingToken
+from tests.waiting import eventually
 from tests.workflows.harness import PROVIDER, AdvancingProvider, HarnessContext
 from workflows.contracts import (
     Deadlines,
@@ -109,17 +109,6 @@ class Cli:
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         )
         return handle
-
-
-async def eventually(check: Callable[[], Awaitable[T]], *, what: str, within: float = 60) -> T:
-    deadline = time.monotonic() + within
-    while True:
-        result = await check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never happened: {what}")
-        await asyncio.sleep(0.2)
 
 
 @pytest.fixture(scope="module")

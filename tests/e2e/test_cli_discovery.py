@@ -14,10 +14,8 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -25,6 +23,7 @@ from bigfleet.config import Settings
 from bigfleet.devstack import DevStack, DevStackOptions
 from bigfleet.endpoints import ENDPOINTS_FILE
 from clusters.operator import DemandPattern
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -48,19 +47,6 @@ async def bigfleet(checkout: Path, *args: str) -> tuple[int, str]:
     out, _ = await proc.communicate()
     assert proc.returncode is not None
     return proc.returncode, out.decode()
-
-
-async def eventually(check: Callable[[], Any], *, within: float, what: str) -> Any:
-    deadline = time.monotonic() + within
-    while True:
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within:g} s waiting for {what}")
-        await asyncio.sleep(0.5)
 
 
 @pytest.fixture

@@ -7,8 +7,7 @@ import os
 import signal
 import socket
 import sys
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,23 +16,11 @@ import pytest
 from bigfleet.devstack import DevStack, DevStackOptions
 from bigfleet.endpoints import ENDPOINTS_FILE
 from clusters.operator import DemandPattern
+from tests.waiting import eventually
 from workflows import search_attributes as sa
 from workflows.drain import DrainWorkflow
 
 pytestmark = pytest.mark.e2e
-
-
-async def eventually(check: Callable[[], Any], *, within: float, what: str) -> Any:
-    deadline = time.monotonic() + within
-    while True:
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within:g} s waiting for {what}")
-        await asyncio.sleep(0.5)
 
 
 def _free_port() -> int:

@@ -10,9 +10,7 @@ is configured for ``high``.
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -21,22 +19,12 @@ import pytest
 from bigfleet.devstack import DevStack
 from clusters.operator import SimulatedCluster
 from tests.integration.multishard import configured_for, gpu_demand, options
+from tests.waiting import eventually
 from workflows import search_attributes as sa
 
 pytestmark = pytest.mark.e2e
 
 T = TypeVar("T")
-
-
-async def eventually(check: Callable[[], Awaitable[T]], *, what: str, within: float = 60) -> T:
-    deadline = time.monotonic() + within
-    while True:
-        result = await check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.2)
 
 
 @pytest.fixture

@@ -9,8 +9,7 @@ follows seed 003's retry rules, over REST and over gRPC.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,25 +26,13 @@ from nanook.client import GrpcScalingClient, RestScalingClient, ScalingError, Sc
 from nanook.config import parse_pool_config
 from nanook.pool import ScaleConfig
 from shard_engine.config import EngineConfig
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.e2e
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 CLUSTER = "nanook-e2e"
 INSTANCE_TYPE = "node.kubernetes.io/instance-type"
-
-
-async def eventually(check: Callable[[], Any], *, within: float, what: str) -> Any:
-    deadline = time.monotonic() + within
-    while True:
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within:g} s waiting for {what}")
-        await asyncio.sleep(0.2)
 
 
 @dataclass

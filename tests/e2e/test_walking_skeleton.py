@@ -8,7 +8,6 @@ operator speaking Shard/Session — all in this process, on free ports.
 from __future__ import annotations
 
 import asyncio
-import time
 import urllib.request
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -23,6 +22,7 @@ from clusters.operator import DemandPattern
 from providers.core import ProviderCore
 from providers.model import FencingToken
 from shard_engine.quantity import parse_quantity
+from tests.waiting import eventually as _eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -50,19 +50,6 @@ class TokenRecorder:
             return original(machine_id, *args, **kwargs)
 
         return call
-
-
-async def _eventually(check: Callable[[], Any], *, within: float, what: str) -> Any:
-    deadline = time.monotonic() + within
-    while True:
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within:g} s waiting for {what}")
-        await asyncio.sleep(0.25)
 
 
 @pytest.fixture

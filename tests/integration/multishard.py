@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar, overload
+from typing import TypeVar
 
 from bigfleet.devstack import DevStack, DevStackOptions
 from bigfleet.shard.process import ShardProcess
 from bigfleet.v1alpha1 import provider_pb2
 from clusters.operator import DemandPattern
+from tests.waiting import eventually as eventually  # re-exported for the multi-shard tests
 
 TINY_CLOUD = Path(__file__).resolve().parents[1] / "fixtures" / "tiny_cloud.json"
 GPU_TYPE = ("node.kubernetes.io/instance-type", 1, ("p5.48xlarge",))
@@ -54,37 +52,6 @@ def options(tmp: Path, db_url: str, **kw: object) -> DevStackOptions:
     }
     base.update(kw)
     return DevStackOptions(**base)  # type: ignore[arg-type]
-
-
-@overload
-async def eventually(
-    check: Callable[[], Awaitable[T | None]], *, within: float = ..., what: str = ...
-) -> T: ...
-
-
-@overload
-async def eventually(
-    check: Callable[[], T | None], *, within: float = ..., what: str = ...
-) -> T: ...
-
-
-async def eventually(
-    check: Callable[[], Awaitable[T | None] | T | None],
-    *,
-    within: float = 60.0,
-    what: str = "condition",
-) -> T:
-    """Poll ``check`` (a value or a coroutine) until it is truthy; return that value."""
-    deadline = time.monotonic() + within
-    while True:
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return result  # type: ignore[return-value]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within:g} s waiting for {what}")
-        await asyncio.sleep(0.2)
 
 
 async def coordinator_settled(stack: DevStack, *, more_rounds: int, within: float = 60.0) -> None:

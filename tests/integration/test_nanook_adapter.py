@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from nanook.client import GrpcScalingClient, ScalingError
 from nanook.config import parse_pool_config
 from shard_engine.engine import ShardEngine
 from shard_engine.model import CapacityType, MachineRecord, MachineState, Rollup
+from tests.waiting import eventually
 
 CLUSTER = "nanook-it"
 POOL: dict[str, Any] = {
@@ -83,18 +84,6 @@ async def shard() -> AsyncIterator[Shard]:
         yield Shard(f"127.0.0.1:{port}", hub, sink, server)
     finally:
         await server.stop(None)
-
-
-async def eventually(check: Callable[[], Any], *, within: float = 10.0) -> Any:
-    deadline = time.monotonic() + within
-    while True:
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return result
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.05)
 
 
 @pytest.fixture
