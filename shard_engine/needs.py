@@ -297,7 +297,7 @@ def validate_rollup(
     for i, raw in enumerate(rollup.needs):
         field = f"needs[{i}]"
         before = previous[i] if i < len(previous) else None
-        if before is not None and (i < equal or raw == before[0]):
+        if before is not None and (i < equal or raw is before[0] or raw == before[0]):
             need, key = before[1], before[2]
         elif before is not None and _same_identity(raw, before[0]):
             aggregate, unit = _sizes(raw, field=field)
