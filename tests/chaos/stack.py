@@ -36,6 +36,7 @@ from clusters.operator import DemandPattern, SimulatedCluster
 from providers.client import ProviderClient
 from providers.errors import ProviderError
 from tests.chaos.faultproxy import FaultProxy
+from tests.ports import free_port as free_port  # re-exported for the scenarios
 from workflows import search_attributes as sa
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,13 +71,6 @@ DEMAND = {
         priority=100_000,
     ),
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def through(url: str, address: str) -> str:

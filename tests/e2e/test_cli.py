@@ -8,7 +8,6 @@ fake; the CLI runs as a subprocess, exactly as an operator would run it.
 from __future__ import annotations
 
 import asyncio
-import socket
 import sys
 import uuid
 from collections.abc import AsyncIterator
@@ -24,6 +23,7 @@ from temporalio.worker import Worker
 from activities.registry import activities_for
 from bigfleet.temporal import start_dev_server
 from providers.model import FencingToken
+from tests.ports import free_port
 from tests.waiting import eventually
 from tests.workflows.harness import PROVIDER, AdvancingProvider, HarnessContext
 from workflows.contracts import (
@@ -40,13 +40,6 @@ from workflows.registry import ALL_WORKFLOWS
 pytestmark = pytest.mark.e2e
 
 T = TypeVar("T")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass
@@ -113,7 +106,7 @@ class Cli:
 
 @pytest.fixture(scope="module")
 async def dev_server() -> AsyncIterator[WorkflowEnvironment]:
-    env = await start_dev_server(port=_free_port(), ui=False)
+    env = await start_dev_server(port=free_port(), ui=False)
     try:
         yield env
     finally:

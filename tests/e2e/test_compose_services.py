@@ -26,7 +26,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -41,6 +40,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from bigfleet.store import Database, Store
 from bigfleet.temporal import binary
+from tests.ports import free_port
 from workflows.coordinator_contracts import COORDINATOR_ID
 
 pytestmark = pytest.mark.e2e
@@ -58,13 +58,6 @@ def _compose() -> dict[str, Any]:
     data = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     assert isinstance(data, dict)
     return data
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _interpolate(text: str) -> str:
@@ -85,7 +78,7 @@ class Loopback:
     def port(self, service: str, port: int) -> int:
         if service == "temporal" and port == 7233:
             return self.temporal_port
-        return self.ports.setdefault((service, port), _free_port())
+        return self.ports.setdefault((service, port), free_port())
 
     def text(self, service: str, value: str) -> str:
         value = _interpolate(str(value))
@@ -293,7 +286,7 @@ def _ours(services: Mapping[str, Any]) -> set[str]:
 async def temporal_server() -> AsyncIterator[tuple[int, Client]]:
     """A Temporal dev server with no BigFleet search attribute registered (as a fresh
     Temporal on PostgreSQL has none): the processes register them."""
-    port = _free_port()
+    port = free_port()
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(binary("temporal")), port=port, ui=False
     )

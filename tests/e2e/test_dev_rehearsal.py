@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,18 +15,12 @@ import pytest
 from bigfleet.devstack import DevStack, DevStackOptions
 from bigfleet.endpoints import ENDPOINTS_FILE
 from clusters.operator import DemandPattern
+from tests.ports import free_port
 from tests.waiting import eventually
 from workflows import search_attributes as sa
 from workflows.drain import DrainWorkflow
 
 pytestmark = pytest.mark.e2e
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @pytest.fixture
@@ -83,9 +76,9 @@ async def test_ctrl_c_stops_the_dev_stack_with_one_line(
     args = [
         sys.executable, "-m", "bigfleet", "dev",
         "--data-dir", str(tmp_path),
-        "--temporal-port", str(_free_port()),
-        "--ui-port", str(_free_port()),
-        "--shard-port", str(_free_port()),
+        "--temporal-port", str(free_port()),
+        "--ui-port", str(free_port()),
+        "--shard-port", str(free_port()),
         "--metrics-port", "0",
         "--temporal-metrics-port", "0",
         "--summary-every", "1",

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import time
 from pathlib import Path
 
@@ -18,21 +17,15 @@ from temporalio.testing import WorkflowEnvironment
 
 from bigfleet.devstack import DevStack, DevStackOptions
 from bigfleet.temporal import start_dev_server
+from tests.ports import free_port
 
 pytestmark = pytest.mark.e2e
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 async def test_the_dev_stack_waits_for_a_temporal_that_comes_up_late(
     tmp_path: Path, empty_database_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    port = _free_port()
+    port = free_port()
     options = DevStackOptions(
         data_dir=tmp_path,
         database_url=empty_database_url,
@@ -81,7 +74,7 @@ async def test_without_a_retry_window_an_absent_temporal_fails_at_once(
     options = DevStackOptions(
         data_dir=tmp_path,
         database_url=empty_database_url,
-        temporal_address=f"127.0.0.1:{_free_port()}",
+        temporal_address=f"127.0.0.1:{free_port()}",
         clusters=(),
         coordinator=False,
         persist=False,

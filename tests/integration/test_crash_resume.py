@@ -15,7 +15,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import sys
 import time
 import uuid
@@ -37,6 +36,7 @@ from providers.core import ProviderCore
 from providers.kinds import build_provider
 from providers.model import Ack, FencingToken
 from providers.server import RunningProvider, start_provider_server
+from tests.ports import free_port
 from workflows.contracts import (
     DRAIN_MACHINE,
     Deadlines,
@@ -51,13 +51,6 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 # 60 simulated seconds of workloads leaving, at 0.15 s per simulated second: ~9 s.
 TIME_FACTOR = 0.15
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass
@@ -121,7 +114,7 @@ class Rig:
 
 @pytest.fixture
 async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
-    env = await start_dev_server(port=_free_port(), ui=False)
+    env = await start_dev_server(port=free_port(), ui=False)
     config = ProviderConfig(
         kind="sim-cloud",
         quota_scale=0.1,

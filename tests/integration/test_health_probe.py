@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,13 +24,7 @@ from bigfleet.temporal import start_dev_server
 from providers.config import ProviderConfig
 from providers.server import RunningProvider, start_provider_server
 from tests.integration.pki import Pki
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+from tests.ports import free_port
 
 
 @pytest.fixture
@@ -118,13 +111,13 @@ async def test_the_probe_fails_without_a_certificate_or_without_a_server(
     assert code == 1 and err.startswith("not ready: "), err
 
     # Nothing listening.
-    gone = f"127.0.0.1:{_free_port()}"
+    gone = f"127.0.0.1:{free_port()}"
     with pytest.raises(NotReady, match="UNAVAILABLE"):
         await probe_grpc(gone, security=None, timeout_s=2.0)
 
 
 async def test_the_temporal_probe_wants_a_frontend_that_knows_the_namespace() -> None:
-    port = _free_port()
+    port = free_port()
     env = await start_dev_server(port=port, ui=False)
     try:
         address = f"127.0.0.1:{port}"

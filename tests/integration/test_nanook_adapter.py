@@ -32,6 +32,7 @@ from nanook.client import GrpcScalingClient, ScalingError
 from nanook.config import parse_pool_config
 from shard_engine.engine import ShardEngine
 from shard_engine.model import CapacityType, MachineRecord, MachineState, Rollup
+from tests.ports import free_port
 from tests.waiting import eventually
 
 CLUSTER = "nanook-it"
@@ -254,7 +255,7 @@ async def test_bigfleet_nanook_serve_runs_the_adapter_until_terminated(
 ) -> None:
     pool_file = tmp_path / "pool.yaml"
     pool_file.write_text(yaml.safe_dump(POOL))
-    rest_port = _free_port()
+    rest_port = free_port()
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -294,12 +295,3 @@ async def test_bigfleet_nanook_serve_runs_the_adapter_until_terminated(
         process.send_signal(signal.SIGTERM)
         _, stderr = await asyncio.wait_for(process.communicate(), timeout=60)
     assert process.returncode == 0, stderr.decode()[-2000:]
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port

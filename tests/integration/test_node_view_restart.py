@@ -9,7 +9,6 @@ operator must hear that it left (ADR 0104), or its view keeps a node forever.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -26,16 +25,10 @@ from providers.config import ProviderConfig
 from providers.kinds import build_provider
 from providers.server import RunningProvider, start_provider_server
 from tests.integration.multishard import TINY_CLOUD, eventually
+from tests.ports import free_port
 from workflows.contracts import PollPolicy
 
 pytestmark = pytest.mark.e2e
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass
@@ -48,7 +41,7 @@ class World:
 
 @pytest.fixture
 async def world(database: Database) -> AsyncIterator[World]:
-    env = await temporal.start_dev_server(port=_free_port(), ui=False)
+    env = await temporal.start_dev_server(port=free_port(), ui=False)
     store = Store(database.engine)
     config = ProviderConfig(kind="sim-cloud", catalog_path=TINY_CLOUD, time_factor=0.02)
     provider = await start_provider_server(config, "127.0.0.1:0", provider=build_provider(config))

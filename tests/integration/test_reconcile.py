@@ -10,7 +10,6 @@ settling it (a leaked machine, paid for and never reclaimed).
 from __future__ import annotations
 
 import json
-import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -31,19 +30,13 @@ from providers.server import RunningProvider, start_provider_server
 from shard_engine.config import EngineConfig
 from shard_engine.drift import RepairKind
 from tests.integration.multishard import TINY_CLOUD, eventually
+from tests.ports import free_port
 from workflows.contracts import PollPolicy
 
 pytestmark = pytest.mark.e2e
 
 PERIOD = 2.0
 SMALL = ("node.kubernetes.io/instance-type", 1, ("m6i.large",))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass
@@ -57,7 +50,7 @@ class World:
 
 @pytest.fixture
 async def world(database: Database) -> AsyncIterator[World]:
-    env = await temporal.start_dev_server(port=_free_port(), ui=False)
+    env = await temporal.start_dev_server(port=free_port(), ui=False)
     store = Store(database.engine)
     config = ProviderConfig(kind="sim-cloud", catalog_path=TINY_CLOUD, time_factor=0.02)
     provider = await start_provider_server(config, "127.0.0.1:0", provider=build_provider(config))

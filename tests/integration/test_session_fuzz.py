@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import socket
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
@@ -44,6 +43,7 @@ from bigfleet.v1alpha1 import capacity_pb2, shard_pb2
 from shard_engine.engine import ShardEngine
 from shard_engine.names import cluster_id_problem
 from shard_engine.needs import RollupRejected
+from tests.ports import free_port
 
 CLUSTER = "fuzz-c1"
 SESSION = "/bigfleet.v1alpha1.Shard/Session"
@@ -71,16 +71,9 @@ class Served:
         return method()  # type: ignore[call-arg]  # (grpc.aio takes no iterator here)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture
 async def served(empty_database_url: str) -> AsyncIterator[Served]:
-    env = await start_dev_server(port=_free_port(), ui=False)
+    env = await start_dev_server(port=free_port(), ui=False)
     db = Database.connect(empty_database_url)
     await db.migrate()
     store = Store(db.engine)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections import defaultdict
@@ -40,18 +39,12 @@ from providers.kinds import build_provider
 from providers.server import RunningProvider, start_provider_server
 from shard_engine.quantity import parse_quantity
 from tests.integration.multishard import TINY_CLOUD, eventually
+from tests.ports import free_port
 from workflows.contracts import PollPolicy
 
 pytestmark = pytest.mark.e2e
 
 SMALL = ("node.kubernetes.io/instance-type", 1, ("m6i.large",))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class CreateLog:
@@ -86,7 +79,7 @@ class World:
 
 @pytest.fixture
 async def world(empty_database_url: str) -> AsyncIterator[World]:
-    env = await temporal.start_dev_server(port=_free_port(), ui=False)
+    env = await temporal.start_dev_server(port=free_port(), ui=False)
     db = Database.connect(empty_database_url)
     await db.migrate()
     store = Store(db.engine)
@@ -150,7 +143,7 @@ async def _in_state(world: World, state: int) -> list[provider_pb2.Machine]:
 async def test_a_killed_shard_restarts_without_losing_or_duplicating_anything(
     world: World, tmp_path: Path
 ) -> None:
-    listen = f"127.0.0.1:{_free_port()}"
+    listen = f"127.0.0.1:{free_port()}"
     log = tmp_path / "shard-0.log"
     first = _spawn_shard(world, listen, log)
     try:
