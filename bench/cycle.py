@@ -692,7 +692,7 @@ def main(argv: list[str] | None = None) -> int:
         elif name == "cycle_steady_500k":
             bench_cycle(name, pending=0.02, grow=8, cycles=args.cycles, seed=args.seed)
         elif name == "cycle_burst_500k":
-            bench_cycle(name, pending=0.10, grow=32, cycles=args.cycles, seed=args.seed)
+            bench_cycle(name, pending=0.18, grow=40, cycles=args.cycles, seed=args.seed)
         elif name == "cycle_realistic_8k_needs":
             bench_realistic(cycles=min(args.cycles, 100), seed=args.seed)
         elif name == "cycle_steady_500k_default_reclaim":
