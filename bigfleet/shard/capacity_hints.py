@@ -121,7 +121,11 @@ class CapacityHints:
         )
 
     def publish(self) -> int:
-        """Queue changed hints on every session; returns the number of frames queued."""
+        """Queue changed hints on every session; returns the number of frames queued.
+
+        Runs on the shard's loop; the outboxes belong to the sessions' loop
+        (another thread), so frames go through the hub, which hands them over.
+        """
         sessions = self.hub.sessions()
         if not sessions:
             return 0
@@ -135,7 +139,7 @@ class CapacityHints:
                     continue
                 if hint.count == 0 and key not in sent:
                     continue  # nothing to say about a shape that never had supply
-                session.outbox.put(hint.frame(), key)
+                self.hub.push(session, hint.frame(), key)
                 sent[key] = hint.count
                 queued += 1
         return queued

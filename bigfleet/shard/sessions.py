@@ -321,6 +321,10 @@ class SessionHub:
         self._on_loop(session.outbox.put, frame, key)
         return True
 
+    def push(self, session: OperatorSession, frame: shard_pb2.ShardMessage, key: str = "") -> None:
+        """Queue a frame on one session, from any thread (its outbox is the sessions' loop's)."""
+        self._on_loop(session.outbox.put, frame, key)
+
     async def request_bootstrap(
         self, cluster_id: str, requirements: Sequence[RequirementSpec], *, wait_seconds: float
     ) -> BootstrapBlob:
