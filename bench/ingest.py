@@ -22,6 +22,10 @@ Scenarios (each on a fresh shard process):
 - ``overload``: 40 clusters flooding roll-ups far above their rate limit
   and what the shard can take: shed count (RESOURCE_EXHAUSTED) and the
   shard's memory.
+- ``floor``: the ``closed`` load against a bare grpcio asyncio server of the
+  same shape instead of the shard (it decodes each frame and answers a
+  serialized ack, nothing else): what gRPC and protobuf alone cost per
+  roll-up in Python, the floor under the shard's ``cpu_per_rollup``.
 
 Prints JSON lines ``{"bench": "ingest", "scenario", "metric", "value", "unit", ...}``
 and ``loadavg`` (``/proc/loadavg``) on each. ``cpu_per_rollup`` is the shard's
@@ -453,6 +457,53 @@ def shard_main(args: argparse.Namespace) -> int:
     return 0
 
 
+async def serve_echo() -> None:
+    """The ``floor`` scenario's server: Shard/Session's shape and nothing else.
+
+    One coroutine per stream reads a frame, decodes it (as the shard must)
+    and writes an acknowledgement serialized once; no validation, no engine.
+    """
+    hello_ack = shard_pb2.ShardMessage(
+        ack=shard_pb2.Acknowledgement(echo="hello")
+    ).SerializeToString()
+    rollup_ack = shard_pb2.ShardMessage(
+        ack=shard_pb2.Acknowledgement(echo="rollup", coordinator_term=1, shard_epoch=1)
+    ).SerializeToString()
+
+    async def session(_requests: Any, context: Any) -> None:
+        first = await context.read()
+        if first is grpc.aio.EOF:  # type: ignore[attr-defined]
+            return
+        await context.write(hello_ack)
+        while (frame := await context.read()) is not grpc.aio.EOF:  # type: ignore[attr-defined]
+            shard_pb2.OperatorMessage.FromString(frame)
+            await context.write(rollup_ack)
+
+    server = grpc.aio.server()
+    handlers = {
+        "Session": grpc.stream_stream_rpc_method_handler(
+            session, request_deserializer=None, response_serializer=None
+        )
+    }
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("bigfleet.v1alpha1.Shard", handlers),)
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    ready = {"address": f"127.0.0.1:{port}", "pid": os.getpid()}
+    print(json.dumps({**ready, "sessions_tid": threading.get_native_id()}), flush=True)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    print(json.dumps({"loop_lag_max_ms": 0.0, "cycles": 0, "needs": 0}), flush=True)
+    await server.stop(None)
+
+
+def echo_main(_args: argparse.Namespace) -> int:
+    asyncio.run(serve_echo())
+    return 0
+
+
 # ------------------------------------------------------------------ orchestrator
 
 
@@ -551,30 +602,40 @@ async def _scenario(
     rate: float = 0.0,
     period: float = 10.0,
     unmet: bool = False,
+    child: str = "shard",
 ) -> None:
-    url, drop = await _database(stack.admin_url)
-    shard = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "bench.ingest",
-        "--child",
-        "shard",
-        "--database-url",
-        url,
-        "--temporal",
-        stack.temporal,
-        "--provider",
-        stack.provider,
-        "--cycle-seconds",
-        str(stack.cycle_seconds),
-        *(
-            []
-            if stack.switch_interval_ms is None
-            else ["--switch-interval-ms", str(stack.switch_interval_ms)]
-        ),
-        *(["--plain-gc"] if stack.plain_gc else []),
-        stdout=asyncio.subprocess.PIPE,
-    )
+    if child == "echo":  # the floor: no shard, no database
+        shard = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bench.ingest", "--child", "echo", stdout=asyncio.subprocess.PIPE
+        )
+
+        async def drop() -> None:
+            return None
+
+    else:
+        url, drop = await _database(stack.admin_url)
+        shard = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "bench.ingest",
+            "--child",
+            "shard",
+            "--database-url",
+            url,
+            "--temporal",
+            stack.temporal,
+            "--provider",
+            stack.provider,
+            "--cycle-seconds",
+            str(stack.cycle_seconds),
+            *(
+                []
+                if stack.switch_interval_ms is None
+                else ["--switch-interval-ms", str(stack.switch_interval_ms)]
+            ),
+            *(["--plain-gc"] if stack.plain_gc else []),
+            stdout=asyncio.subprocess.PIPE,
+        )
     assert shard.stdout is not None
     try:
         ready = await _json_line(shard.stdout, 120)
@@ -815,6 +876,18 @@ async def run(args: argparse.Namespace) -> int:
                     seconds=args.seconds,
                     needs=20,
                 )
+            elif scenario == "floor":
+                await _scenario(
+                    stack,
+                    "floor",
+                    sessions=200,
+                    loaders=2,
+                    connections=200,
+                    mode="closed",
+                    seconds=args.seconds,
+                    needs=20,
+                    child="echo",
+                )
             else:
                 print(f"unknown scenario {scenario!r}", file=sys.stderr)
                 return 2
@@ -826,9 +899,11 @@ async def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench ingest", description=__doc__)
-    parser.add_argument("--child", choices=("shard", "load"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=("shard", "load", "echo"), help=argparse.SUPPRESS)
     parser.add_argument(
-        "--scenarios", default="closed,open,cadence,sessions,overload", help="comma-separated"
+        "--scenarios",
+        default="closed,open,cadence,sessions,overload,floor",
+        help="comma-separated",
     )
     parser.add_argument("--seconds", type=float, default=15.0, help="measured seconds each")
     parser.add_argument("--open-rate", type=float, default=2000.0, help="roll-ups/s offered")
@@ -875,6 +950,8 @@ def main(argv: list[str]) -> int:
         status = shard_main(args)
     elif args.child == "load":
         status = load_main(args)
+    elif args.child == "echo":
+        status = echo_main(args)
     else:
         random.seed(0)
         status = asyncio.run(run(args))
