@@ -75,6 +75,10 @@ class IngestOptions:
         return [
             ("grpc.keepalive_time_ms", int(self.keepalive_s * 1000)),
             ("grpc.keepalive_timeout_ms", int(self.keepalive_timeout_s * 1000)),
+            # gRPC's core waits for a ping's ack for its own ping timeout (60 s by
+            # default), whatever the keepalive timeout says: without this a silent
+            # peer held its session for keepalive_s + 60 s, not + keepalive_timeout_s.
+            ("grpc.http2.ping_timeout_ms", int(self.keepalive_timeout_s * 1000)),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_ping_interval_without_data_ms", int(self.min_client_ping_s * 1000)),
             ("grpc.http2.max_pings_without_data", 0),

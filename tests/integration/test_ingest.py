@@ -18,6 +18,8 @@ from bigfleet.shard.server import IngestOptions, IngestServer
 from bigfleet.shard.sessions import RETRY_AFTER_KEY, SessionHub, SessionLimits
 from bigfleet.v1alpha1 import capacity_pb2, shard_pb2, shard_pb2_grpc
 from shard_engine.model import Rollup
+from tests.chaos.faultproxy import FaultProxy
+from tests.waiting import eventually
 
 
 class StagingSink:
@@ -335,4 +337,29 @@ async def test_a_hello_the_store_cannot_answer_is_unavailable_with_a_retry_hint(
         assert _metadata(err)[RETRY_AFTER_KEY].isdigit()
         assert len(hub) == 0
     finally:
+        await server.stop(grace=0)
+
+
+async def test_a_peer_gone_silent_is_dropped_by_the_keepalive() -> None:
+    """A dead peer whose connection stays open (a blackholed link: no bytes, no reset) is
+    noticed by the server's keepalive pings and its session closed, so the cluster's
+    next Hello is not refused as a duplicate and nothing is kept for a peer that is gone.
+    With gRPC's own 60 s ping timeout in force the peer stayed for over a minute; the
+    30 s bound tells the two apart on a loaded machine (it takes about 2 s here)."""
+    hub, sink = SessionHub(), StagingSink()
+    server = IngestServer(hub, sink, IngestOptions(keepalive_s=1.0, keepalive_timeout_s=1.0))
+    await server.start()
+    proxy = await FaultProxy(server.address).start()
+    client = Client(proxy.address)
+    try:
+        assert await asyncio.to_thread(client.open, "c1") == "hello"
+        await eventually(lambda: len(hub) == 1, what="the session to open")
+        proxy.blackhole()
+        await eventually(
+            lambda: len(hub) == 0, within=30.0, what="the keepalive to drop the silent peer"
+        )
+    finally:
+        proxy.heal()
+        await asyncio.to_thread(client.close)
+        await proxy.stop()
         await server.stop(grace=0)
