@@ -813,84 +813,46 @@ async def run(args: argparse.Namespace) -> int:
         args.plain_gc,
     )
     wanted = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    # Each scenario's load; the closed loop's shape unless it says otherwise.
+    closed: dict[str, Any] = dict(
+        sessions=200, loaders=2, connections=200, mode="closed", seconds=args.seconds, needs=20
+    )
+    shapes: dict[str, dict[str, Any]] = {
+        "closed": closed,
+        "open": closed | dict(mode="open", rate=args.open_rate),
+        "cadence": closed
+        | dict(
+            sessions=args.clusters,
+            connections=args.clusters,
+            mode="cadence",
+            period=10.0,
+            seconds=max(args.seconds, 30.0),
+            needs=5,
+            unmet=True,
+        ),
+        "sessions": closed
+        | dict(
+            sessions=args.idle_sessions,
+            connections=args.idle_connections,
+            mode="idle",
+            seconds=5.0,
+            needs=0,
+        ),
+        # 40 clusters each offering overload_rate/40 roll-ups/s: far above both
+        # a cluster's rate limit and what one shard process acknowledges.
+        "overload": closed
+        | dict(sessions=40, connections=40, mode="open", rate=args.overload_rate),
+        "floor": closed | dict(child="echo"),
+    }
+    unknown = [s for s in wanted if s not in shapes]
+    if unknown:
+        print(f"unknown scenario {unknown[0]!r} (known: {', '.join(shapes)})", file=sys.stderr)
+        await provider.stop(grace=None)
+        await env.shutdown()
+        return 2
     try:
         for scenario in wanted:
-            if scenario == "closed":
-                await _scenario(
-                    stack,
-                    "closed",
-                    sessions=200,
-                    loaders=2,
-                    connections=200,
-                    mode="closed",
-                    seconds=args.seconds,
-                    needs=20,
-                )
-            elif scenario == "open":
-                await _scenario(
-                    stack,
-                    "open",
-                    sessions=200,
-                    loaders=2,
-                    connections=200,
-                    mode="open",
-                    rate=args.open_rate,
-                    seconds=args.seconds,
-                    needs=20,
-                )
-            elif scenario == "cadence":
-                await _scenario(
-                    stack,
-                    "cadence",
-                    sessions=args.clusters,
-                    loaders=2,
-                    connections=args.clusters,
-                    mode="cadence",
-                    period=10.0,
-                    seconds=max(args.seconds, 30.0),
-                    needs=5,
-                    unmet=True,
-                )
-            elif scenario == "sessions":
-                await _scenario(
-                    stack,
-                    "sessions",
-                    sessions=args.idle_sessions,
-                    loaders=2,
-                    connections=args.idle_connections,
-                    mode="idle",
-                    seconds=5.0,
-                    needs=0,
-                )
-            elif scenario == "overload":
-                # 40 clusters each offering overload_rate/40 roll-ups/s: far above both
-                # a cluster's rate limit and what one shard process acknowledges.
-                await _scenario(
-                    stack,
-                    "overload",
-                    sessions=40,
-                    loaders=2,
-                    connections=40,
-                    mode="open",
-                    rate=args.overload_rate,
-                    seconds=args.seconds,
-                    needs=20,
-                )
-            elif scenario == "floor":
-                await _scenario(
-                    stack,
-                    "floor",
-                    sessions=200,
-                    loaders=2,
-                    connections=200,
-                    mode="closed",
-                    seconds=args.seconds,
-                    needs=20,
-                    child="echo",
-                )
-            else:
-                print(f"unknown scenario {scenario!r}", file=sys.stderr)
-                return 2
+            await _scenario(stack, scenario, **shapes[scenario])
     finally:
         await provider.stop(grace=None)
         await env.shutdown()
