@@ -83,9 +83,14 @@ def _resources(raw: Mapping[str, str], field: str) -> dict[str, float]:
         try:
             out[name] = _quantity(text)
         except InvalidQuantity as err:
+            # The key goes into the field's path only when it is a valid resource
+            # name: a hostile key ("]", a NUL, 10,000 characters) is quoted in the
+            # reason instead, so the path stays parseable.
+            problem = label_key_problem(name)
+            if problem is not None:
+                raise InvalidRollup(field, f"resource name {shown(name)} {problem}") from None
             raise InvalidRollup(
-                f"{field}[{name}]" if len(name) <= 64 else field,
-                f"invalid quantity {shown(text)}: {err.reason}",
+                f"{field}[{name}]", f"invalid quantity {shown(text)}: {err.reason}"
             ) from None
     return out
 

@@ -92,6 +92,10 @@ def test_an_empty_rollup_is_valid_and_means_no_demand() -> None:
         (_need(aggregate_resources={"cpu": "9" * 5000}), "needs[0].aggregate_resources[cpu]"),
         (_need(min_unit={"cpu": "1e-10"}), "needs[0].min_unit[cpu]"),
         (_need(aggregate_resources={"cpu\x00": "1"}, min_unit={}), "needs[0].aggregate_resources"),
+        # A bad name with a bad quantity: the name is quoted in the reason, never put
+        # into the path (found by the wire fuzz test: a resource named "]").
+        (_need(aggregate_resources={"]": ":"}, min_unit={}), "needs[0].aggregate_resources"),
+        (_need(aggregate_resources={"": ""}, min_unit={}), "needs[0].aggregate_resources"),
         (
             _need(aggregate_resources={"x" * 10_000: "1"}, min_unit={}),
             "needs[0].aggregate_resources",
