@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 
 from bigfleet.config import Settings
-from bigfleet.devstack import DevStack, DevStackOptions
+from bigfleet.devstack import DevStack
 from bigfleet.endpoints import ENDPOINTS_FILE
 from clusters.operator import DemandPattern
+from tests.e2e.stacks import one_shard
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.e2e
@@ -51,18 +52,11 @@ async def bigfleet(checkout: Path, *args: str) -> tuple[int, str]:
 
 @pytest.fixture
 async def stack(tmp_path: Path, empty_database_url: str) -> AsyncIterator[DevStack]:
-    options = DevStackOptions(
+    options = one_shard(
         # Where `make dev` keeps its data when nothing says otherwise.
-        data_dir=tmp_path / Settings().data_dir,
-        database_url=empty_database_url,
-        temporal_port=0,
-        ui=False,
-        shard_listen="127.0.0.1:0",
-        time_factor=0.01,
-        cycle_interval_s=0.3,
-        observe_interval_s=0.3,
-        rollup_interval_s=0.5,
-        clusters=(
+        tmp_path / Settings().data_dir,
+        empty_database_url,
+        (
             ("cli-web", DemandPattern(cpu=8, memory_gib=16, priority=500_000)),
             # Asks for a zone no provider has: short, with "no matching supply".
             (
@@ -74,8 +68,6 @@ async def stack(tmp_path: Path, empty_database_url: str) -> AsyncIterator[DevSta
                 ),
             ),
         ),
-        quota_scale=0.2,
-        persist=False,
     )
     dev = DevStack(options)
     try:

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from bigfleet.devstack import DevStack, DevStackOptions
+from bigfleet.devstack import DevStack
 from bigfleet.endpoints import ENDPOINTS_FILE
 from clusters.operator import DemandPattern
+from tests.e2e.stacks import one_shard
 from tests.ports import free_port
 from tests.waiting import eventually
 from workflows import search_attributes as sa
@@ -25,19 +26,10 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture
 async def rehearsal(tmp_path: Path, empty_database_url: str) -> AsyncIterator[DevStack]:
-    options = DevStackOptions(
-        data_dir=tmp_path,
-        database_url=empty_database_url,
-        temporal_port=0,
-        ui=False,
-        shard_listen="127.0.0.1:0",
-        time_factor=0.01,
-        cycle_interval_s=0.3,
-        observe_interval_s=0.3,
-        rollup_interval_s=0.5,
-        clusters=(("rehearse", DemandPattern(cpu=8, memory_gib=16, priority=200_000)),),
-        quota_scale=0.2,
-        persist=False,
+    options = one_shard(
+        tmp_path,
+        empty_database_url,
+        (("rehearse", DemandPattern(cpu=8, memory_gib=16, priority=200_000)),),
         stuck_drain=True,
     )
     dev = DevStack(options)

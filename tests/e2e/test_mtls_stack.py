@@ -15,11 +15,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from bigfleet.devstack import DevStack, DevStackOptions
+from bigfleet.devstack import DevStack
 from bigfleet.identity import ChannelSecurity, Identity, Role
 from bigfleet.v1alpha1 import provider_pb2, shard_pb2, shard_pb2_grpc
 from clusters.operator import DemandPattern
 from shard_engine.quantity import parse_quantity
+from tests.e2e.stacks import one_shard
 
 pytestmark = pytest.mark.e2e
 
@@ -28,19 +29,10 @@ CLUSTER = "tls-alpha"
 
 @pytest.fixture
 async def stack(tmp_path: Path, empty_database_url: str) -> AsyncIterator[DevStack]:
-    options = DevStackOptions(
-        data_dir=tmp_path,
-        database_url=empty_database_url,
-        temporal_port=0,
-        ui=False,
-        shard_listen="127.0.0.1:0",
-        time_factor=0.01,
-        cycle_interval_s=0.3,
-        observe_interval_s=0.3,
-        rollup_interval_s=0.5,
-        clusters=((CLUSTER, DemandPattern(cpu=8, memory_gib=16, priority=500_000)),),
-        quota_scale=0.2,
-        persist=False,
+    options = one_shard(
+        tmp_path,
+        empty_database_url,
+        ((CLUSTER, DemandPattern(cpu=8, memory_gib=16, priority=500_000)),),
         tls=True,
     )
     dev = DevStack(options)

@@ -16,12 +16,13 @@ from typing import Any
 import pytest
 from temporalio.client import WorkflowExecutionStatus
 
-from bigfleet.devstack import DevStack, DevStackOptions
+from bigfleet.devstack import DevStack
 from bigfleet.v1alpha1 import provider_pb2
 from clusters.operator import DemandPattern
 from providers.core import ProviderCore
 from providers.model import FencingToken
 from shard_engine.quantity import parse_quantity
+from tests.e2e.stacks import one_shard
 from tests.waiting import eventually as _eventually
 
 pytestmark = pytest.mark.e2e
@@ -57,19 +58,10 @@ async def stack(
     tmp_path: Path, empty_database_url: str
 ) -> AsyncIterator[tuple[DevStack, TokenRecorder]]:
     recorder = TokenRecorder()
-    options = DevStackOptions(
-        data_dir=tmp_path,
-        database_url=empty_database_url,
-        temporal_port=0,
-        ui=False,
-        shard_listen="127.0.0.1:0",
-        time_factor=0.01,
-        cycle_interval_s=0.3,
-        observe_interval_s=0.3,
-        rollup_interval_s=0.5,
-        clusters=((CLUSTER, DemandPattern(cpu=12, memory_gib=24, priority=500_000)),),
-        quota_scale=0.2,
-        persist=False,
+    options = one_shard(
+        tmp_path,
+        empty_database_url,
+        ((CLUSTER, DemandPattern(cpu=12, memory_gib=24, priority=500_000)),),
         provider_hook=recorder.attach,
         metrics_listen="127.0.0.1:0",
         temporal_metrics_listen="127.0.0.1:0",
