@@ -8,7 +8,8 @@
       binding-recorded / -cleared  Store.reconcile_binding (CAS, logged as "reconcile")
       stale-flight                 engine.settle with the provider's view: plannable again
       engine-refreshed             ProviderObserver.observe
-      adopted                      a hand-over's receiving step (adopt_machines)
+      adopted                      a hand-over's receiving step (adopt_machines), once a
+                                   row has been ours and unheld in two rounds in a row
       unowned / vanished           reported only
     each repair: one log line naming the machine and the change, and
     bigfleet_reconcile_repairs_total{kind} += 1
@@ -129,6 +130,7 @@ class Reconciler:
         self.interval_s = interval_s
         self._lag_s = visibility_lag_s
         self._adopt = adopt
+        self._unheld_before: set[str] = set()
         # A flight younger than this is never judged stale (its workflow may be
         # starting): at least the visibility lag, at most one period.
         self.stale_after_s = max(3 * visibility_lag_s, min(30.0, interval_s))
@@ -149,7 +151,9 @@ class Reconciler:
             if r.machine_id in owned
         }
         # Ours by the record, not held: a hand-over whose receiving step never ran.
-        unheld = (
+        # Only rows seen so in two rounds in a row are adopted: a machine this shard is
+        # giving away leaves `owned` a moment before PostgreSQL names its new owner.
+        unheld_now = (
             {
                 r.machine_id: Recorded(r.machine_id, r.provider, r.cluster_id)
                 for r in rows
@@ -158,6 +162,8 @@ class Reconciler:
             if self._adopt is not None
             else {}
         )
+        unheld = {m: row for m, row in unheld_now.items() if m in self._unheld_before}
+        self._unheld_before = set(unheld_now)
         owners = await self._store.owners(list(listing))
         busy = await running_machines(self._temporal, shard_id)
         listed_at = time.monotonic()
