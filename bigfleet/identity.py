@@ -321,6 +321,7 @@ class ChannelSecurity:
         self.source = source
         self._built: tuple[int, grpc.ChannelCredentials] | None = None
         self._verified: set[tuple[str, str, int]] = set()
+        self._checking: dict[tuple[str, str, int], asyncio.Future[None]] = {}
         self._logged: set[tuple[str, str, int]] = set()
 
     def generation(self) -> int:
@@ -341,6 +342,18 @@ class ChannelSecurity:
         key = (address, provider_name, pair.generation)
         if key in self._verified:
             return
+        # Calls that arrive together (a shard's first List and its activities) share
+        # one handshake; a failed one is tried again by the next call.
+        check = self._checking.get(key)
+        if check is None:
+            check = asyncio.ensure_future(self._check(address, provider_name, pair, key))
+            self._checking[key] = check
+            check.add_done_callback(lambda _: self._checking.pop(key, None))
+        await asyncio.shield(check)
+
+    async def _check(
+        self, address: str, provider_name: str, pair: KeyPair, key: tuple[str, str, int]
+    ) -> None:
         expected = Identity(Role.PROVIDER, provider_name)
         try:
             presented = await presented_identity(address, pair)

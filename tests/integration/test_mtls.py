@@ -16,10 +16,12 @@ import pytest
 from cryptography import x509
 from prometheus_client import REGISTRY
 
+from bigfleet import identity
 from bigfleet.identity import (
     PROVIDER_SERVICE,
     ChannelSecurity,
     Identity,
+    KeyPair,
     KeyPairSource,
     Role,
     channel,
@@ -389,6 +391,26 @@ async def test_a_shard_calls_a_provider_only_if_it_presents_the_configured_name(
         with pytest.raises(ProviderUnavailable, match="presents bigfleet://provider/simcloud"):
             await client.create(machine, FencingToken("s0", 1, 1))
     assert running.provider.get(machine).state == State.SPECULATIVE
+
+
+async def test_calls_that_arrive_together_share_one_identity_check(
+    provider: tuple[Pki, RunningProvider], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pki, running = provider
+    handshakes: list[str] = []
+    real = identity.presented_identity
+
+    async def counted(address: str, pair: KeyPair, **kw: float) -> Identity:
+        handshakes.append(address)
+        return await real(address, pair, **kw)
+
+    monkeypatch.setattr(identity, "presented_identity", counted)
+    security = pki.client(SHARD)
+    async with ProviderClient(running.address, security=security, name="simcloud") as client:
+        listings = await asyncio.gather(*(client.list_all() for _ in range(20)))
+        assert all(len(listing.machines) > 0 for listing in listings)
+        await client.list_all()
+    assert handshakes == [running.address]
 
 
 async def test_a_provider_with_a_shards_certificate_is_not_trusted_as_a_provider(
