@@ -39,8 +39,10 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 
 from bigfleet.store import Database, Store
+from bigfleet.store.repository import ShardRow
 from bigfleet.temporal import binary
 from tests.ports import free_port
+from tests.waiting import eventually
 from workflows.coordinator_contracts import COORDINATOR_ID
 
 pytestmark = pytest.mark.e2e
@@ -339,13 +341,15 @@ async def _the_stack_is_up(stack: Stack, loop: Loopback, client: Client) -> None
     db = Database.connect(loop.database_url)
     try:
         store = Store(db.engine)
-        deadline = time.monotonic() + WITHIN_S
-        while True:
+
+        async def both_published() -> dict[str, ShardRow] | None:
             rows = {row.id: row for row in await store.shards()}
-            if all(rows.get(s) is not None and rows[s].address for s in ("shard-0", "shard-1")):
-                break
-            assert time.monotonic() < deadline, f"shards never published addresses: {rows}"
-            await asyncio.sleep(0.5)
+            both = all(rows.get(s) is not None and rows[s].address for s in ("shard-0", "shard-1"))
+            return rows if both else None
+
+        rows = await eventually(
+            both_published, within=WITHIN_S, what="both shards to publish their addresses"
+        )
     finally:
         await db.close()
     for shard in ("shard-0", "shard-1"):
@@ -354,14 +358,13 @@ async def _the_stack_is_up(stack: Stack, loop: Loopback, client: Client) -> None
         assert published == advertised and not published.startswith("0.0.0.0"), (shard, published)
 
     # The coordinator's singleton workflow runs.
-    deadline = time.monotonic() + WITHIN_S
-    while True:
+    async def coordinating() -> bool:
         with contextlib.suppress(Exception):
             described = await client.get_workflow_handle(COORDINATOR_ID).describe()
-            if described.status == WorkflowExecutionStatus.RUNNING:
-                break
-        assert time.monotonic() < deadline, "the coordinator workflow never started"
-        await asyncio.sleep(0.5)
+            return described.status == WorkflowExecutionStatus.RUNNING
+        return False
+
+    await eventually(coordinating, within=WITHIN_S, what="the coordinator workflow to run")
 
     # Nothing long-running has exited on the way.
     for name in sorted(long_running):

@@ -439,8 +439,8 @@ async def test_presented_identity_reads_the_providers_certificate(
     pair = pki.source(SHARD).current()
     # It does not wait for a TLS close_notify the gRPC server never sends: a
     # graceful close held every check (and a shard's start, once per provider)
-    # for asyncio's 30 s SSL shutdown timeout. 10 s is a hang bound, not a speed.
-    presented = await asyncio.wait_for(presented_identity(running.address, pair), 10.0)
+    # for asyncio's 30 s SSL shutdown timeout. 20 s is a hang bound, not a speed.
+    presented = await asyncio.wait_for(presented_identity(running.address, pair), 20.0)
     assert presented == Identity(Role.PROVIDER, "simcloud")
 
 
