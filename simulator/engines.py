@@ -35,6 +35,7 @@ made there, in the order the sequential loop made it (ADR 0085).
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import gc
 import multiprocessing
@@ -204,28 +205,28 @@ def victims(
 
 
 # -- where the engines live ---------------------------------------------------------------
-class Engines:
+class Engines(abc.ABC):
     """The shards' engines (see the module docstring)."""
 
+    @abc.abstractmethod
     def post(
         self, shard_id: str, op: Op, *args: Any, then: Callable[[Result], None] | None = None
     ) -> None:
         """Run ``op`` on the shard's engine after every call posted before; ``then`` its result."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def call(self, shard_id: str, op: Op, *args: Any) -> Any:
         """Run ``op`` on the shard's engine and return its result."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def call_each(self, shard_ids: Iterable[str], op: Op, *args: Any) -> Iterator[Any]:
         """Run ``op`` on every shard (in parallel where it can); results in ``shard_ids`` order."""
-        raise NotImplementedError
 
     def cpu_seconds(self) -> float:
         """CPU time of the worker processes so far (0 without workers)."""
         return 0.0
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (nothing to stop without workers)
         """Stop the workers (if any); raises the first failure of a posted operation."""
 
 
