@@ -169,6 +169,10 @@ class Need:
     interruption_penalty: float = 0.0
     reclamation_penalty: float = 0.0
     app_class: AppClass = AppClass.BATCH
+    # Machines able to serve this need are not reclaimed as excess within this
+    # many seconds of being configured (a wire extension; shard_engine.budgets).
+    # Not part of the key: asking for it does not make it another need.
+    do_not_disrupt_seconds: float = 0.0
 
     @property
     def key(self) -> str:
