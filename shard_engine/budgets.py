@@ -1,0 +1,818 @@
+"""Disruption budgets and do-not-disrupt: how many machines may be draining at once.
+
+The per-cycle reclaim cap (``max(1, 5 %)`` of a cluster) keeps one wrong
+roll-up from emptying one cluster. Platform teams need more than that: a
+cap on the share of a *fleet* — every GPU shape, or every cluster of a
+team — that is draining at any moment, by reason, and quiet hours in which
+no excess is taken back at all. Karpenter offers this per NodePool inside
+one cluster; a shard sees many clusters, so a budget's scope here is a set
+of machine shapes and/or a set of clusters (ADR 0140).
+
+Semantics, in the order they are applied:
+
+- A :class:`Budget` caps the machines in its scope that are *draining* for
+  one of its ``reasons`` — those in flight for such a drain plus those this
+  cycle would start — at ``count`` machines or ``percent`` of the machines
+  in scope (rounded up, like Karpenter, so 10 % of 5 machines is 1).
+- A budget with a ``window`` is in force only while the window is open: a
+  window opens at every minute its five-field cron ``schedule`` matches (UTC)
+  and stays open ``duration_seconds``. ``Budget(count=0, window=weekdays
+  08:00 for 10 h)`` means "no reclaim on weekdays 08:00–18:00".
+- Reasons are ``reclaim`` (excess) and ``preempt`` (a strictly higher
+  priority needs the machine). A budget that does not name ``preempt``
+  never holds a preemption back: priority is the fleet's first rule and a
+  budget must say explicitly that it overrides it.
+- Every budget that applies to a drain must admit it; the one with the
+  least room left is named in the hold.
+- **Do-not-disrupt.** A need may ask that the machines able to serve it are
+  never reclaimed as excess within ``do_not_disrupt_seconds`` of having
+  been configured (``Need.do_not_disrupt_seconds``, carried on the wire as a
+  BigFleet extension). It protects against excess only: preemption by a
+  strictly higher priority still takes the machine (ADR 0141).
+
+Budgets are enforced by each shard over its own slice of the fleet. A
+percentage therefore holds for the fleet as a whole (each shard keeps its
+share under it); a count is per shard.
+
+Everything here is pure: ``now`` is passed in, nothing reads a clock, and
+enforcement works on the cycle's :class:`~shard_engine.actions.ActionLog`
+after the phases have decided, so budgets change which drains start, never
+how a need is judged. A held machine is simply not in the plan; the hold,
+with the budget and its use, is returned for the decision log and the
+why-not.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+
+import numpy as np
+import numpy.typing as npt
+
+from shard_engine.actions import ActionKind, ActionLog
+from shard_engine.catalog import ProfileCatalog, capacity_type_label
+from shard_engine.needs import Demand
+from shard_engine.worksheet import Worksheet
+
+__all__ = [
+    "MAX_WINDOW_SECONDS",
+    "Budget",
+    "BudgetError",
+    "BudgetUse",
+    "CronSchedule",
+    "DrainReason",
+    "Hold",
+    "Scope",
+    "Subject",
+    "Window",
+    "admit",
+    "apply",
+    "enforce",
+    "parse_budgets",
+]
+
+IntArray = npt.NDArray[np.int64]
+
+MAX_WINDOW_SECONDS = 7 * 24 * 3600
+"""The longest a window may stay open: a week (every schedule repeats within one)."""
+
+
+class BudgetError(ValueError):
+    """A budget definition that cannot be used; names the field and the reason."""
+
+    def __init__(self, field_path: str, reason: str) -> None:
+        super().__init__(f"{field_path}: {reason}")
+        self.field = field_path
+        self.reason = reason
+
+
+class DrainReason(StrEnum):
+    """Why a machine would drain: what a budget may be scoped to."""
+
+    RECLAIM = "reclaim"
+    PREEMPT = "preempt"
+
+
+# -- cron ----------------------------------------------------------------------------
+
+_CRON_FIELDS: tuple[tuple[str, int, int], ...] = (
+    ("minute", 0, 59),
+    ("hour", 0, 23),
+    ("day of month", 1, 31),
+    ("month", 1, 12),
+    ("day of week", 0, 7),
+)
+_ALIASES = {
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+    "@weekly": "0 0 * * 0",
+    "@monthly": "0 0 1 * *",
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+}
+
+
+def _cron_field(text: str, name: str, low: int, high: int, where: str) -> frozenset[int]:
+    values: set[int] = set()
+    for part in text.split(","):
+        step = 1
+        base = part
+        if "/" in part:
+            base, _, step_text = part.partition("/")
+            if not step_text.isdigit() or int(step_text) == 0:
+                raise BudgetError(where, f"{name}: step {step_text!r} is not a positive number")
+            step = int(step_text)
+        if base == "*":
+            first, last = low, high
+        elif "-" in base:
+            a, _, b = base.partition("-")
+            if not (a.isdigit() and b.isdigit()):
+                raise BudgetError(where, f"{name}: {base!r} is not a range of numbers")
+            first, last = int(a), int(b)
+        elif base.isdigit():
+            first = int(base)
+            last = high if "/" in part else first
+        else:
+            raise BudgetError(where, f"{name}: {part!r} is not a number, range, list or step")
+        if first < low or last > high or first > last:
+            raise BudgetError(where, f"{name}: {part!r} is outside {low}-{high}")
+        values.update(range(first, last + 1, step))
+    return frozenset(values)
+
+
+@dataclass(frozen=True, slots=True)
+class CronSchedule:
+    """A five-field cron expression (minute hour day-of-month month day-of-week), in UTC.
+
+    Fields take ``*``, numbers, ranges ``a-b``, lists ``a,b`` and steps
+    ``*/n`` or ``a-b/n``; day of week 0 and 7 are Sunday; when both day
+    fields are restricted a day matches either (as in cron). The ``@daily``
+    style aliases are accepted. Names of days and months are not.
+    """
+
+    text: str
+    minutes: frozenset[int]
+    hours: frozenset[int]
+    days: frozenset[int]
+    months: frozenset[int]
+    weekdays: frozenset[int]
+    any_day: bool
+    any_weekday: bool
+
+    @classmethod
+    def parse(cls, text: str, *, where: str = "schedule") -> CronSchedule:
+        """Parse ``text``; raises :class:`BudgetError` naming ``where`` and the bad field."""
+        expanded = _ALIASES.get(text.strip(), text)
+        parts = expanded.split()
+        if len(parts) != 5:
+            raise BudgetError(where, f"{text!r} has {len(parts)} fields, a cron schedule has 5")
+        sets = [
+            _cron_field(part, name, low, high, where)
+            for part, (name, low, high) in zip(parts, _CRON_FIELDS, strict=True)
+        ]
+        weekdays = frozenset(d % 7 for d in sets[4])
+        return cls(
+            text=text,
+            minutes=sets[0],
+            hours=sets[1],
+            days=sets[2],
+            months=sets[3],
+            weekdays=weekdays,
+            any_day=parts[2].startswith("*"),
+            any_weekday=parts[4].startswith("*"),
+        )
+
+    def day_matches(self, moment: datetime) -> bool:
+        """Does the calendar day of ``moment`` match (month and the two day fields)?"""
+        if moment.month not in self.months:
+            return False
+        in_month = moment.day in self.days
+        in_week = (moment.isoweekday() % 7) in self.weekdays
+        if self.any_day and self.any_weekday:
+            return True
+        if self.any_day:
+            return in_week
+        if self.any_weekday:
+            return in_month
+        return in_month or in_week
+
+    def last_start(self, now: float, *, within: float) -> float | None:
+        """The latest minute at or before ``now`` (epoch seconds) the schedule matches.
+
+        Only the last ``within`` seconds are searched; None when no match
+        lies in them. Days, then hours, are skipped whole when they cannot
+        match, so a week's search costs at most a few hundred steps.
+        """
+        minute = math.floor(now / 60) * 60
+        earliest = now - within
+        while minute >= earliest - 60:
+            moment = datetime.fromtimestamp(minute, tz=UTC)
+            if not self.day_matches(moment):
+                minute = minute - (moment.hour * 3600 + moment.minute * 60) - 60
+                continue
+            if moment.hour not in self.hours:
+                minute = minute - moment.minute * 60 - 60
+                continue
+            below = [m for m in self.minutes if m <= moment.minute]
+            if not below:
+                minute = minute - moment.minute * 60 - 60
+                continue
+            start = minute - (moment.minute - max(below)) * 60
+            return start if start > earliest else None
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """When a budget is in force: from each start of ``schedule`` for ``duration_seconds``."""
+
+    schedule: CronSchedule
+    duration_seconds: int
+
+    def open_at(self, now: float) -> bool:
+        """True while a window that opened at a scheduled minute has not yet closed."""
+        start = self.schedule.last_start(now, within=self.duration_seconds)
+        return start is not None and now < start + self.duration_seconds
+
+    def opens_next(self, now: float, *, horizon: float = MAX_WINDOW_SECONDS) -> float | None:
+        """The next instant after ``now`` the window is open, searching ``horizon`` seconds.
+
+        For the ``budgets`` listing ("in force from ..."); None past the horizon.
+        """
+        minute = math.floor(now / 60) * 60 + 60
+        end = now + horizon
+        while minute <= end:
+            if self.open_at(minute):
+                return float(minute)
+            minute += 60
+        return None
+
+
+# -- budgets --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Subject:
+    """What a scope looks at for one machine: its shape and its cluster."""
+
+    instance_type: str
+    capacity_type: str
+    resources: frozenset[str]
+    cluster_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """A set of machines: shapes and/or clusters. Every non-empty criterion must match.
+
+    ``instance_types`` and ``clusters`` are shell-style patterns
+    (``p4d.*``, ``team-a-*``); ``resources`` matches a shape that offers
+    any of the named resources (``nvidia.com/gpu``: every GPU shape);
+    ``capacity_types`` names ``on-demand``, ``spot``, ``reserved`` or
+    ``bare-metal``. An empty scope is the whole shard.
+    """
+
+    instance_types: tuple[str, ...] = ()
+    capacity_types: tuple[str, ...] = ()
+    resources: tuple[str, ...] = ()
+    clusters: tuple[str, ...] = ()
+
+    def shape_matches(self, subject: Subject) -> bool:
+        """The shape criteria alone (instance type, capacity type, resources)."""
+        if self.instance_types and not any(
+            fnmatch.fnmatchcase(subject.instance_type, p) for p in self.instance_types
+        ):
+            return False
+        if self.capacity_types and subject.capacity_type not in self.capacity_types:
+            return False
+        return not self.resources or any(r in subject.resources for r in self.resources)
+
+    def cluster_matches(self, cluster_id: str) -> bool:
+        """The cluster criterion alone."""
+        return not self.clusters or any(fnmatch.fnmatchcase(cluster_id, p) for p in self.clusters)
+
+    def matches(self, subject: Subject) -> bool:
+        """Is this machine in the scope?"""
+        return self.shape_matches(subject) and self.cluster_matches(subject.cluster_id)
+
+    def describe(self) -> str:
+        """A short text for listings and reasons (``every machine`` when empty)."""
+        parts = [
+            f"{label}={','.join(values)}"
+            for label, values in (
+                ("instance_types", self.instance_types),
+                ("capacity_types", self.capacity_types),
+                ("resources", self.resources),
+                ("clusters", self.clusters),
+            )
+            if values
+        ]
+        return " ".join(parts) or "every machine"
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """At most ``count`` machines, or ``percent`` of the scope, draining at once (see module)."""
+
+    name: str
+    scope: Scope = field(default_factory=Scope)
+    reasons: frozenset[DrainReason] = frozenset({DrainReason.RECLAIM})
+    count: int | None = None
+    percent: float | None = None
+    window: Window | None = None
+
+    def __post_init__(self) -> None:
+        where = f"budget {self.name!r}"
+        if not self.name:
+            raise BudgetError("name", "a budget needs a name (listings and holds quote it)")
+        if (self.count is None) == (self.percent is None):
+            raise BudgetError(f"{where}.nodes", "give exactly one of a count or a percentage")
+        if self.count is not None and self.count < 0:
+            raise BudgetError(f"{where}.nodes", f"count {self.count} is negative")
+        if self.percent is not None and not (0.0 <= self.percent <= 100.0):
+            raise BudgetError(f"{where}.nodes", f"percentage {self.percent} is outside 0-100")
+        if not self.reasons:
+            raise BudgetError(f"{where}.reasons", "name at least one reason")
+
+    def in_force(self, now: float) -> bool:
+        """True at ``now`` (always, without a window)."""
+        return self.window is None or self.window.open_at(now)
+
+    def cap(self, machines_in_scope: int) -> int:
+        """How many of the scope's machines may drain at once (percentages round up)."""
+        if self.count is not None:
+            return self.count
+        assert self.percent is not None
+        return math.ceil(self.percent * machines_in_scope / 100.0 - 1e-9)
+
+    def describe_cap(self) -> str:
+        """``3`` or ``10%``."""
+        return str(self.count) if self.count is not None else f"{self.percent:g}%"
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetUse:
+    """A budget at one instant: in force or not, its cap, what drains under it."""
+
+    budget: Budget
+    in_force: bool
+    machines_in_scope: int
+    cap: int
+    draining: int
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """A drain a cycle wanted and did not start, and what held it back.
+
+    ``cause`` is ``budget`` (``budget`` names it, with ``cap`` and
+    ``draining`` at that moment) or ``do-not-disrupt`` (``until`` is when
+    the protection of the need ``need_key`` ends for this machine).
+    """
+
+    machine_id: str
+    cluster_id: str
+    reason: DrainReason
+    cause: str
+    budget: str = ""
+    cap: int = 0
+    draining: int = 0
+    need_key: str = ""
+    until: float = 0.0
+
+    def describe(self) -> str:
+        """The reason text a why-not or a decision log shows."""
+        if self.cause == "budget":
+            return (
+                f"{self.reason.value} held by disruption budget {self.budget!r} "
+                f"({self.draining} of {self.cap} draining)"
+            )
+        return f"{self.reason.value} held by do-not-disrupt of need {self.need_key}"
+
+
+def admit(
+    budgets: Sequence[Budget],
+    *,
+    now: float,
+    requests: Sequence[tuple[Subject, DrainReason]],
+    in_scope: Callable[[Budget], int],
+    draining: Callable[[Budget], int],
+) -> tuple[list[bool], list[tuple[int, BudgetUse]]]:
+    """Admit drain requests in order while every budget that applies has room.
+
+    ``in_scope(b)`` counts the machines of budget ``b``'s scope; ``draining(b)``
+    those in its scope already draining for one of its reasons. Returns one
+    flag per request and, for each refused request, its index and the use
+    of the budget with the least room (the one to name).
+    """
+    live = [b for b in budgets if b.in_force(now)]
+    caps: dict[int, int] = {}
+    totals: dict[int, int] = {}
+    used: dict[int, int] = {}
+    admitted: list[bool] = []
+    refused: list[tuple[int, BudgetUse]] = []
+    for index, (subject, reason) in enumerate(requests):
+        applying = [
+            i for i, b in enumerate(live) if reason in b.reasons and b.scope.matches(subject)
+        ]
+        tightest: int | None = None
+        for i in applying:
+            if i not in caps:
+                totals[i] = in_scope(live[i])
+                caps[i] = live[i].cap(totals[i])
+                used[i] = draining(live[i])
+            room = caps[i] - used[i]
+            if room <= 0 and (tightest is None or room < caps[tightest] - used[tightest]):
+                tightest = i
+        if tightest is not None:
+            admitted.append(False)
+            b = live[tightest]
+            refused.append(
+                (index, BudgetUse(b, True, totals[tightest], caps[tightest], used[tightest]))
+            )
+            continue
+        for i in applying:
+            used[i] += 1
+        admitted.append(True)
+    return admitted, refused
+
+
+# -- parsing -------------------------------------------------------------------------
+
+
+def _strings(value: object, where: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise BudgetError(where, "must be a list of non-empty strings")
+    return tuple(value)
+
+
+_CAPACITY_TYPES = ("on-demand", "spot", "reserved", "bare-metal")
+_KEYS = {"name", "nodes", "reasons", "scope", "schedule", "duration"}
+_SCOPE_KEYS = {"instance_types", "capacity_types", "resources", "clusters"}
+
+
+def _duration(value: object, where: str) -> int:
+    """Seconds from ``90``, ``"90s"``, ``"30m"``, ``"10h"``, ``"1h30m"`` or ``"2d"``."""
+    if isinstance(value, bool):
+        raise BudgetError(where, "must be seconds or a duration like '10h'")
+    if isinstance(value, int):
+        seconds = value
+    elif isinstance(value, str) and value:
+        seconds, number = 0, ""
+        units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+        for char in value:
+            if char.isdigit():
+                number += char
+            elif char in units and number:
+                seconds += int(number) * units[char]
+                number = ""
+            else:
+                raise BudgetError(where, f"{value!r} is not a duration like '10h' or '1h30m'")
+        if number:
+            raise BudgetError(where, f"{value!r} ends without a unit (s, m, h, d)")
+    else:
+        raise BudgetError(where, "must be seconds or a duration like '10h'")
+    if not 0 < seconds <= MAX_WINDOW_SECONDS:
+        raise BudgetError(where, f"{seconds} s is outside 1 s to 7 days")
+    return seconds
+
+
+def _budget(item: object, where: str) -> Budget:
+    if not isinstance(item, Mapping):
+        raise BudgetError(where, "must be an object")
+    unknown = sorted(set(item) - _KEYS)
+    if unknown:
+        raise BudgetError(f"{where}.{unknown[0]}", f"unknown field (known: {sorted(_KEYS)})")
+    name = item.get("name")
+    if not isinstance(name, str) or not name:
+        raise BudgetError(f"{where}.name", "must be a non-empty string")
+    nodes = item.get("nodes")
+    count: int | None = None
+    percent: float | None = None
+    if isinstance(nodes, int) and not isinstance(nodes, bool):
+        count = nodes
+    elif isinstance(nodes, str) and nodes.endswith("%"):
+        try:
+            percent = float(nodes[:-1])
+        except ValueError:
+            raise BudgetError(f"{where}.nodes", f"{nodes!r} is not a percentage") from None
+        if not math.isfinite(percent):
+            raise BudgetError(f"{where}.nodes", f"{nodes!r} is not a percentage")
+    elif isinstance(nodes, str) and nodes.isdigit():
+        count = int(nodes)
+    else:
+        raise BudgetError(f"{where}.nodes", "must be a count (3) or a percentage ('10%')")
+    reason_names = _strings(item.get("reasons", ["reclaim"]), f"{where}.reasons")
+    reasons: set[DrainReason] = set()
+    for i, text in enumerate(reason_names):
+        try:
+            reasons.add(DrainReason(text))
+        except ValueError:
+            known = [r.value for r in DrainReason]
+            raise BudgetError(f"{where}.reasons[{i}]", f"{text!r} is not one of {known}") from None
+    raw_scope = item.get("scope", {})
+    if not isinstance(raw_scope, Mapping):
+        raise BudgetError(f"{where}.scope", "must be an object")
+    unknown = sorted(set(raw_scope) - _SCOPE_KEYS)
+    if unknown:
+        raise BudgetError(
+            f"{where}.scope.{unknown[0]}", f"unknown field (known: {sorted(_SCOPE_KEYS)})"
+        )
+    scope = Scope(
+        instance_types=_strings(raw_scope.get("instance_types"), f"{where}.scope.instance_types"),
+        capacity_types=_strings(raw_scope.get("capacity_types"), f"{where}.scope.capacity_types"),
+        resources=_strings(raw_scope.get("resources"), f"{where}.scope.resources"),
+        clusters=_strings(raw_scope.get("clusters"), f"{where}.scope.clusters"),
+    )
+    for i, kind in enumerate(scope.capacity_types):
+        if kind not in _CAPACITY_TYPES:
+            raise BudgetError(
+                f"{where}.scope.capacity_types[{i}]",
+                f"{kind!r} is not one of {list(_CAPACITY_TYPES)}",
+            )
+    window: Window | None = None
+    schedule, duration = item.get("schedule"), item.get("duration")
+    if (schedule is None) != (duration is None):
+        raise BudgetError(f"{where}.schedule", "a window needs both a schedule and a duration")
+    if schedule is not None:
+        if not isinstance(schedule, str):
+            raise BudgetError(f"{where}.schedule", "must be a cron expression")
+        window = Window(
+            CronSchedule.parse(schedule, where=f"{where}.schedule"),
+            _duration(duration, f"{where}.duration"),
+        )
+    try:
+        return Budget(
+            name=name,
+            scope=scope,
+            reasons=frozenset(reasons),
+            count=count,
+            percent=percent,
+            window=window,
+        )
+    except BudgetError as error:
+        raise BudgetError(f"{where}.{error.field.rpartition('.')[2]}", error.reason) from None
+
+
+def parse_budgets(data: object) -> tuple[Budget, ...]:
+    """Budgets from their JSON form: a list of objects (the format ``docs/budgets.md`` shows).
+
+    ``{"name": "gpu", "nodes": "10%", "reasons": ["reclaim", "preempt"],
+    "scope": {"resources": ["nvidia.com/gpu"]}, "schedule": "0 8 * * 1-5",
+    "duration": "10h"}``. Raises :class:`BudgetError` naming the field
+    (``budgets[2].nodes``) and the reason; names must be unique.
+    """
+    if not isinstance(data, list):
+        raise BudgetError("budgets", "must be a list of budget objects")
+    result = tuple(_budget(item, f"budgets[{i}]") for i, item in enumerate(data))
+    seen: set[str] = set()
+    for i, budget in enumerate(result):
+        if budget.name in seen:
+            raise BudgetError(f"budgets[{i}].name", f"{budget.name!r} is used twice")
+        seen.add(budget.name)
+    return result
+
+
+# -- enforcement on a cycle's actions ----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One machine of a drain segment, as enforcement sees it."""
+
+    segment: int
+    row: int
+    subject: Subject
+    reason: DrainReason
+    protected_until: float = 0.0
+    protecting_need: str = ""
+
+
+def drain_reason(kind: int) -> DrainReason | None:
+    """The budget reason of an action kind (None for kinds that drain nothing)."""
+    if kind == ActionKind.RECLAIM:
+        return DrainReason.RECLAIM
+    if kind == ActionKind.PREEMPT:
+        return DrainReason.PREEMPT
+    return None
+
+
+def filter_log(log: ActionLog, refused: Mapping[int, frozenset[int]]) -> ActionLog:
+    """A copy of ``log`` without the refused rows (segment -> rows to drop).
+
+    Committing relies on a tail segment being exactly the last rows of its
+    pool (``ActionLog``). A segment that lost rows, and every later segment
+    of the same pool, is therefore marked as picked from inside the pool;
+    the engine then commits them machine by machine.
+    """
+    result = ActionLog()
+    disturbed: set[int] = set()
+    for s in range(len(log)):
+        rows = log.rows[s]
+        drop = refused.get(s)
+        pool = log.pool[s]
+        if drop:
+            rows = np.array([r for r in rows.tolist() if r not in drop], dtype=np.int64)
+            if pool >= 0:
+                disturbed.add(pool)
+        tail = log.tail[s] and not drop and pool not in disturbed
+        n = log.need[s]
+        result.add(
+            ActionKind(log.kind[s]),
+            rows,
+            cluster=log.cluster[s],
+            pool=pool,
+            tail=tail,
+            source=log.source[s],
+            need=None if n < 0 else log.needs[n],
+            priority=log.priority[s],
+            victim_priority=log.victim_priority[s],
+            grace=log.grace[s],
+            opens=log.opens[s],
+        )
+    return result
+
+
+def enforce(
+    log: ActionLog,
+    *,
+    budgets: Sequence[Budget],
+    now: float,
+    candidates: Iterable[Candidate],
+    machine_id: Callable[[int], str],
+    in_scope: Callable[[Budget], int],
+    draining: Callable[[Budget], int],
+) -> tuple[ActionLog, tuple[Hold, ...]]:
+    """Apply do-not-disrupt, then the budgets, to the drains of ``log``.
+
+    ``candidates`` are the machines of the log's drain segments in plan
+    order. Returns the log to commit (``log`` itself when nothing was held)
+    and the holds.
+    """
+    holds: list[Hold] = []
+    refused: dict[int, set[int]] = {}
+    requests: list[Candidate] = []
+    for candidate in candidates:
+        if candidate.reason is DrainReason.RECLAIM and candidate.protected_until > now:
+            refused.setdefault(candidate.segment, set()).add(candidate.row)
+            holds.append(
+                Hold(
+                    machine_id=machine_id(candidate.row),
+                    cluster_id=candidate.subject.cluster_id,
+                    reason=candidate.reason,
+                    cause="do-not-disrupt",
+                    need_key=candidate.protecting_need,
+                    until=candidate.protected_until,
+                )
+            )
+        else:
+            requests.append(candidate)
+    if budgets and requests:
+        _, refusals = admit(
+            budgets,
+            now=now,
+            requests=[(c.subject, c.reason) for c in requests],
+            in_scope=in_scope,
+            draining=draining,
+        )
+        for index, use in refusals:
+            candidate = requests[index]
+            refused.setdefault(candidate.segment, set()).add(candidate.row)
+            holds.append(
+                Hold(
+                    machine_id=machine_id(candidate.row),
+                    cluster_id=candidate.subject.cluster_id,
+                    reason=candidate.reason,
+                    cause="budget",
+                    budget=use.budget.name,
+                    cap=use.cap,
+                    draining=use.draining,
+                )
+            )
+    if not refused:
+        return log, ()
+    return filter_log(log, {s: frozenset(r) for s, r in refused.items()}), tuple(holds)
+
+
+def apply(
+    sheet: Worksheet,
+    *,
+    budgets: Sequence[Budget],
+    demands: Mapping[int, Demand],
+    catalog: ProfileCatalog,
+    names: Callable[[int], str],
+    draining: Mapping[int, DrainReason],
+) -> tuple[ActionLog, tuple[Hold, ...]]:
+    """:func:`enforce` on a worksheet's log, reading machines from its inventory.
+
+    ``demands`` are the cycle's compiled needs per cluster (for
+    do-not-disrupt), ``names`` names a cluster index, ``draining`` maps the
+    rows already in flight for a drain to its reason. Costs nothing when no
+    budget is configured and no reclaimed machine's cluster asks for
+    do-not-disrupt; otherwise it is linear in the machines of the drain
+    segments, plus one pass over the inventory per budget that applies.
+    """
+    log = sheet.log
+    drains = [s for s in range(len(log)) if drain_reason(log.kind[s]) is not None]
+    if not drains:
+        return log, ()
+    protected = {
+        log.cluster[s]
+        for s in drains
+        if log.kind[s] == ActionKind.RECLAIM
+        and (d := demands.get(log.cluster[s])) is not None
+        and any(n.do_not_disrupt_seconds > 0 for n in d.needs)
+    }
+    if not budgets and not protected:
+        return log, ()
+    inventory = sheet.inventory
+    now = sheet.now
+    now_s = inventory.seconds(now)
+    shapes: dict[int, tuple[str, str, frozenset[str]]] = {}
+
+    def shape(profile: int) -> tuple[str, str, frozenset[str]]:
+        known = shapes.get(profile)
+        if known is None:
+            p = catalog.profile(profile)
+            offered = frozenset(name for name, amount in p.allocatable if amount > 0)
+            known = (p.instance_type, capacity_type_label(p.capacity_type), offered)
+            shapes[profile] = known
+        return known
+
+    def subject(row: int) -> Subject:
+        instance_type, capacity_type, resources = shape(int(inventory.profile[row]))
+        return Subject(instance_type, capacity_type, resources, names(int(inventory.cluster[row])))
+
+    def protection(cluster: int, row: int) -> tuple[float, str]:
+        demand = demands[cluster]
+        profile = int(inventory.profile[row])
+        configured_at = now - (now_s - int(inventory.since[row]))
+        best, key = 0.0, ""
+        for i, need in enumerate(demand.needs):
+            seconds = need.do_not_disrupt_seconds
+            if seconds <= 0 or profile >= demand.matrix.shape[1] or not demand.matrix[i, profile]:
+                continue
+            if configured_at + seconds > best:
+                best, key = configured_at + seconds, demand.keys[i]
+        return best, key
+
+    candidates: list[Candidate] = []
+    for s in drains:
+        reason = drain_reason(log.kind[s])
+        assert reason is not None
+        guard = log.cluster[s] in protected
+        for row in log.rows[s].tolist():
+            until, key = protection(log.cluster[s], row) if guard else (0.0, "")
+            candidates.append(Candidate(s, row, subject(row), reason, until, key))
+
+    pairs: list[tuple[int, int, int]] = []
+
+    def in_scope(budget: Budget) -> int:
+        # Machines of one (profile, cluster) are alike to a scope: count pairs once.
+        if not pairs:
+            rows = np.array(inventory.ids.live_rows(), dtype=np.int64)
+            if not len(rows):
+                return 0
+            width = int(inventory.cluster[rows].max()) + 2
+            keys = inventory.profile[rows].astype(np.int64) * width + (
+                inventory.cluster[rows].astype(np.int64) + 1
+            )
+            unique, counts = np.unique(keys, return_counts=True)
+            pairs.extend(
+                (int(k) // width, int(k) % width - 1, int(n))
+                for k, n in zip(unique.tolist(), counts.tolist(), strict=True)
+            )
+        total = 0
+        for profile, cluster, n in pairs:
+            instance_type, capacity_type, resources = shape(profile)
+            cluster_id = names(cluster) if cluster >= 0 else ""
+            if budget.scope.matches(Subject(instance_type, capacity_type, resources, cluster_id)):
+                total += n
+        return total
+
+    def already(budget: Budget) -> int:
+        return sum(
+            1
+            for row, reason in draining.items()
+            if reason in budget.reasons and budget.scope.matches(subject(row))
+        )
+
+    return enforce(
+        log,
+        budgets=budgets,
+        now=now,
+        candidates=candidates,
+        machine_id=inventory.ids.id_of,
+        in_scope=in_scope,
+        draining=already,
+    )
