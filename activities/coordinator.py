@@ -23,10 +23,10 @@ from shard_engine.coordination import (
     ProfileSupply,
     ShardShortfall,
     ShardView,
-    distribute_evenly,
     plan_transfers,
     quota_group,
 )
+from shard_engine.dealing import Dealable, deal, rack_of
 from shard_engine.model import Operator, Requirement
 from workflows import coordinator_contracts as co
 from workflows.contracts import MachineTarget
@@ -74,18 +74,11 @@ class CoordinatorActivities:
         rebalance: list[co.TransferSpec] = []
         for provider, client in sorted(self._providers.items()):
             listing = await client.list()
-            cloud_unowned: dict[str, list[str]] = defaultdict(list)
             cloud_current: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
             cloud_spare: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-            racks: dict[str, list[str]] = defaultdict(list)
-            rack_owner: dict[str, str] = {}
             samples: dict[str, provider_pb2.Machine] = {}
             for m in listing.machines:
                 if m.capacity_type == BARE_METAL:
-                    rack = m.labels.get(LABEL_RACK, m.zone)
-                    racks[rack].append(m.id)
-                    if m.id in owners:
-                        rack_owner.setdefault(rack, owners[m.id])
                     continue
                 group = cloud_group(provider, m)
                 samples.setdefault(group, m)
@@ -93,23 +86,15 @@ class CoordinatorActivities:
                     cloud_current[owners[m.id]][group] += 1
                     if m.state == provider_pb2.MACHINE_STATE_SPECULATIVE:
                         cloud_spare[owners[m.id]][group] += 1
-                elif m.state == provider_pb2.MACHINE_STATE_SPECULATIVE:
-                    cloud_unowned[group].append(m.id)
-            for shard, ids in distribute_evenly(cloud_unowned, shards, cloud_current).items():
-                taken = await self._store.assign_unowned(shard, provider, ids, term=inp.term)
-                adoptions[shard] += [MachineTarget(i, provider) for i in taken]
-            # Whole racks: a rack nobody owns goes to the shard with the fewest racks.
-            rack_counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-            for owner in rack_owner.values():
-                rack_counts[owner]["racks"] += 1
-            free_racks = [r for r in racks if r not in rack_owner]
-            for shard, rack_ids in distribute_evenly(
-                {"racks": free_racks}, shards, rack_counts
-            ).items():
-                for rack in rack_ids:
-                    taken = await self._store.assign_unowned(
-                        shard, provider, racks[rack], term=inp.term
-                    )
+            # The same dealing as the simulator's: quota evenly, bare metal in whole racks.
+            dealt = deal([_dealable(provider, m, owners) for m in listing.machines], shards)
+            for shard in shards:
+                batches = [dealt.cloud.get(shard, [])]
+                batches += [ids for _rack, ids in sorted(dealt.racks.get(shard, {}).items())]
+                for ids in batches:
+                    if not ids:
+                        continue
+                    taken = await self._store.assign_unowned(shard, provider, ids, term=inp.term)
                     adoptions[shard] += [MachineTarget(i, provider) for i in taken]
             rebalance += self._rebalance(
                 provider, shards, everyone, cloud_current, cloud_spare, samples, owned_total
@@ -249,6 +234,20 @@ class CoordinatorActivities:
         await self._store.finish_instruction(
             term=inp.term, seq=inp.seq, status=inp.status, outcome=inp.outcome
         )
+
+
+def _dealable(provider: str, m: provider_pb2.Machine, owners: Mapping[str, str]) -> Dealable:
+    """A listed machine as ``shard_engine.dealing`` sees it."""
+    return Dealable(
+        machine_id=m.id,
+        provider=provider,
+        zone=m.zone,
+        instance_type=m.instance_type,
+        capacity_type=int(m.capacity_type),
+        rack=rack_of(m.labels, m.zone, LABEL_RACK) if m.capacity_type == BARE_METAL else "",
+        speculative=m.state == provider_pb2.MACHINE_STATE_SPECULATIVE,
+        owner=owners.get(m.id, ""),
+    )
 
 
 def _without_shortfalls(report: co.ShardReport) -> co.ShardReport:

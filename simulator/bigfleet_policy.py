@@ -38,14 +38,15 @@ from functools import partial
 
 from providers.errors import ProviderError
 from providers.model import FencingToken
+from shard_engine.catalog import LABEL_RACK
 from shard_engine.coordination import (
     Instruction,
     ProfileSupply,
     ShardShortfall,
     ShardView,
-    distribute_evenly,
     plan_transfers,
 )
+from shard_engine.dealing import Dealable, deal, rack_of
 from shard_engine.engine import EngineConfig, ShardEngine
 from shard_engine.model import (
     Action,
@@ -145,16 +146,13 @@ class BigFleetPolicy:
         per_shard = len(records) // max(1, len(ids)) + 1
         for sid in ids:
             self.shards[sid] = _Shard(sid)
-        groups: dict[str, list[str]] = defaultdict(list)
         by_id = {r.id: r for r in records}
-        for r in records:
-            rack = r.labels.get("topology.kubernetes.io/rack")
-            group = f"rack:{rack}" if rack else f"{r.provider}/{r.zone}/{r.instance_type}"
-            groups[group].append(r.id)
+        # Production's dealing (the coordinator's distribution): whole racks, even quota.
+        dealt = deal([_dealable(r) for r in records], ids)
         loads: dict[str, list[MachineRecord]] = {}
-        for sid, machine_ids in distribute_evenly(groups, ids, {}).items():
+        for sid in ids:
             shard = self.shards[sid]
-            loads[sid] = [by_id[mid] for mid in machine_ids]
+            loads[sid] = [by_id[mid] for mid in dealt.machines_of(sid)]
             for record in loads[sid]:
                 shard.owned[record.id] = record.provider
                 self.owner[record.id] = sid
@@ -529,6 +527,19 @@ class BigFleetPolicy:
     def machines_by_state(self) -> Counter[str]:
         """Machines per state over every shard (for the time series)."""
         return Counter(s.name for s in self.state_of.values())
+
+
+def _dealable(record: MachineRecord) -> Dealable:
+    """A simulated machine as ``shard_engine.dealing`` sees it (nobody owns it yet)."""
+    return Dealable(
+        machine_id=record.id,
+        provider=record.provider,
+        zone=record.zone,
+        instance_type=record.instance_type,
+        capacity_type=int(record.capacity_type),
+        rack=rack_of(record.labels, record.zone, LABEL_RACK),
+        speculative=record.state is MachineState.SPECULATIVE,
+    )
 
 
 def _load_engines(
