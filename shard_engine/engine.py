@@ -22,7 +22,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from shard_engine import health, phase1, preemption, reclaim, shortfalls, verdicts
+from shard_engine import budgets, health, phase1, preemption, reclaim, shortfalls, verdicts
 from shard_engine.actions import ActionKind, ActionLog, ActionTable
 from shard_engine.catalog import ProfileCatalog
 from shard_engine.clusters import NO_CLUSTER, ClusterIndex
@@ -161,6 +161,10 @@ class ShardEngine:
         self._stopwatch = stopwatch
         self.stats = CycleStats()
         self.paused = False
+        # Disruption budgets in force (set by the shard process) and what the
+        # last cycle held back under them or under do-not-disrupt (budgets.py).
+        self.budgets: tuple[budgets.Budget, ...] = ()
+        self.holds: tuple[budgets.Hold, ...] = ()
         self._catalog = ProfileCatalog()
         self._clusters = ClusterIndex()
         self._masks = RequirementMasks(self._catalog)
@@ -332,6 +336,15 @@ class ShardEngine:
             release=self._table.releases(),
         )
         lap("reclaim")
+        sheet.log, self.holds = budgets.apply(
+            sheet,
+            budgets=self.budgets,
+            demands=by_cluster,
+            catalog=self._catalog,
+            names=self._clusters.name,
+            draining=self._draining() if self.budgets else {},
+        )
+        lap("budgets")
         reclaim.release_idle(
             sheet=sheet,
             catalog=self._catalog,
@@ -384,6 +397,16 @@ class ShardEngine:
             for key, reason in reasons.items()
         }
         return Plan(now=now, table=table, shortfalls=found, why_not=plan_why_not, dry_run=dry_run)
+
+    def _draining(self) -> dict[int, budgets.DrainReason]:
+        """Rows in flight for a drain, and the budget reason each counts under."""
+        return {
+            row: budgets.DrainReason.PREEMPT
+            if flight.kind is ActionKind.PREEMPT
+            else budgets.DrainReason.RECLAIM
+            for row, flight in self._flights.items()
+            if flight.kind is ActionKind.PREEMPT or flight.kind is ActionKind.RECLAIM
+        }
 
     def _assign_promises(self, sheet: Worksheet, demands: Mapping[int, Demand]) -> None:
         """Stage 0: a machine freed by preemption goes to its preemptor before anyone else."""
