@@ -35,16 +35,20 @@ penalty (keep the machine with more accumulated value). At most
 sent a roll-up, and machines in flight, are left alone.
 
 **Named release.** A cluster whose roll-up names machines it can give up
-(``Rollup.release``, even none) loses excess only from those machines: the bound on
-how many may go is computed as above, and the machines taken are the named
-ones of each group, never any other. The list says *which* machines may
-go, not *whether* any should: rules 1–4 decide that for every cluster
-alike, and a named machine younger than the minimum age waits too. A scheduler that keeps particular
-workers (a Nanook cluster's ``workers_to_keep``) thus never sees them
-reclaimed for excess; if too few named machines are configured, less is
-reclaimed and the rest waits for a later roll-up (ADR 0070). A cluster
-that names nothing (or only machines this shard does not know) is skipped
-outright and does not use up a place among the clusters examined per cycle.
+(``Rollup.release``, even none) loses excess only from those machines, never
+any other. The list is an explicit request, not excess (ADR 0125): a named
+machine goes at the next cycle when the cluster's needs *as they are now*
+stay covered without it — rule 1 still holds, rules 2–4 (window, hysteresis,
+minimum age) and the per-cycle rate cap do not apply, because they guard
+against noisy *implicit* excess and a scheduler that names its workers (a
+Nanook pool) has already decided. How many may go is the bound computed
+from the current needs; the machines taken are the named ones. Kept
+workers (``workers_to_keep``) are never named, so never reclaimed for
+excess (ADR 0070). A cluster that names nothing (or only machines this
+shard does not know) is skipped outright, its hysteresis record dropped,
+and does not use up a place among the clusters examined per cycle.
+A hysteresis streak that a reclaim used up ends, so the next scale-down
+starts its own streak instead of inheriting a least excess of zero.
 Preemption (Phase 2) is not restricted.
 
 **Release idle.** An idle cloud machine is deleted once it has been idle for
@@ -66,7 +70,7 @@ from shard_engine.actions import ActionKind
 from shard_engine.catalog import ProfileCatalog
 from shard_engine.clusters import NO_CLUSTER
 from shard_engine.config import EngineConfig
-from shard_engine.demand_history import DemandHistory
+from shard_engine.demand_history import DemandHistory, Peaks
 from shard_engine.model import CapacityType
 from shard_engine.needs import Demand
 from shard_engine.phase1 import memo_key
@@ -235,8 +239,14 @@ def reclaim_excess(
         if named is not None and not named:
             # It named nothing it can give up (present and empty, or no machine we know):
             # nothing of it may go for excess, so it costs neither work nor a place in
-            # this cycle's budget of examined clusters.
+            # this cycle's budget of examined clusters. Its hysteresis record goes: a
+            # streak is consecutive cycles of excess, and this cycle did not count one.
+            if record:
+                memory.streaks.pop(cluster, None)
             continue
+        # A named release is an explicit request (ADR 0125): judged against the demand
+        # now, with no window, minimum age, hysteresis or rate cap.
+        explicit = named is not None
         if examined >= config.reclaim_clusters_per_cycle:
             memo.reclaim_cursor = start + offset
             break
@@ -260,7 +270,7 @@ def reclaim_excess(
         available = available[live]
         profiles = pools.profile[pool_ids].astype(np.int64)
 
-        peaks = memory.history.peaks(demand, now=now)
+        peaks = _current(demand) if explicit else memory.history.peaks(demand, now=now)
         supply = sheet.supply_row(cluster)
         settled = np.zeros(len(supply), dtype=np.int64)
         settled[profiles] = available
@@ -273,7 +283,7 @@ def reclaim_excess(
             arriving = peaks.matrix[:, moving].any(axis=1)
             surplus[arriving] = _BLOCKED
         recheck = peaks.recheck_at
-        if config.reclaim_min_age_seconds > 0 and peaks.matrix.shape[0]:
+        if config.reclaim_min_age_seconds > 0 and peaks.matrix.shape[0] and not explicit:
             youngest = _youngest(sheet, pool_ids, profiles, peaks.matrix.shape[1])
             grew = youngest > oldest_since
             if grew.any():
@@ -283,7 +293,8 @@ def reclaim_excess(
         if not (bound > 0).any():
             if record:
                 memory.streaks.pop(cluster, None)
-            _mark_quiet(sheet, memory, demand, touched=touched, until=recheck)
+            if not explicit:  # a new list with the same needs must be looked at again
+                _mark_quiet(sheet, memory, demand, touched=touched, until=recheck)
             continue
 
         # Hysteresis: per profile, the least excess over a streak of consecutive cycles.
@@ -296,13 +307,14 @@ def reclaim_excess(
             before = known.get(profile)
             streaks[profile] = (
                 _Streak(cycle, excess)
-                if before is None
+                if before is None or explicit
                 else _Streak(before.first_cycle, min(before.least, excess))
             )
+        needed = 1 if explicit else hysteresis
         ready = np.array(
             [
                 streaks[p].least
-                if p in streaks and cycle - streaks[p].first_cycle + 1 >= hysteresis
+                if p in streaks and cycle - streaks[p].first_cycle + 1 >= needed
                 else 0
                 for p in profiles.tolist()
             ],
@@ -314,9 +326,13 @@ def reclaim_excess(
             continue  # examined again next cycle, to count the streak
 
         configured = int(counts.sum())
-        budget = max(
-            config.reclaim_minimum_per_cycle,
-            math.floor(config.reclaim_fraction_per_cycle * configured),
+        budget = (
+            configured
+            if explicit
+            else max(
+                config.reclaim_minimum_per_cycle,
+                math.floor(config.reclaim_fraction_per_cycle * configured),
+            )
         )
         serving = demand.serving[profiles]
         penalty = (
@@ -356,7 +372,7 @@ def reclaim_excess(
                 sheet,
                 PoolKey(TIER_BOUND, cluster, profile),
                 machines,
-                oldest_since,
+                math.inf if explicit else oldest_since,
                 named,
             )
             if isinstance(taken, float):
@@ -375,7 +391,11 @@ def reclaim_excess(
                 surplus[matches] -= len(rows) * alloc[profile]
                 shrunk.update(np.flatnonzero(matches).tolist())
             if record and profile in streaks:
+                # What went is no longer excess; a streak used up ends, so the next
+                # scale-down starts a streak of its own instead of inheriting zero.
                 streaks[profile].least -= len(rows)
+                if streaks[profile].least <= 0:
+                    del streaks[profile]
             sheet.log.add(
                 ActionKind.RECLAIM,
                 rows,
@@ -387,6 +407,13 @@ def reclaim_excess(
         if not changed and coming_of_age < math.inf:
             _mark_quiet(sheet, memory, demand, touched=touched, until=min(coming_of_age, recheck))
     return capped
+
+
+def _current(demand: Demand) -> Peaks:
+    """The cluster's needs as they are now: what an explicit release is judged against."""
+    dims = demand.aggregate.shape[1] if demand.aggregate.ndim == 2 else 0
+    aggregate = demand.aggregate.reshape(-1, dims).copy()
+    return Peaks(demand.matrix, aggregate, np.zeros_like(aggregate), len(demand.keys), math.inf)
 
 
 def _youngest(
