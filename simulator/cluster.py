@@ -85,6 +85,7 @@ class ClusterModel:
         heuristic: Heuristic,
         gap: bool,
         flap_window_s: float = 600.0,
+        release_after_s: float = 600.0,
         notify: set[str] | None = None,
     ) -> None:
         self.cluster_id = cluster_id
@@ -93,6 +94,9 @@ class ClusterModel:
         self.heuristic = heuristic
         self.gap = gap
         self.flap_window_s = flap_window_s
+        # A node is offered for release once it has been empty this long (ADR 0125).
+        self.release_after_s = release_after_s
+        self._now = 0.0  # the latest instant the model saw (roll-ups carry no clock)
         self.pods: dict[str, PodState] = {}
         # pod -> (its roll-up aggregation key, the request the roll-up adds for it)
         self._keys: dict[str, tuple[AggregationKey, Vector]] = {}
@@ -108,6 +112,7 @@ class ClusterModel:
         self._labels: list[Mapping[str, str]] = []
         self._joined: list[float] = []
         self._on_node: list[set[str]] = []
+        self._empty_since: list[float] = []
         self._alloc = np.zeros((0, _D))
         self._placed = np.zeros((0, _D))
         self._reserved = np.zeros((0, _D))
@@ -147,6 +152,8 @@ class ClusterModel:
         self._labels.append(labels)
         self._joined.append(now)
         self._on_node.append(set())
+        self._empty_since.append(now)
+        self._now = max(self._now, now)
         vec = np.array([[allocatable.get(d, 0.0) for d in DIMENSIONS]])
         self._alloc = np.vstack([self._alloc, vec])
         zero = np.zeros((1, _D))
@@ -188,6 +195,7 @@ class ClusterModel:
             self._labels[row] = self._labels[last]
             self._joined[row] = self._joined[last]
             self._on_node[row] = self._on_node[last]
+            self._empty_since[row] = self._empty_since[last]
             for arr in (self._alloc, self._placed, self._reserved, self._borrowed):
                 arr[row] = arr[last]
             for name in self._on_node[row]:
@@ -196,6 +204,7 @@ class ClusterModel:
         self._labels.pop()
         self._joined.pop()
         self._on_node.pop()
+        self._empty_since.pop()
         self._alloc = self._alloc[:last]
         self._placed = self._placed[:last]
         self._reserved = self._reserved[:last]
@@ -269,6 +278,9 @@ class ClusterModel:
                 self._placed[row] -= placement
                 self._reserved[row] -= reservation
             self._on_node[row].discard(state.spec.name)
+            if not self._on_node[row]:
+                self._empty_since[row] = now
+        self._now = max(self._now, now)
         state.node = ""
         state.placed_at = None
         state.borrowing = False
@@ -327,6 +339,7 @@ class ClusterModel:
 
     def schedule(self, now: float) -> int:
         """Place what can be placed; returns pods placed. Gaps close on best-effort pods."""
+        self._now = max(self._now, now)
         if not self.pending or not self._ids:
             return 0
         order = sorted(self.pending, key=self._rank.__getitem__)
@@ -423,14 +436,23 @@ class ClusterModel:
     def releasable(self) -> list[str]:
         """Nodes the cluster can give up with the least disruption (wire extension 1001).
 
-        Empty nodes only. Naming them keeps the shard's Phase 3 off nodes
+        Nodes empty for ``release_after_s`` at the latest instant the model
+        saw. A named node goes at the shard's next cycle (ADR 0125: an
+        explicit release is not excess), so the cluster, like a
+        per-cluster autoscaler's consolidation delay, waits before naming a
+        node a burst may fill again. Naming them keeps the shard's Phase 3 off nodes
         whose pods would be evicted only because the sum of requests leaves
         packing slack (ADR 0081); a node lent to best-effort pods keeps
         them until it empties (naming it made the gap flap).
         The list is always sent, empty when nothing can go: present and
         empty means "reclaim none of my nodes for excess" (ADR 0070).
         """
-        return [mid for mid, on in zip(self._ids, self._on_node, strict=True) if not on]
+        after = self._now - self.release_after_s
+        return [
+            mid
+            for mid, on, since in zip(self._ids, self._on_node, self._empty_since, strict=True)
+            if not on and since <= after
+        ]
 
     # -- reading ----------------------------------------------------------------------
     def usage(self) -> tuple[FloatArray, FloatArray, FloatArray]:
