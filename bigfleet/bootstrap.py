@@ -11,8 +11,9 @@
 What each worker serves is listed once: ``activities.registry``
 (``shard_activities``, ``coordinator_activities``) and ``workflows.registry``
 (``ALL_WORKFLOWS``, ``COORDINATOR_WORKFLOWS``). The CLI (``bigfleet shard``,
-``bigfleet coordinator run``) and the dev stack call this module; nothing
-connects at import time.
+``bigfleet coordinator run``, and every command's store and Temporal client
+through ``bigfleet.cli.connections``) and the dev stack call this module;
+nothing connects at import time.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ __all__ = [
     "open_store",
     "shard_options",
     "shard_process",
+    "temporal_client",
     "temporal_tls_of",
 ]
 
@@ -73,9 +75,9 @@ class Wiring:
 
 
 async def open_store(
-    database_url: str, *, migrate: bool = True, retry_s: float = 0.0
+    database_url: str, *, migrate: bool = True, retry_s: float = 0.0, revision: str = "head"
 ) -> tuple[Database, Store]:
-    """The database (upgraded to the newest schema unless ``migrate`` is False) and its store.
+    """The database (upgraded to ``revision`` unless ``migrate`` is False) and its store.
 
     With ``retry_s`` the first connection (and the migration) is retried with
     back-off for that long while PostgreSQL is not reachable yet.
@@ -84,7 +86,7 @@ async def open_store(
 
     async def ready() -> None:
         if migrate:
-            await db.migrate()
+            await db.migrate(revision)
         else:
             await Store(db.engine).term()
 
@@ -92,7 +94,7 @@ async def open_store(
         if retry_s > 0:
             await retrying("PostgreSQL", ready, within_s=retry_s)
         elif migrate:
-            await db.migrate()
+            await db.migrate(revision)
     except BaseException:
         await db.close()
         raise
@@ -108,6 +110,15 @@ def temporal_tls_of(settings: Settings) -> TLSConfig | None:
             "BIGFLEET_TEMPORAL_TLS", "needs BIGFLEET_TLS_CERT, BIGFLEET_TLS_KEY and BIGFLEET_TLS_CA"
         )
     return temporal_tls(KeyPairSource(settings.tls))
+
+
+async def temporal_client(settings: Settings, *, address: str, namespace: str) -> Client:
+    """A Temporal client for a short-lived command (no metrics runtime, no retrying).
+
+    Mutual TLS when BIGFLEET_TEMPORAL_TLS asks for it; raises :class:`ConfigError`
+    when it does without the certificate variables.
+    """
+    return await temporal.connect(address, namespace, tls=temporal_tls_of(settings))
 
 
 @contextlib.asynccontextmanager
