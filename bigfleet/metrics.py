@@ -39,6 +39,9 @@ __all__ = [
     "COORDINATOR_ROUNDS",
     "COORDINATOR_TERM",
     "CYCLE_SECONDS",
+    "DECISIONS_DROPPED",
+    "DECISIONS_WRITTEN",
+    "DRAINS_HELD",
     "IDENTITY_REFUSALS",
     "LEASE_EPOCH",
     "LEASE_HELD",
@@ -53,6 +56,9 @@ __all__ = [
     "ROLLUPS",
     "SESSIONS_OPEN",
     "SESSIONS_SHED",
+    "SHARD_DRY_RUN",
+    "SHARD_PAUSED",
+    "SHARD_SHADOW",
     "SHORTFALLS",
     "UNMET_NEEDS",
     "WORKFLOW_FAILURES",
@@ -125,6 +131,39 @@ LEASE_HELD = Gauge(
 LEASE_EPOCH = Gauge(
     "bigfleet_shard_lease_epoch",
     "Epoch of the shard's lease as this process last held it (fences provider calls)",
+    ["shard"],
+)
+
+# -- shard: safe adoption (pause, dry run, shadow, budgets, decision log) -----------------
+
+SHARD_PAUSED = Gauge(
+    "bigfleet_shard_paused",
+    "1 while an operator's pause is in force on this shard (nothing new starts)",
+    ["shard"],
+)
+SHARD_DRY_RUN = Gauge(
+    "bigfleet_shard_dry_run",
+    "1 while the shard plans in dry run (decisions recorded, nothing started)",
+    ["shard"],
+)
+SHARD_SHADOW = Gauge(
+    "bigfleet_shard_shadow",
+    "1 when the process runs in shadow mode (BIGFLEET_MODE=shadow): it never acts",
+    ["shard"],
+)
+DRAINS_HELD = Counter(
+    "bigfleet_shard_drains_held_total",
+    "Drains a cycle wanted and held back, by cause (budget, do-not-disrupt)",
+    ["shard", "cause"],
+)
+DECISIONS_WRITTEN = Counter(
+    "bigfleet_decisions_written_total",
+    "Decision log rows written to PostgreSQL",
+    ["shard"],
+)
+DECISIONS_DROPPED = Counter(
+    "bigfleet_decisions_dropped_total",
+    "Decision log rows dropped unwritten because the buffer was full (PostgreSQL slow or down)",
     ["shard"],
 )
 
