@@ -1,0 +1,160 @@
+"""The decision log as a shard writes it: bounded in memory, flushed to PostgreSQL off the cycle.
+
+Writing must never slow the cycle (issue 19): the cycle loop only turns a
+plan into rows and appends them to a bounded buffer (``record``); a
+separate task (``run``) writes batches with one statement each and prunes
+the shard's rows past retention. If PostgreSQL is slow or down, the buffer
+fills and the *oldest* unwritten rows are dropped and counted
+(``bigfleet_decisions_dropped_total``) — the log is evidence, not state,
+and a shard that stops deciding because its log is slow would be worse.
+
+Repetition is not evidence: a need short for an hour, or a drain a budget
+holds for a day, would otherwise write the same row every cycle. ``unmet``
+and ``held`` rows are written when they first appear and when their
+reason changes, and again at most every ``repeat_seconds`` (so a query
+"at" any instant finds a row no older than that).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from bigfleet import metrics
+from bigfleet.decisions.entries import Decision
+
+__all__ = ["DecisionLog", "DecisionSink", "LogLimits"]
+
+log = logging.getLogger(__name__)
+
+
+class DecisionSink(Protocol):
+    """Where rows go (``bigfleet.store.decisions.DecisionStore``)."""
+
+    async def append(self, entries: list[Decision]) -> int:
+        """Write a batch; raises on a database failure (the batch is kept and retried)."""
+        ...
+
+    async def prune(self, shard_id: str, *, retention_seconds: float, max_rows: int) -> int:
+        """Drop the shard's rows past retention and past the cap."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class LogLimits:
+    """The log's bounds (documented in ``docs/decisions.md``)."""
+
+    retention_seconds: float = 7 * 24 * 3600.0
+    max_rows_per_shard: int = 1_000_000
+    buffer_rows: int = 50_000
+    batch_rows: int = 5_000
+    flush_interval_s: float = 1.0
+    prune_every_s: float = 300.0
+    repeat_seconds: float = 600.0
+
+
+class DecisionLog:
+    """One shard's decision log writer (see module docstring)."""
+
+    def __init__(
+        self,
+        shard_id: str,
+        sink: DecisionSink,
+        *,
+        limits: LogLimits | None = None,
+        clock: Callable[[], float],
+    ) -> None:
+        self.shard_id = shard_id
+        self.limits = limits or LogLimits()
+        self._sink = sink
+        self._clock = clock
+        self._buffer: deque[Decision] = deque(maxlen=self.limits.buffer_rows)
+        self._last_said: dict[tuple[str, str, str, str], tuple[str, float]] = {}
+        self.written = 0
+        self.dropped = 0
+        self._wake = asyncio.Event()
+
+    def record(self, rows: Iterable[Decision]) -> int:
+        """Buffer a cycle's rows (repeats of ``unmet``/``held`` suppressed). Never blocks.
+
+        Returns how many were buffered.
+        """
+        added = 0
+        seen: set[tuple[str, str, str, str]] = set()
+        limits = self.limits
+        buffer = self._buffer
+        for row in rows:
+            if row.kind in ("unmet", "held"):
+                key = (row.kind, row.machine_id, row.cluster_id, row.need_key)
+                seen.add(key)
+                said = self._last_said.get(key)
+                if (
+                    said is not None
+                    and said[0] == row.reason
+                    and row.decided_at - said[1] < limits.repeat_seconds
+                ):
+                    continue
+                self._last_said[key] = (row.reason, row.decided_at)
+            if len(buffer) == buffer.maxlen:
+                self.dropped += 1
+                metrics.DECISIONS_DROPPED.labels(self.shard_id).inc()
+            buffer.append(row)
+            added += 1
+        # A need satisfied, a hold released: the next time it appears is news again.
+        for key in [k for k in self._last_said if k not in seen]:
+            del self._last_said[key]
+        if len(buffer) >= limits.batch_rows:
+            self._wake.set()
+        return added
+
+    @property
+    def pending(self) -> int:
+        """Rows buffered and not yet written."""
+        return len(self._buffer)
+
+    async def flush(self) -> int:
+        """Write everything buffered, in batches. Returns rows written; raises on failure,
+        leaving the unwritten rows buffered."""
+        total = 0
+        while self._buffer:
+            batch = [self._buffer[i] for i in range(min(self.limits.batch_rows, len(self._buffer)))]
+            await self._sink.append(batch)
+            for _ in batch:
+                self._buffer.popleft()
+            total += len(batch)
+            self.written += len(batch)
+            metrics.DECISIONS_WRITTEN.labels(self.shard_id).inc(len(batch))
+        return total
+
+    async def prune(self) -> int:
+        """Apply retention and the row cap to this shard's rows."""
+        return await self._sink.prune(
+            self.shard_id,
+            retention_seconds=self.limits.retention_seconds,
+            max_rows=self.limits.max_rows_per_shard,
+        )
+
+    async def run(self) -> None:
+        """Flush every ``flush_interval_s`` (or when a batch is full) and prune now and then,
+        until cancelled; a failing write is logged and retried at the next tick."""
+        next_prune = self._clock()
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self.limits.flush_interval_s)
+            self._wake.clear()
+            try:
+                await self.flush()
+                if self._clock() >= next_prune:
+                    await self.prune()
+                    next_prune = self._clock() + self.limits.prune_every_s
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.warning(
+                    "shard %s: decision log write failed; retrying", self.shard_id, exc_info=True
+                )
