@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import string
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -128,10 +128,6 @@ class PoolConfig:
             cluster_id=cluster_id, worker_config=worker_config.rstrip("\n"), leader=self.leader
         )
         return text.encode()
-
-    def with_limits(self, *, minimum: int, maximum: int | None) -> PoolConfig:
-        """The same pool with other limits (a reloaded file)."""
-        return replace(self, min=minimum, max=maximum)
 
 
 def dollars_to_bucket(dollars: float, *, field: str) -> int:

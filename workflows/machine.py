@@ -70,9 +70,6 @@ from workflows.retries import (
 
 T = TypeVar("T")
 
-# Kept under its old name for importers; defined once in workflows.retries.
-RETRY = PROVIDER_RETRY
-
 MAX_NOTES = 20
 
 # Workflows started before reasons were carried set neither BigFleetReason nor the
@@ -273,7 +270,7 @@ class MachineWorkflow:
     # ------------------------------------------------------------ activities
 
     async def _activity(
-        self, name: str, arg: Any, result_type: type[T], *, retry: RetryPolicy = RETRY
+        self, name: str, arg: Any, result_type: type[T], *, retry: RetryPolicy = PROVIDER_RETRY
     ) -> T:
         """Run an activity; stop on ``Fenced``, wait out ``LeaseLost``, re-raise the rest."""
         wait_s = LEASE_WAIT_INITIAL_S

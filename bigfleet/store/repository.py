@@ -630,17 +630,6 @@ class Store:
             )
             return [str(r[0]) for r in rows]
 
-    async def set_shard_state(self, shard_id: str, state: str) -> None:
-        if state not in ("active", "draining", "removed"):
-            raise ValueError(f"state: {state!r} is not one of active, draining, removed")
-        async with self._engine.begin() as conn:
-            result = await conn.execute(
-                text("UPDATE shards SET state = :state WHERE id = :id"),
-                {"state": state, "id": shard_id},
-            )
-            if result.rowcount == 0:
-                raise KeyError(f"shard {shard_id!r} does not exist")
-
     async def owners(self, machine_ids: Sequence[str] | None = None) -> dict[str, str]:
         """machine id -> owning shard (all machines when ``machine_ids`` is None)."""
         sql = "SELECT id, shard_id FROM machines"
