@@ -11,15 +11,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-ProviderKind = Literal["sim-cloud", "bare-metal"]
+if TYPE_CHECKING:
+    from providers.ec2.settings import Ec2Settings
+
+ProviderKind = Literal["sim-cloud", "bare-metal", "ec2"]
 OperationName = Literal["create", "configure", "drain", "delete"]
 
 OPERATIONS: tuple[OperationName, ...] = ("create", "configure", "drain", "delete")
 
 #: The default provider name (and so machine-id prefix) of each kind.
-DEFAULT_NAMES: dict[str, str] = {"sim-cloud": "simcloud", "bare-metal": "bm"}
+DEFAULT_NAMES: dict[str, str] = {"sim-cloud": "simcloud", "bare-metal": "bm", "ec2": "ec2"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +66,16 @@ KIND_DEFAULTS: dict[str, KindDefaults] = {
         drain=LatencyRange(5.0, 60.0),
         delete=LatencyRange(0.0, 0.0),
         deadlines={"create": 120.0, "configure": 900.0, "drain": 300.0, "delete": 300.0},
+    ),
+    # A real cloud (providers/ec2): Create, Configure and Delete take as long as
+    # EC2 takes, so only the drain latency (the workloads leaving) is modelled;
+    # the deadlines bound what EC2 and the bootstrap command may take.
+    "ec2": KindDefaults(
+        create=LatencyRange(0.0, 0.0),
+        configure=LatencyRange(0.0, 0.0),
+        drain=LatencyRange(5.0, 60.0),
+        delete=LatencyRange(0.0, 0.0),
+        deadlines={"create": 600.0, "configure": 900.0, "drain": 300.0, "delete": 600.0},
     ),
 }
 
@@ -111,6 +124,8 @@ class ProviderConfig:
     bare_metal_pricing: Literal["zero", "amortised"] = "zero"
     #: fsync the state journal after every write (survives power loss, slower).
     fsync: bool = False
+    #: EC2: accounts, regions, instance types and the AWS settings (kind ``ec2`` only).
+    ec2: Ec2Settings | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KIND_DEFAULTS:

@@ -198,6 +198,12 @@ class Plan:
 
     delay: float | None
     error: str | None = None
+    #: The substrate finishes the transition itself (a real cloud reporting
+    #: back): no completion timer is armed; the substrate's
+    #: ``_start_external`` runs instead and later calls ``_complete``. Fault
+    #: injection replaces such a plan like any other, and then nothing external
+    #: starts.
+    external: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -527,7 +533,9 @@ class ProviderCore:
     def _begin(self, record: MachineRecord, op: Operation, grace: int) -> None:
         deadline = self._deadline(record, op, grace)
         plan = self._inject_faults(op, self._plan(record, op, grace), deadline)
-        if plan.delay is not None:
+        if plan.external:
+            self._start_external(record, op)
+        elif plan.delay is not None:
             self._arm_completion(record, plan.delay, plan.error)
         operation_id = record.operation_id
         self._arm(record.id, "deadline", deadline, lambda: self._expire(record.id, operation_id))
@@ -825,6 +833,12 @@ class ProviderCore:
 
     def _mint_host(self, record: MachineRecord) -> HostRef:
         """The host a Create obtains."""
+        raise NotImplementedError
+
+    def _start_external(self, record: MachineRecord, op: Operation) -> None:
+        """Begin a transition whose plan is ``external``: the substrate calls
+        ``_complete(machine_id, operation_id, error)`` when it is done (a late
+        call is discarded like any late completion)."""
         raise NotImplementedError
 
     def _failure_reason(self, op: Operation) -> str:
