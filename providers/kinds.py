@@ -6,11 +6,13 @@ from providers.bare_metal import BareMetalProvider
 from providers.clock import Scheduler
 from providers.config import ProviderConfig
 from providers.core import ProviderCore
+from providers.ec2.provider import Ec2Provider
 from providers.sim_cloud import SimCloudProvider
 
 PROVIDER_KINDS: dict[str, type[ProviderCore]] = {
     "sim-cloud": SimCloudProvider,
     "bare-metal": BareMetalProvider,
+    "ec2": Ec2Provider,
 }
 
 
