@@ -43,7 +43,13 @@ from shard_engine.model import (
     Rollup,
     Shortfall,
 )
-from shard_engine.needs import Demand, NeedsTable, RollupOutcome, RollupRejected, check_clock
+from shard_engine.needs import (
+    Demand,
+    NeedsTable,
+    RollupOutcome,
+    RollupRejected,
+    ValidatedRollup,
+)
 from shard_engine.pending import REASON_PAUSED
 from shard_engine.requirements import RELATIVE_TOLERANCE, RequirementMasks
 from shard_engine.worksheet import ClusterMemo, Worksheet
@@ -211,19 +217,36 @@ class ShardEngine:
         self._suspects.discard(row)
         self._inventory.remove(row)
 
-    def apply_rollup(self, rollup: Rollup, *, now: float) -> RollupOutcome:
+    def validate(self, rollup: Rollup, *, now: float) -> ValidatedRollup:
+        """Judge a roll-up by the engine's rules and clock-skew bound, reusing its cluster's last.
+
+        For callers that hold no validation cache of their own (the
+        simulator, benches, tests); a shard process validates on its Session
+        port against the cluster's previous roll-up there. Raises
+        :class:`RollupRejected` naming the field.
+        """
+        return ValidatedRollup.check(
+            rollup,
+            self._table.accepted(rollup.cluster_id) if isinstance(rollup.cluster_id, str) else None,
+            now=now,
+            max_skew_seconds=self.config.rollup_max_skew_seconds,
+        )
+
+    def apply_rollup(self, rollup: ValidatedRollup | Rollup, *, now: float) -> RollupOutcome:
         """Replace a cluster's needs with a roll-up's (see ``needs``).
 
         Returns ``applied``, ``stale`` (older than the newest seen) or
-        ``quarantined`` (suspicious drop, waiting for confirmation). Raises
-        :class:`RollupRejected` on a semantic problem, leaving the previous
-        needs in force; one stamped more than ``rollup_max_skew_seconds``
-        ahead of ``now`` is such a problem (``now`` and the stamp must share
-        a clock: seconds and nanoseconds since the epoch in the shard).
+        ``quarantined`` (suspicious drop, waiting for confirmation). A
+        :class:`ValidatedRollup` was judged where it entered and is applied
+        without a second look; a plain :class:`Rollup` is judged first, once,
+        by :meth:`validate` (ADR 0145). Raises :class:`RollupRejected` on a
+        semantic problem, leaving the previous needs in force; one stamped
+        more than ``rollup_max_skew_seconds`` ahead of ``now`` is such a
+        problem (``now`` and the stamp must share a clock: seconds and
+        nanoseconds since the epoch in the shard).
         """
-        check_clock(
-            rollup.timestamp_ns, now=now, max_skew_seconds=self.config.rollup_max_skew_seconds
-        )
+        if not isinstance(rollup, ValidatedRollup):
+            rollup = self.validate(rollup, now=now)
         outcome, entry = self._table.apply(rollup)
         if entry is not None:
             demand = self._table.demand(entry)  # compile now, on ingestion, not in the cycle

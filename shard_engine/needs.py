@@ -45,6 +45,7 @@ __all__ = [
     "RollupOutcome",
     "RollupRejected",
     "Validated",
+    "ValidatedRollup",
     "check_clock",
     "validate_rollup",
 ]
@@ -262,23 +263,8 @@ def _equal_prefix(needs: Sequence[Need], before: Sequence[Need]) -> int:
     return count
 
 
-def validate_rollup(
-    rollup: Rollup, previous: Sequence[Validated] = (), *, equal: int = 0
-) -> tuple[dict[str, Need], tuple[Validated, ...]]:
-    """Check a roll-up and return its needs by key, normalised, one per need key.
-
-    Two rows with the same key (same requirements, priority, spread and
-    penalties) are one need on the wire's own terms: their aggregates are
-    summed, the larger ``min_unit`` per resource kept, and the most
-    protective app class wins. Infinite penalties become ``PINNED_DOLLARS``.
-
-    ``previous`` is what the cluster's last roll-up validated to, row by
-    row: a row equal to its predecessor is reused, and one that differs only
-    in size keeps its key and requirement checks (operators re-send their
-    needs in a stable order, and a size change is the common edit).
-    ``equal`` says the first that many rows are already known to equal
-    ``previous``'s (the caller compared them), so they are not compared again.
-    """
+def _validate_fields(rollup: Rollup) -> None:
+    """The roll-up's own fields (not its need rows): checked on every roll-up, even unchanged."""
     if not isinstance(rollup.cluster_id, str) or not rollup.cluster_id:
         raise RollupRejected("cluster_id", "empty")
     if isinstance(rollup.timestamp_ns, bool) or not isinstance(rollup.timestamp_ns, int):
@@ -292,7 +278,30 @@ def validate_rollup(
     ):
         raise RollupRejected("reported_nodes", "node names must be strings")
     _validate_release(rollup.release)
+
+
+def validate_rollup(
+    rollup: Rollup, previous: Sequence[Validated] = (), *, equal: int = 0
+) -> tuple[dict[str, Need], tuple[Validated, ...]]:
+    """Check a roll-up and return its needs by key, normalised, one per need key.
+
+    Two rows with the same key (same requirements, priority, spread and
+    penalties) are one need on the wire's own terms: their aggregates are
+    summed, the larger ``min_unit`` per resource kept, and the most
+    protective app class wins. A row with a Same requirement is a gang and
+    is never merged: the second and later gangs with one key are numbered
+    (``Need.gang``, ADR 0126). Infinite penalties become ``PINNED_DOLLARS``.
+
+    ``previous`` is what the cluster's last roll-up validated to, row by
+    row: a row equal to its predecessor is reused, and one that differs only
+    in size keeps its key and requirement checks (operators re-send their
+    needs in a stable order, and a size change is the common edit).
+    ``equal`` says the first that many rows are already known to equal
+    ``previous``'s (the caller compared them), so they are not compared again.
+    """
+    _validate_fields(rollup)
     merged: dict[str, Need] = {}
+    gangs: dict[str, int] = {}
     validated: list[Validated] = []
     for i, raw in enumerate(rollup.needs):
         field = f"needs[{i}]"
@@ -311,6 +320,11 @@ def validate_rollup(
         if earlier is None:
             merged[key] = need
             continue
+        if same_keys(need):  # a gang of its own, in the order the roll-up lists them
+            ordinal = gangs[key] = gangs.get(key, 0) + 1
+            numbered = replace(need, gang=ordinal)
+            merged[numbered.key] = numbered
+            continue
         aggregate = dict(earlier.aggregate)
         for name, value in need.aggregate.items():
             aggregate[name] = aggregate.get(name, 0.0) + value
@@ -320,6 +334,84 @@ def validate_rollup(
         app = max((earlier.app_class, need.app_class), key=lambda a: APP_CLASS_VICTIM_RANK[a])
         merged[key] = replace(earlier, aggregate=aggregate, min_unit=unit, app_class=app)
     return merged, tuple(validated)
+
+
+_ADMIT = object()
+"""Held only by :meth:`ValidatedRollup.check`: no other code builds the type."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ValidatedRollup:
+    """A roll-up the engine's rules accepted: the only thing :meth:`NeedsTable.apply` takes.
+
+    Validation (the rules of :func:`validate_rollup` and the clock-skew bound
+    of :func:`check_clock`) runs once, where the roll-up enters — the
+    Session port's thread in a shard process, the caller in the simulator
+    and the tests — and the table trusts the result. Before this type a
+    roll-up was judged on the sessions thread and again on the shard's
+    loop, each with its own cache (ADR 0145).
+
+    The one cache is this value itself: :meth:`check` is given the
+    cluster's previous ``ValidatedRollup`` and reuses its rows — a row that
+    is, or equals, its predecessor at the same index costs nothing, one
+    that differs only in size keeps its key and requirement checks. An
+    unchanged re-send shares the previous value's ``rows`` and ``merged``
+    objects, which is how the table recognises it at once.
+
+    ``rollup`` is the roll-up as received; ``merged`` its needs by key as
+    :func:`validate_rollup` returns them, which must not be changed: later
+    values share it.
+    """
+
+    rollup: Rollup
+    rows: tuple[Validated, ...]
+    merged: Mapping[str, Need]
+    token: object = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.token is not _ADMIT:
+            raise TypeError("a ValidatedRollup is made by ValidatedRollup.check, not by hand")
+
+    @property
+    def cluster_id(self) -> str:
+        return self.rollup.cluster_id
+
+    @property
+    def timestamp_ns(self) -> int:
+        return self.rollup.timestamp_ns
+
+    @classmethod
+    def check(
+        cls,
+        rollup: Rollup,
+        previous: ValidatedRollup | None = None,
+        *,
+        now: float | None = None,
+        max_skew_seconds: float | None = None,
+    ) -> ValidatedRollup:
+        """Judge ``rollup`` by the engine's rules; raise :class:`RollupRejected` naming the field.
+
+        ``previous`` is the cluster's last accepted value (any earlier one is
+        as sound: reuse is exact, it only saves work). With ``now`` (seconds
+        since the epoch, the clock the stamps share) a stamp more than
+        ``max_skew_seconds`` ahead is refused too.
+        """
+        if now is not None:
+            check_clock(rollup.timestamp_ns, now=now, max_skew_seconds=max_skew_seconds)
+        if previous is not None and previous.rollup.cluster_id != rollup.cluster_id:
+            previous = None
+        merged: Mapping[str, Need]
+        if previous is None:
+            merged, rows = validate_rollup(rollup)
+        elif rollup.needs == previous.rollup.needs:
+            # The usual re-send: one C-level comparison (identity first, and the
+            # Session port hands back the very objects for needs re-sent unchanged).
+            _validate_fields(rollup)
+            rows, merged = previous.rows, previous.merged
+        else:
+            equal = _equal_prefix(rollup.needs, previous.rollup.needs)
+            merged, rows = validate_rollup(rollup, previous.rows, equal=equal)
+        return cls(rollup, rows, merged, _ADMIT)
 
 
 @dataclass(slots=True)
@@ -385,12 +477,13 @@ class ClusterNeeds:
     cluster_id: str
     needs: tuple[Need, ...] = ()
     keys: tuple[str, ...] = ()
-    received: tuple[Need, ...] = ()
-    validated: tuple[Validated, ...] = ()
+    # The last applied roll-up: a re-send sharing its needs is unchanged, and a
+    # caller without a cache of its own validates against it (ShardEngine).
+    accepted: ValidatedRollup | None = None
     applied_ns: int | None = None
     seen_ns: int | None = None
     arrival: dict[str, int] = field(default_factory=dict)
-    held: dict[str, Need] | None = None
+    held: Mapping[str, Need] | None = None
     held_confirmations: int = 0
     reported_nodes: frozenset[str] | None = None
     # Machines the cluster's last applied roll-up offered for release (``Rollup.release``).
@@ -429,51 +522,34 @@ class NeedsTable:
         self.version = 0
 
     # -- roll-ups -----------------------------------------------------------------
-    def apply(self, rollup: Rollup) -> tuple[RollupOutcome, ClusterNeeds | None]:
-        """Apply a roll-up (full replacement). Returns the outcome and, when applied, the entry.
+    def apply(self, validated: ValidatedRollup) -> tuple[RollupOutcome, ClusterNeeds | None]:
+        """Apply a validated roll-up (full replacement): the outcome and, when applied, the entry.
 
-        Raises :class:`RollupRejected` before touching anything when the
-        roll-up has a semantic problem.
+        Only a :class:`ValidatedRollup` is accepted: the rules were checked
+        where the roll-up entered, once, and are not checked again here.
 
-        A roll-up whose needs equal the last applied ones, field for field
-        (the usual case every ten seconds), is recognised before validation
-        and costs a comparison.
+        A roll-up that shares its needs with the last applied one (the usual
+        re-send every ten seconds, see :meth:`ValidatedRollup.check`) is
+        recognised by identity and costs nothing more.
         """
-        found = self._clusters.find(rollup.cluster_id) if rollup.cluster_id else None
+        if not isinstance(validated, ValidatedRollup):
+            raise TypeError(f"apply takes a ValidatedRollup, not {type(validated).__name__}")
+        rollup, needs = validated.rollup, validated.merged
+        found = self._clusters.find(rollup.cluster_id)
         same = self._entries.get(found) if found is not None else None
-        # How many leading rows equal the last roll-up's (validation reuses them
-        # without comparing again): all of them is the unchanged re-send.
-        equal = 0
-        if same is not None:
-            # One C-level comparison settles the usual re-send; only a changed roll-up
-            # walks its rows to find where it starts to differ.
-            if rollup.needs == same.received:
-                equal = len(same.received)
-            else:
-                equal = _equal_prefix(rollup.needs, same.received)
         if (
             same is not None
             and same.applied_ns is not None
             and same.held is None
-            and isinstance(rollup.timestamp_ns, int)
-            and not isinstance(rollup.timestamp_ns, bool)
+            and same.accepted is not None
+            and same.accepted.merged is needs
             and same.seen_ns is not None
             and rollup.timestamp_ns >= same.seen_ns
-            and isinstance(rollup.needs, tuple)
-            and len(rollup.needs) == equal == len(same.received)
-            and (
-                rollup.reported_nodes is None
-                or all(isinstance(n, str) for n in rollup.reported_nodes)
-            )
         ):
-            _validate_release(rollup.release)
             same.seen_ns = same.applied_ns = rollup.timestamp_ns
             same.reported_nodes = rollup.reported_nodes
             self._set_release(same, rollup.release)
             return RollupOutcome("applied", f"{len(same.needs)} needs, unchanged"), same
-        needs, validated = validate_rollup(
-            rollup, same.validated if same is not None else (), equal=equal
-        )
         index = self._clusters.index_of(rollup.cluster_id)
         entry = self._entries.get(index)
         if entry is None:
@@ -515,8 +591,7 @@ class NeedsTable:
                 )
         entry.held = None
         entry.held_confirmations = 0
-        entry.received = tuple(rollup.needs)
-        entry.validated = validated
+        entry.accepted = validated
         if (
             entry.applied_ns is not None
             and incoming == previous
@@ -533,7 +608,12 @@ class NeedsTable:
         return RollupOutcome("applied", f"{len(needs)} needs"), entry
 
     def _replace(
-        self, entry: ClusterNeeds, needs: dict[str, Need], rollup: Rollup, *, same_keys: bool
+        self,
+        entry: ClusterNeeds,
+        needs: Mapping[str, Need],
+        rollup: Rollup,
+        *,
+        same_keys: bool,
     ) -> None:
         if (
             same_keys
@@ -597,6 +677,12 @@ class NeedsTable:
         return True
 
     # -- reading --------------------------------------------------------------------
+    def accepted(self, cluster_id: str) -> ValidatedRollup | None:
+        """The cluster's last applied roll-up: what validating its next one may reuse."""
+        found = self._clusters.find(cluster_id)
+        entry = self._entries.get(found) if found is not None else None
+        return entry.accepted if entry is not None else None
+
     def entry(self, cluster: int) -> ClusterNeeds | None:
         """The table's entry for cluster index ``cluster``."""
         return self._entries.get(cluster)
