@@ -1,31 +1,30 @@
-"""Carries out a cycle's plan: one Temporal workflow start per action (or batch).
+"""The production actuator: each operation of the shard core becomes a Temporal workflow.
 
-    Provision / AssignIdle -> ProvisionWorkflow   (batches per provider and capacity
-                                                   type, sized to fit one search attribute)
-    Preempt                -> DrainWorkflow       (preemptor waiting, the victim's grace)
-    Reclaim                -> DrainWorkflow       (back to idle, no one waiting)
-    Release                -> DeleteWorkflow
-    Verify                 -> VerifyWorkflow
+    ProvisionOp -> ProvisionWorkflow   (batches sized to fit one search attribute)
+    DrainOp     -> DrainWorkflow       (a preemptor waiting, or back to idle)
+    DeleteOp    -> DeleteWorkflow
+    VerifyOp    -> VerifyWorkflow
     (a batch's failed machine, via an activity) -> RecoverWorkflow
 
-Workflow IDs are derived from (shard, operation, machine or batch, operation
-sequence), and starts use ``USE_EXISTING`` on conflict, so starting the same
-operation twice — after a crash, or a retried cycle — finds the running
-workflow instead of creating a second one. Deadlines come from the
-shard's :class:`~workflows.contracts.DeadlinePolicy` for each machine's
-provider and capacity type.
+What an action means is decided by :class:`bigfleet.shard.core.ShardCore`,
+for production and the simulator alike; this module only says how it is
+carried out here. Workflow IDs are derived from (shard, operation, machine
+or batch, operation sequence), and starts use ``USE_EXISTING`` on conflict,
+so starting the same operation twice — after a crash, or a retried cycle —
+finds the running workflow instead of creating a second one. Deadlines come
+from the shard's :class:`~workflows.contracts.DeadlinePolicy` for each
+machine's provider and capacity type.
 
-An action that cannot be started (its machine vanished, Temporal refused)
-is settled at once, so the engine can plan it again rather than hold the
-machine in flight forever.
+A start Temporal refuses names its machines in the answer; the core settles
+them, so the engine can plan them again rather than hold them in flight.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Container, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, assert_never
 
 from temporalio.client import Client
 from temporalio.common import (
@@ -39,18 +38,9 @@ from temporalio.service import RPCError
 
 from bigfleet import metrics
 from bigfleet.shard.convert import requirement_specs
+from bigfleet.shard.core import DeleteOp, DrainOp, Operation, ProvisionOp, Started, VerifyOp
 from shard_engine.engine import ShardEngine
-from shard_engine.model import (
-    Action,
-    AssignIdle,
-    MachineRecord,
-    Plan,
-    Preempt,
-    Provision,
-    Reclaim,
-    Release,
-    Verify,
-)
+from shard_engine.model import MachineRecord
 from workflows import ids
 from workflows import search_attributes as sa
 from workflows.contracts import (
@@ -69,7 +59,6 @@ from workflows.contracts import (
     REASON_CREATE_FAILED,
     REASON_DECOMMISSION,
     REASON_OPERATOR,
-    REASON_PREEMPT,
     REASON_RECLAIM,
     REASON_RELEASE,
     DeadlinePolicy,
@@ -93,7 +82,6 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "Executor",
-    "PlannedMachines",
     "SequenceSource",
     "StartGuard",
     "claim_running",
@@ -128,14 +116,6 @@ class _Start:
     details: str = ""
 
 
-class PlannedMachines(Protocol):
-    """What the executor needs of the engine: the planned machines, and giving them back."""
-
-    def machine(self, machine_id: str) -> MachineRecord | None: ...
-
-    def settle(self, machine_id: str, record: MachineRecord | None, *, now: float) -> None: ...
-
-
 class StartGuard(Protocol):
     """Whether the shard may still act (see :class:`bigfleet.shard.lease.LeaseKeeper`)."""
 
@@ -150,7 +130,8 @@ class SequenceSource(Protocol):
 
 
 class Executor:
-    """Turns engine actions into workflow starts on the shard's task queue."""
+    """The production :class:`~bigfleet.shard.core.Actuator`: operations become workflow
+    starts on the shard's task queue."""
 
     def __init__(
         self,
@@ -158,90 +139,57 @@ class Executor:
         *,
         shard_id: str,
         task_queue: str,
-        engine: PlannedMachines,
         sequences: SequenceSource,
         deadlines: DeadlinePolicy,
         poll: PollPolicy,
-        clock: Callable[[], float],
         guard: StartGuard | None = None,
-        priority_of: Callable[[str], int] | None = None,
     ) -> None:
         self._temporal = temporal
-        # The priority of the workload a machine serves: a reclaim drain's BigFleetPriority.
-        self._priority_of = priority_of or (lambda _machine_id: 0)
-        # Checked before every start: a plan outliving the lease starts nothing more.
+        # Checked before every action: a plan outliving the lease starts nothing more.
         self._guard = guard
         self._shard_id = shard_id
         self._task_queue = task_queue
-        self._engine = engine
         self._sequences = sequences
         self._deadlines = deadlines
         self._poll = poll
-        self._clock = clock
 
     def deadlines_for(self, record: MachineRecord) -> Deadlines:
         """The deadlines of an operation on this machine (by provider and capacity type)."""
         return self._deadlines.for_machine(record.provider, record.capacity_type.name)
 
-    async def execute(self, plan: Plan) -> int:
-        """Start a workflow for every action of ``plan``; returns how many were started."""
-        started = 0
-        for i, action in enumerate(plan.actions):
-            if self._guard is not None and not self._guard.active:
-                rest = plan.actions[i:]
-                log.warning(
-                    "shard %s stopped acting mid-plan; %d actions not started",
-                    self._shard_id,
-                    len(rest),
-                )
-                for left in rest:
-                    for mid in _machines_of(left):
-                        self._engine.settle(mid, self._engine.machine(mid), now=self._clock())
-                break
-            started += await self._one(action)
-        return started
+    @property
+    def acting(self) -> bool:
+        """The lease is held (always, without a guard)."""
+        return self._guard is None or self._guard.active
 
-    async def _one(self, action: Action) -> int:
-        if isinstance(action, Provision):
-            return await self._provision(action.machine_ids, action)
-        if isinstance(action, AssignIdle):
-            return await self._provision((action.machine_id,), action)
-        record = self._engine.machine(action.machine_id)
-        if record is None:
-            log.warning("machine %s vanished before its workflow started", action.machine_id)
-            self._engine.settle(action.machine_id, None, now=self._clock())
-            return 0
-        if isinstance(action, (Preempt, Reclaim)):
-            start = self._drain(action, record)
-        elif isinstance(action, Release):
-            start = self._delete(record)
-        else:
-            start = self._verify(action, record)
-        return await self._start(start, records=[record])
+    async def start(self, op: Operation) -> Started:
+        """Start the workflow(s) of one operation."""
+        match op:
+            case ProvisionOp():
+                return await self._provision(op)
+            case DrainOp():
+                return await self._start(self._drain(op))
+            case DeleteOp():
+                return await self._start(self._delete(op))
+            case VerifyOp():
+                return await self._start(self._verify(op))
+            case _:
+                assert_never(op)
 
     # ----------------------------------------------------------- provisioning
 
-    async def _provision(self, machine_ids: Sequence[str], action: Provision | AssignIdle) -> int:
-        groups: dict[tuple[str, str], list[MachineRecord]] = {}
-        for mid in machine_ids:
-            record = self._engine.machine(mid)
-            if record is None:
-                log.warning("planned machine %s vanished before its workflow started", mid)
-                self._engine.settle(mid, None, now=self._clock())
-                continue
-            groups.setdefault((record.provider, record.capacity_type.name), []).append(record)
+    async def _provision(self, op: ProvisionOp) -> Started:
+        by_id = {r.id: r for r in op.machines}
         started = 0
-        for records in groups.values():
-            by_id = {r.id: r for r in records}
-            for chunk in sa.chunks_that_fit([r.id for r in records], at_most=MAX_BATCH):
-                batch = [by_id[m] for m in chunk]
-                started += await self._start(self._provision_batch(batch, action), records=batch)
-        return started
+        refused: list[str] = []
+        for chunk in sa.chunks_that_fit(list(by_id), at_most=MAX_BATCH):
+            answer = await self._start(self._provision_batch([by_id[m] for m in chunk], op))
+            started += answer.started
+            refused += answer.refused
+        return Started(started, tuple(refused))
 
-    def _provision_batch(
-        self, records: list[MachineRecord], action: Provision | AssignIdle
-    ) -> _Start:
-        create = isinstance(action, Provision)
+    def _provision_batch(self, records: list[MachineRecord], action: ProvisionOp) -> _Start:
+        create = action.create
         machines = [MachineTarget(r.id, r.provider) for r in records]
         seq = self._sequences.next([m.machine_id for m in machines])
         operation = OP_PROVISION if create else OP_CONFIGURE
@@ -285,25 +233,22 @@ class Executor:
 
     # ------------------------------------------------------- per-machine work
 
-    def _drain(self, action: Preempt | Reclaim, record: MachineRecord) -> _Start:
+    def _drain(self, op: DrainOp) -> _Start:
+        record = op.machine
         seq = self._sequences.next([record.id])
-        if isinstance(action, Preempt):
-            cluster_id = action.victim_cluster_id
-            waiter: Waiter | None = Waiter(
-                action.preemptor_cluster_id, action.preemptor_need_key, action.preemptor_priority
-            )
-            reason, victim_priority = REASON_PREEMPT, action.victim_priority
-        else:
-            cluster_id, waiter = action.cluster_id, None
-            reason = action.reason or REASON_RECLAIM
-            victim_priority = self._priority_of(record.id)
+        cluster_id, reason, victim_priority = op.cluster_id, op.reason, op.victim_priority
+        waiter = (
+            Waiter(op.preemptor.cluster_id, op.preemptor.need_key, op.preemptor.priority)
+            if op.preemptor is not None
+            else None
+        )
         # BigFleetPriority on a drain is the priority of the workload it takes away.
         priority = victim_priority
         inp = DrainInput(
             shard_id=self._shard_id,
             machine=MachineTarget(record.id, record.provider),
             cluster_id=cluster_id,
-            grace_seconds=action.grace_seconds,
+            grace_seconds=op.grace_seconds,
             operation_seq=seq,
             reason=reason,
             victim_priority=victim_priority,
@@ -315,7 +260,7 @@ class Executor:
             SearchAttributePair(sa.CLUSTER_ID, cluster_id),
             SearchAttributePair(sa.PHASE, DRAINING),
             SearchAttributePair(sa.PRIORITY, priority),
-            SearchAttributePair(sa.GRACE_SECONDS, action.grace_seconds),
+            SearchAttributePair(sa.GRACE_SECONDS, op.grace_seconds),
             SearchAttributePair(sa.REASON, reason),
         ]
         why = {
@@ -340,7 +285,7 @@ class Executor:
                 ("machine", f"{record.id} ({record.instance_type}, {record.zone})"),
                 ("cluster", cluster_id),
                 ("victim priority", str(victim_priority)),
-                ("grace", f"{action.grace_seconds} s"),
+                ("grace", f"{op.grace_seconds} s"),
                 (
                     "preemptor",
                     "" if waiter is None else f"{waiter.cluster_id} need {waiter.need_key}",
@@ -349,7 +294,8 @@ class Executor:
             ),
         )
 
-    def _delete(self, record: MachineRecord) -> _Start:
+    def _delete(self, op: DeleteOp) -> _Start:
+        record = op.machine
         seq = self._sequences.next([record.id])
         inp = DeleteInput(
             shard_id=self._shard_id,
@@ -382,7 +328,8 @@ class Executor:
             ),
         )
 
-    def _verify(self, action: Verify, record: MachineRecord) -> _Start:
+    def _verify(self, action: VerifyOp) -> _Start:
+        record = action.machine
         seq = self._sequences.next([record.id])
         inp = VerifyInput(
             shard_id=self._shard_id,
@@ -407,8 +354,15 @@ class Executor:
         ``deadlines`` overrides the machine's own (rehearsals shorten them).
         Returns the workflow id; raises on a Temporal error.
         """
-        action = Reclaim(record.id, record.cluster, grace_seconds, reason=REASON_OPERATOR)
-        start = self._drain(action, record)
+        start = self._drain(
+            DrainOp(
+                machine=record,
+                cluster_id=record.cluster,
+                grace_seconds=grace_seconds,
+                reason=REASON_OPERATOR,
+                victim_priority=0,
+            )
+        )
         if deadlines is not None:
             inp: DrainInput = start.arg
             inp.deadlines = deadlines
@@ -481,25 +435,23 @@ class Executor:
             static_details=start.details or None,
         )
 
-    async def _start(self, start: _Start, *, records: list[MachineRecord]) -> int:
-        """Submit a cycle's action; if Temporal refuses, give the machines back to the engine."""
+    async def _start(self, start: _Start) -> Started:
+        """Submit one workflow; if Temporal refuses, its machines are named as refused."""
         wf_id = self._id(start)
         workflow = _workflow_type(start)
         try:
             await self._submit(start)
         except WorkflowAlreadyStartedError:
             log.info("workflow %s already ran; not starting it again", wf_id)
-            return 0
+            return Started()
         except RPCError as err:
-            # Temporal is unreachable or refused: give the machines back to the
-            # engine so a later cycle plans them again.
+            # Temporal is unreachable or refused: the core gives the machines back to
+            # the engine so a later cycle plans them again.
             metrics.WORKFLOW_FAILURES.labels(workflow, "start").inc()
             log.error("could not start %s: %s; releasing its machines", wf_id, err)
-            for record in records:
-                self._engine.settle(record.id, self._engine.machine(record.id), now=self._clock())
-            return 0
+            return Started(refused=tuple(start.machine_ids))
         metrics.WORKFLOW_STARTS.labels(workflow, start.reason).inc()
-        return 1
+        return Started(1)
 
 
 def _details(*rows: tuple[str, str]) -> str:
@@ -510,13 +462,6 @@ def _details(*rows: tuple[str, str]) -> str:
 def _workflow_type(start: _Start) -> str:
     """The workflow type a start names (``DrainWorkflow``), for metrics."""
     return str(getattr(start.run, "__qualname__", "workflow")).split(".", 1)[0]
-
-
-def _machines_of(action: Action) -> tuple[str, ...]:
-    """The machines an action marked in flight."""
-    if isinstance(action, Provision):
-        return tuple(action.machine_ids)
-    return (action.machine_id,)
 
 
 # Operations that bind their machines to the workflow's cluster.

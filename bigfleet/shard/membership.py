@@ -1,10 +1,10 @@
 """A shard's side of membership changes: what leaves when it drains, what arrives with a cluster.
 
     release_cluster   (donor, draining)  stop planning for the cluster and defer its roll-ups;
-                      wait until none of its machines is in motion; take its machines out of
-                      the engine and the owned set (no await in between, so no cycle can plan
-                      on them); move cluster + machines in PostgreSQL by CAS; end the operator's
-                      session with ABORTED naming the new shard and its address.
+                      wait until none of its machines is in motion; its machines leave the
+                      shard (``ShardState.give_away``; no await in between, so no cycle can
+                      plan on them); move cluster + machines in PostgreSQL by CAS; end the
+                      operator's session with ABORTED naming the new shard and its address.
     hand_over         (donor, draining)  the same for unbound machines, without a cluster.
     adopt_bound       (receiver)  when a moved cluster's operator connects, make sure every
                       machine PostgreSQL binds to it here is owned and observed before its
@@ -23,12 +23,10 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from activities.membership import MachinesInMotion
-from bigfleet.shard.holdings import Holdings
 from bigfleet.shard.sessions import ClusterElsewhere, SessionHub
+from bigfleet.shard.state import ShardState
 from bigfleet.shard.terms import CoordinatorTerms
 from bigfleet.store import Store
-from shard_engine.engine import ShardEngine
-from shard_engine.model import MachineRecord
 from workflows import coordinator_contracts as co
 from workflows import membership_contracts as ms
 from workflows.contracts import MachineTarget
@@ -46,8 +44,7 @@ class ShardMembership:
         store: Store,
         *,
         shard_id: str,
-        engine: ShardEngine,
-        holdings: Holdings,
+        state: ShardState,
         hub: SessionHub,
         terms: CoordinatorTerms,
         adopt: Callable[[co.AdoptInput], Awaitable[co.AdoptResult]],
@@ -56,8 +53,7 @@ class ShardMembership:
     ) -> None:
         self._store = store
         self._shard_id = shard_id
-        self._engine = engine
-        self._owned = holdings.owned
+        self._state = state
         self._hub = hub
         self._terms = terms
         self._adopt = adopt
@@ -111,7 +107,7 @@ class ShardMembership:
         if cid not in {c.cluster_id for c in await self._store.clusters(self._shard_id)}:
             return await self._already_moved(inp)
         self._leaving[cid] = (inp.receiver, self._clock() + self.defer_s)
-        if self._engine.forget_cluster(cid):
+        if self._state.engine.forget_cluster(cid):
             log.info("shard %s: cluster %s is leaving for %s", self._shard_id, cid, inp.receiver)
         bound = await self._store.machines(self._shard_id, cluster_id=cid)
         # From here to the compare-and-set nothing awaits: no cycle can plan on these machines.
@@ -122,24 +118,23 @@ class ShardMembership:
                 f"cluster {cid}: {len(busy)} machine(s) in motion ({shown}); "
                 "it moves once they settle"
             )
-        records = {r.id: r for r in self._engine.machines() if r.cluster == cid}
-        providers = {mid: r.provider for mid, r in records.items()}
-        providers.update({r.machine_id: r.provider for r in bound if r.machine_id in self._owned})
-        self._take_out(providers)
+        leaving = {r.id for r in self._state.machines() if r.cluster == cid}
+        leaving.update(r.machine_id for r in bound)
+        departure = self._state.give_away(leaving)
         try:
             result = await self._store.move_cluster(
                 cluster_id=cid,
                 donor=self._shard_id,
                 receiver=inp.receiver,
-                machine_ids=sorted(providers),
+                machine_ids=departure.machine_ids,
                 term=inp.term,
                 seq=inp.seq,
             )
         except BaseException:
-            self._put_back(providers, records)
+            self._state.take_back(departure)
             raise
         moved = {m for m, _ in result.machines} if result.moved else set()
-        self._put_back({m: prov for m, prov in providers.items() if m not in moved}, records)
+        self._state.take_back(departure, [m for m in departure.machine_ids if m not in moved])
         if not result.moved:
             self._leaving.pop(cid, None)
             if result.owner and result.owner != self._shard_id:
@@ -185,7 +180,7 @@ class ShardMembership:
 
     def _in_motion(self, cluster_id: str) -> list[str]:
         """Machines of the cluster with an operation in flight, or toward it."""
-        engine = self._engine
+        engine = self._state.engine
         out = []
         for machine_id, target in engine.in_flight().items():
             record = engine.machine(machine_id)
@@ -206,46 +201,35 @@ class ShardMembership:
         refused = self._terms.check(inp.term) or await self._refusal()
         if refused:
             return ms.HandOverResult(refused=refused)
-        busy = set(self._engine.in_flight()) | set(self._engine.promised())
-        providers: dict[str, str] = {}
-        records: dict[str, MachineRecord] = {}
+        busy = self._state.busy()
+        leaving: list[str] = []
         for target in inp.machines:
-            if target.machine_id not in self._owned:
+            if not self._state.owns(target.machine_id):
                 continue
-            record = self._engine.machine(target.machine_id)
-            if record is not None:
-                if record.id in busy or record.cluster or record.state.transitional:
-                    continue
-                records[record.id] = record
-            providers[target.machine_id] = self._owned[target.machine_id]
-        self._take_out(providers)
+            record = self._state.machine(target.machine_id)
+            if record is not None and (
+                record.id in busy or record.cluster or record.state.transitional
+            ):
+                continue
+            leaving.append(target.machine_id)
+        departure = self._state.give_away(leaving)
         try:
             moved = set(
                 await self._store.transfer(
                     donor=self._shard_id,
                     receiver=inp.receiver,
-                    machine_ids=sorted(providers),
+                    machine_ids=departure.machine_ids,
                     term=inp.term,
                     seq=inp.seq,
                 )
             )
         except BaseException:
-            self._put_back(providers, records)
+            self._state.take_back(departure)
             raise
-        self._put_back({m: prov for m, prov in providers.items() if m not in moved}, records)
-        return ms.HandOverResult([MachineTarget(m, providers[m]) for m in sorted(moved)])
-
-    def _take_out(self, providers: dict[str, str]) -> None:
-        for machine_id in providers:
-            self._engine.remove_machine(machine_id)
-            self._owned.pop(machine_id, None)
-
-    def _put_back(self, providers: dict[str, str], records: dict[str, MachineRecord]) -> None:
-        for machine_id, provider in providers.items():
-            self._owned[machine_id] = provider
-            record = records.get(machine_id)
-            if record is not None:
-                self._engine.upsert_machine(record, now=self._clock())
+        self._state.take_back(departure, [m for m in departure.machine_ids if m not in moved])
+        return ms.HandOverResult(
+            [MachineTarget(m, departure.provider(m)) for m in sorted(moved) if m in departure.held]
+        )
 
     # ---------------------------------------------------------- receiver side
 
@@ -254,9 +238,8 @@ class ShardMembership:
         # Called when the cluster is admitted here: if it once moved away, it is back.
         self._gone.pop(cluster_id, None)
         rows = await self._store.machines(self._shard_id, cluster_id=cluster_id)
-        missing = [
-            MachineTarget(r.machine_id, r.provider) for r in rows if r.machine_id not in self._owned
-        ]
+        owns = self._state.owns
+        missing = [MachineTarget(r.machine_id, r.provider) for r in rows if not owns(r.machine_id)]
         if not missing:
             return 0
         result = await self._adopt(co.AdoptInput(self._terms.highest, 0, missing))

@@ -3,8 +3,8 @@
     workflow activity (record_outcomes for a batch, record_machine for one machine)
       -> Store.record_operation     ownership row + assignment log; compare-and-set on
                                     (epoch, operation sequence), so a repeat is a no-op
-      -> engine.settle              the machine leaves the engine's in-flight marks
-      -> NodeView.push              the operator sees the new state
+      -> ShardState.settle          the machine leaves the engine's in-flight marks,
+                                    the operator sees the new state
 
 An outcome that says FAILED is declared to the lifecycle, so observations keep
 the machine FAILED in the engine while the provider still reports it in motion.
@@ -16,18 +16,12 @@ one stops acting and the activity fails with
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import replace
 
 from activities.machines import META_NEED
 from bigfleet.shard import telemetry
-from bigfleet.shard.holdings import Holdings
 from bigfleet.shard.lease import LeaseKeeper
-from bigfleet.shard.lifecycle import MachineLifecycle
-from bigfleet.shard.nodes import NodeView
+from bigfleet.shard.state import ShardState
 from bigfleet.store import LeaseLost, Store
-from shard_engine.engine import ShardEngine
-from shard_engine.model import MachineState
 from workflows.contracts import (
     CONFIGURED,
     FAILED,
@@ -56,19 +50,11 @@ class OutcomeRecorder:
         store: Store,
         *,
         lease: LeaseKeeper,
-        engine: ShardEngine,
-        holdings: Holdings,
-        lifecycle: MachineLifecycle,
-        nodes: NodeView,
-        clock: Callable[[], float],
+        state: ShardState,
     ) -> None:
         self._store = store
         self._lease = lease
-        self._engine = engine
-        self._holdings = holdings
-        self._lifecycle = lifecycle
-        self._nodes = nodes
-        self._clock = clock
+        self._state = state
 
     async def record_outcomes(self, outcome: RecordOutcomesInput) -> None:
         """Persist and settle every machine of a finished batch (idempotent)."""
@@ -87,7 +73,7 @@ class OutcomeRecorder:
                 shard_metadata={META_NEED: outcome.need_key} if configured else {},
                 detail=result.last_error,
             )
-            if result.machine_id in self._holdings.leaving:
+            if self._state.is_leaving(result.machine_id):
                 continue
             self._settle(result, cluster_hint=outcome.cluster_id)
 
@@ -115,11 +101,10 @@ class OutcomeRecorder:
             # Written before any in-memory change, so a retry of this activity
             # after a store failure replays the whole step.
             await self._store.quarantine(result.machine_id, self._lease.shard_id, reason)
-        self._lifecycle.settled(result.machine_id)
+        self._state.lifecycle.settled(result.machine_id)
         self._settle(result, cluster_hint=record.cluster_id)
         if record.quarantine:
-            self._lifecycle.quarantine(result.machine_id, reason)
-            self._engine.remove_machine(result.machine_id)
+            self._state.quarantine(result.machine_id, reason)
 
     async def _persist(
         self,
@@ -149,11 +134,9 @@ class OutcomeRecorder:
 
     def _settle(self, result: MachineOutcome, *, cluster_hint: str) -> None:
         """Take the machine out of the engine's in-flight marks, with its outcome's state."""
-        current = self._engine.machine(result.machine_id)
-        if result.state == FAILED:
-            self._lifecycle.declare_failed(result.machine_id, result.last_error)
-            if current is not None:
-                current = replace(current, state=MachineState.FAILED, last_error=result.last_error)
-        self._engine.settle(result.machine_id, current, now=self._clock())
-        if current is not None:
-            self._nodes.push(current, cluster_hint=cluster_hint)
+        self._state.settle(
+            result.machine_id,
+            self._state.machine(result.machine_id),
+            failed=result.last_error if result.state == FAILED else None,
+            cluster_hint=cluster_hint,
+        )

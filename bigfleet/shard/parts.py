@@ -3,7 +3,8 @@
     LeaseKeeper            store                          epoch, fencing tokens, may we act?
     ProviderObserver       provider clients               providers' List -> engine, NodeView
     OutcomeRecorder        store, lease                   finished operations -> store, engine
-    Executor               Temporal                       plan actions -> workflow starts
+    ShardCore              state, actuator                plan actions -> operations (core.py)
+    Executor               Temporal                       the actuator: operations -> workflows
     CrossShardTransfers    store, observer, executor      coordinator instructions (donor, receiver)
     ShardMembership        store, hub, transfers          cluster moves and handovers
     CoordinatorReporter    Temporal, lease                periodic report to the coordinator
@@ -11,12 +12,13 @@
     Reconciler             store, providers, Temporal     drift between providers, PG, engine
     ShardActivityContext   lease, observer, outcomes, …   what the activities see
 
-Shared state, each piece owned by one object and handed to those that read it:
-the engine (machines, needs, in-flight marks), :class:`Holdings` (ownership,
-workload priorities, machines leaving), :class:`AppliedNeeds` (the needs of
-each cluster's last applied roll-up), :class:`MachineLifecycle`
-(quarantine, blocked drains, declared failures), :class:`OperationSequences`
-and :class:`CoordinatorTerms`.
+Shared state: one :class:`ShardState` owns what the shard knows of its
+machines — the engine (machines, needs in force, in-flight marks),
+ownership, workload priorities, machines leaving, the
+:class:`MachineLifecycle` (quarantine, blocked drains, declared failures)
+and the :class:`NodeView` — and every part that changes it does so through
+its methods. :class:`OperationSequences` and :class:`CoordinatorTerms` are
+the only other state, each owned by one object.
 """
 
 from __future__ import annotations
@@ -30,9 +32,8 @@ from temporalio.client import Client
 from activities.context import ProviderCalls
 from bigfleet.shard.capacity_hints import CapacityHints
 from bigfleet.shard.context import ShardActivityContext
-from bigfleet.shard.demand import AppliedNeeds
+from bigfleet.shard.core import ShardCore
 from bigfleet.shard.executor import Executor
-from bigfleet.shard.holdings import Holdings
 from bigfleet.shard.lease import LeaseKeeper
 from bigfleet.shard.lifecycle import MachineLifecycle
 from bigfleet.shard.membership import ShardMembership
@@ -44,6 +45,7 @@ from bigfleet.shard.reconciler import Reconciler
 from bigfleet.shard.reporter import CoordinatorReporter
 from bigfleet.shard.sequences import OperationSequences
 from bigfleet.shard.sessions import SessionHub
+from bigfleet.shard.state import ShardState
 from bigfleet.shard.terms import CoordinatorTerms
 from bigfleet.shard.transfers import CrossShardTransfers
 from bigfleet.store import Store
@@ -59,16 +61,16 @@ class ShardParts:
     """Everything one shard process is made of."""
 
     engine: ShardEngine
+    state: ShardState
     hub: SessionHub
     lifecycle: MachineLifecycle
-    holdings: Holdings
-    needs: AppliedNeeds
     terms: CoordinatorTerms
     sequences: OperationSequences
     lease: LeaseKeeper
     nodes: NodeView
     observer: ProviderObserver
     outcomes: OutcomeRecorder
+    core: ShardCore
     executor: Executor
     transfers: CrossShardTransfers
     membership: ShardMembership
@@ -91,8 +93,6 @@ def assemble(
     engine = ShardEngine(options.engine, stopwatch=time.perf_counter)
     hub = SessionHub()
     lifecycle = MachineLifecycle()
-    holdings = Holdings()
-    needs = AppliedNeeds()
     terms = CoordinatorTerms()
     lease = LeaseKeeper(
         store,
@@ -104,41 +104,29 @@ def assemble(
     # Numbered from the lease epoch: never reused across restarts and takeovers.
     sequences = OperationSequences(lambda: lease.epoch)
     nodes = NodeView(hub, engine)
-    observer = ProviderObserver(
-        providers, engine=engine, holdings=holdings, lifecycle=lifecycle, nodes=nodes, clock=clock
-    )
-    outcomes = OutcomeRecorder(
-        store,
-        lease=lease,
-        engine=engine,
-        holdings=holdings,
-        lifecycle=lifecycle,
-        nodes=nodes,
-        clock=clock,
-    )
+    state = ShardState(engine, clock=clock, lifecycle=lifecycle, nodes=nodes)
+    observer = ProviderObserver(providers, state=state)
+    outcomes = OutcomeRecorder(store, lease=lease, state=state)
     executor = Executor(
         temporal,
         shard_id=shard_id,
         task_queue=options.task_queue,
-        engine=engine,
         sequences=sequences,
         deadlines=DeadlinePolicy(options.deadlines, dict(options.deadline_overrides)),
         poll=options.poll,
-        clock=clock,
         guard=lease,
-        priority_of=holdings.priority,
     )
+    # The one core production and the simulator share; the executor is its actuator.
+    core = ShardCore(state, executor, shard_id=shard_id)
     transfers = CrossShardTransfers(
         store,
         shard_id=shard_id,
-        engine=engine,
+        state=state,
         engine_config=options.engine,
-        holdings=holdings,
-        needs=needs,
         sequences=sequences,
         observer=observer,
         executor=executor,
-        lifecycle=lifecycle,
+        core=core,
         terms=terms,
         poll=options.poll,
         max_share=options.max_instruction_share,
@@ -147,8 +135,7 @@ def assemble(
     membership = ShardMembership(
         store,
         shard_id=shard_id,
-        engine=engine,
-        holdings=holdings,
+        state=state,
         hub=hub,
         terms=terms,
         adopt=transfers.adopt_machines,
@@ -157,10 +144,7 @@ def assemble(
     reporter = CoordinatorReporter(
         temporal,
         lease=lease,
-        engine=engine,
-        holdings=holdings,
-        needs=needs,
-        lifecycle=lifecycle,
+        state=state,
         terms=terms,
         clock=clock,
     )
@@ -174,10 +158,7 @@ def assemble(
         lease=lease,
         providers=providers,
         observer=observer,
-        engine=engine,
-        holdings=holdings,
-        lifecycle=lifecycle,
-        nodes=nodes,
+        state=state,
         temporal=temporal,
         clock=clock,
         interval_s=options.reconcile_interval_s,
@@ -193,16 +174,16 @@ def assemble(
     )
     return ShardParts(
         engine=engine,
+        state=state,
         hub=hub,
         lifecycle=lifecycle,
-        holdings=holdings,
-        needs=needs,
         terms=terms,
         sequences=sequences,
         lease=lease,
         nodes=nodes,
         observer=observer,
         outcomes=outcomes,
+        core=core,
         executor=executor,
         transfers=transfers,
         membership=membership,

@@ -5,7 +5,8 @@
     sessions       operator roll-ups, on their own  -> SessionSink -> Intake, acked at once
                    thread (server.IngestServer)
     apply loop     SessionSink, a few ms at a time   -> engine.apply_rollup
-    cycle loop     engine.cycle -> Executor          -> workflows on task queue shard-<id>
+    cycle loop     engine.cycle -> ShardCore -> Executor (its actuator)
+                                                     -> workflows on task queue shard-<id>
     report loop    CoordinatorReporter              -> signal to the coordinator
     reconcile loop Reconciler: providers' List vs PostgreSQL vs engine -> repairs (ADR 0103)
     worker         activities (ShardActivityContext, CrossShardTransfers, ShardMembership)
@@ -91,8 +92,7 @@ class ShardProcess:
         self.hub = self.parts.hub
         self.lifecycle = self.parts.lifecycle
         self.lease = self.parts.lease
-        # Machines PostgreSQL records as ours (id -> provider); only these are acted on.
-        self.owned = self.parts.holdings.owned
+        self.state = self.parts.state
         self.lease.on_stop(self._stopped_acting)
         # The Session port's sink: Hellos admitted, roll-ups staged then applied.
         self.sink = SessionSink(
@@ -105,7 +105,6 @@ class ShardProcess:
             # Acknowledged on the sessions thread, applied on this loop.
             intake=Intake(clock=clock, max_skew_s=options.engine.rollup_max_skew_seconds),
             engine=self.engine,
-            needs=self.parts.needs,
             terms=self.parts.terms,
             clock=clock,
             slice_s=options.apply_slice_s,
@@ -129,6 +128,11 @@ class ShardProcess:
     @property
     def standing_by(self) -> bool:
         return self.lease.standing_by
+
+    @property
+    def owned(self) -> Mapping[str, str]:
+        """Machines PostgreSQL records as ours (id -> provider); only these are acted on."""
+        return self.state.owned
 
     @property
     def highest_term(self) -> int:
@@ -155,11 +159,9 @@ class ShardProcess:
         self._lease_task = asyncio.create_task(self.lease.keep(self._after_retake), name="lease")
         for row in await self.store.machines(self.shard_id):
             self.parts.sequences.advance_to(row.machine_id, row.operation_seq)
-            self.owned[row.machine_id] = row.provider
-            if row.cluster_id:
-                # The first observation then tells a cluster about machines that
-                # left it while no process of this shard ran (ADR 0104).
-                self.parts.nodes.remember(row.machine_id, row.cluster_id)
+            # With the cluster it was bound to, the first observation tells that cluster
+            # about a machine that left it while no process of this shard ran (ADR 0104).
+            self.state.hold(row.machine_id, row.provider, cluster_id=row.cluster_id or "")
         # Before the first observation, so quarantined machines never reach the engine.
         await self.load_quarantine()
         await self.parts.observer.observe_all(full=True)
@@ -167,7 +169,7 @@ class ShardProcess:
             self.temporal,
             shard_id=self.shard_id,
             engine=self.engine,
-            owned=self.owned,
+            owned=self.state.owned,
             clock=self.clock,
         )
         # Every Hello is answered with the state of every machine of the cluster
@@ -294,7 +296,7 @@ class ShardProcess:
             self.temporal,
             shard_id=self.shard_id,
             engine=self.engine,
-            owned=self.owned,
+            owned=self.state.owned,
             clock=self.clock,
         )
         if not self._stopping:
@@ -348,7 +350,7 @@ class ShardProcess:
         )
         self.cycles += 1
         self.last_plan_actions = len(plan.actions)
-        return await self.parts.executor.execute(plan)
+        return await self.parts.core.execute(plan.actions)
 
     # ----------------------------------------------------------- quarantine
 
@@ -363,7 +365,7 @@ class ShardProcess:
         quarantined."""
         stored = await self.store.release_quarantine(machine_id)
         released = self.lifecycle.release_quarantine(machine_id)
-        provider = self.owned.get(machine_id)
+        provider = self.state.provider_of(machine_id)
         if provider is not None:
             self.parts.observer.forget_cursor(provider)
         return released or stored

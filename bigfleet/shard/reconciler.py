@@ -6,7 +6,7 @@
       the engine's records ────────┼─▶ shard_engine.drift.find_drift ─▶ repairs
       running workflows (Temporal) ┘
       binding-recorded / -cleared  Store.reconcile_binding (CAS, logged as "reconcile")
-      stale-flight                 engine.settle with the provider's view: plannable again
+      stale-flight                 ShardState.settle with the provider's view: plannable again
       engine-refreshed             ProviderObserver.observe
       adopted                      a hand-over's receiving step (adopt_machines), once a
                                    row has been ours and unheld in two rounds in a row
@@ -37,16 +37,13 @@ from temporalio.client import Client
 from activities.context import ProviderCalls
 from bigfleet.metrics import RECONCILE_REPAIRS
 from bigfleet.shard.convert import InvalidMachine, machine_record
-from bigfleet.shard.holdings import Holdings
 from bigfleet.shard.lease import LeaseKeeper
-from bigfleet.shard.lifecycle import MachineLifecycle
-from bigfleet.shard.nodes import NodeView
 from bigfleet.shard.observer import ProviderObserver
+from bigfleet.shard.state import ShardState
 from bigfleet.store import LeaseLost, Store
 from bigfleet.v1alpha1 import provider_pb2
 from providers.errors import ProviderError
 from shard_engine.drift import Believed, Listed, Recorded, Repair, RepairKind, find_drift
-from shard_engine.engine import ShardEngine
 from shard_engine.model import MachineRecord, MachineState
 from workflows import search_attributes as sa
 from workflows.contracts import MachineTarget
@@ -107,10 +104,7 @@ class Reconciler:
         lease: LeaseKeeper,
         providers: Mapping[str, ProviderCalls],
         observer: ProviderObserver,
-        engine: ShardEngine,
-        holdings: Holdings,
-        lifecycle: MachineLifecycle,
-        nodes: NodeView,
+        state: ShardState,
         temporal: Client,
         clock: Callable[[], float],
         interval_s: float,
@@ -121,10 +115,7 @@ class Reconciler:
         self._lease = lease
         self._providers = dict(providers)
         self._observer = observer
-        self._engine = engine
-        self._holdings = holdings
-        self._lifecycle = lifecycle
-        self._nodes = nodes
+        self._state = state
         self._temporal = temporal
         self._clock = clock
         self.interval_s = interval_s
@@ -144,7 +135,7 @@ class Reconciler:
         listing, listed_providers = await self._list_all()
         shard_id = self._lease.shard_id
         rows = await self._store.machines(shard_id)
-        owned = self._holdings.owned
+        owned = self._state.owned
         recorded = {
             r.machine_id: Recorded(r.machine_id, r.provider, r.cluster_id)
             for r in rows
@@ -157,7 +148,7 @@ class Reconciler:
             {
                 r.machine_id: Recorded(r.machine_id, r.provider, r.cluster_id)
                 for r in rows
-                if r.machine_id not in owned and r.machine_id not in self._holdings.leaving
+                if r.machine_id not in owned and not self._state.is_leaving(r.machine_id)
             }
             if self._adopt is not None
             else {}
@@ -167,12 +158,10 @@ class Reconciler:
         owners = await self._store.owners(list(listing))
         busy = await running_machines(self._temporal, shard_id)
         listed_at = time.monotonic()
-        believed = {r.id: Believed(r.state, r.cluster) for r in self._engine.machines()}
-        held = (
-            set(self._lifecycle.quarantined)
-            | self._lifecycle.declared_failed()
-            | set(self._holdings.leaving)
-        )
+        engine = self._state.engine
+        believed = {r.id: Believed(r.state, r.cluster) for r in engine.machines()}
+        lifecycle = self._state.lifecycle
+        held = set(lifecycle.quarantined) | lifecycle.declared_failed() | self._state.leaving()
         # Pure and on snapshots: run beside the shard's loop, which keeps renewing
         # its lease and serving (100,000 machines take about a second of CPU).
         repairs = await asyncio.to_thread(
@@ -185,7 +174,7 @@ class Reconciler:
             recorded=recorded,
             owners=owners,
             believed=believed,
-            in_flight_since=self._engine.in_flight_since(),
+            in_flight_since=engine.in_flight_since(),
             busy=busy,
             held=held,
             unheld=unheld,
@@ -272,11 +261,9 @@ class Reconciler:
         elif kind is RepairKind.STALE_FLIGHT:
             fresh = listing.get(repair.machine_id)
             current = (
-                fresh.record() if fresh is not None else self._engine.machine(repair.machine_id)
+                fresh.record() if fresh is not None else self._state.machine(repair.machine_id)
             )
-            self._engine.settle(repair.machine_id, current, now=self._clock())
-            if current is not None:
-                self._nodes.push(current)
+            self._state.settle(repair.machine_id, current)
         elif kind is RepairKind.ENGINE_REFRESHED:
             seen = listing[repair.machine_id]
             self._observer.observe(seen.provider, seen.machine)

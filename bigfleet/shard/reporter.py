@@ -3,7 +3,7 @@
     engine machines (not in flight, not promised) -> ProfileReport per (provider,
         instance type, zone, capacity type): idle, speculative, configured by priority
     blocked preemption drains + the engine's shortfalls -> up to 100 ShortfallReports
-        (with the need's requirements and min_unit, from the last applied roll-up)
+        (with the need's requirements and min_unit, from the needs in force)
     -> signal CoordinatorWorkflow.report
 
 When the coordinator is not running the shard carries on alone.
@@ -18,12 +18,9 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 
 from bigfleet.shard.convert import requirement_specs
-from bigfleet.shard.demand import AppliedNeeds
-from bigfleet.shard.holdings import Holdings
 from bigfleet.shard.lease import LeaseKeeper
-from bigfleet.shard.lifecycle import MachineLifecycle
+from bigfleet.shard.state import ShardState
 from bigfleet.shard.terms import CoordinatorTerms
-from shard_engine.engine import ShardEngine
 from shard_engine.model import MachineState, Shortfall
 from workflows import coordinator as co
 
@@ -42,38 +39,32 @@ class CoordinatorReporter:
         temporal: Client,
         *,
         lease: LeaseKeeper,
-        engine: ShardEngine,
-        holdings: Holdings,
-        needs: AppliedNeeds,
-        lifecycle: MachineLifecycle,
+        state: ShardState,
         terms: CoordinatorTerms,
         clock: Callable[[], float],
     ) -> None:
         self._temporal = temporal
         self._lease = lease
-        self._engine = engine
-        self._holdings = holdings
-        self._lifecycle = lifecycle
+        self._state = state
         self._terms = terms
         self._clock = clock
-        self._needs = needs
 
     def shortfalls(self) -> list[Shortfall]:
         """Preemption drains blocked past their grace first, then the engine's shortfalls."""
 
         def allocatable(machine_id: str) -> Mapping[str, float]:
-            record = self._engine.machine(machine_id)
+            record = self._state.engine.machine(machine_id)
             return record.allocatable if record is not None else {}
 
-        blocked = self._lifecycle.shortfalls(now=self._clock(), deficit_of=allocatable)
-        return [*blocked, *self._engine.shortfalls()]
+        blocked = self._state.lifecycle.shortfalls(now=self._clock(), deficit_of=allocatable)
+        return [*blocked, *self._state.engine.shortfalls()]
 
     def build_report(self) -> co.ShardReport:
         """Summary + up to 100 shortfalls for the coordinator."""
-        busy = set(self._engine.in_flight()) | set(self._engine.promised())
+        busy = set(self._state.engine.in_flight()) | set(self._state.engine.promised())
         profiles: dict[tuple[str, str, str, int], co.ProfileReport] = {}
         total = 0
-        for record in self._engine.machines():
+        for record in self._state.engine.machines():
             total += 1
             key = (record.provider, record.instance_type, record.zone, int(record.capacity_type))
             prof = profiles.get(key)
@@ -93,11 +84,11 @@ class CoordinatorReporter:
             elif record.state == MachineState.SPECULATIVE:
                 prof.speculative += 1
             elif record.state == MachineState.CONFIGURED:
-                prio = str(self._holdings.priority(record.id))
+                prio = str(self._state.priority(record.id))
                 prof.configured_by_priority[prio] = prof.configured_by_priority.get(prio, 0) + 1
         shortfalls = []
         for sf in self.shortfalls()[:MAX_REPORTED_SHORTFALLS]:
-            need = self._needs.need(sf.cluster_id, sf.need_key)
+            need = self._state.need(sf.cluster_id, sf.need_key)
             shortfalls.append(
                 co.ShortfallReport(
                     cluster_id=sf.cluster_id,

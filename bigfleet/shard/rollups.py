@@ -22,7 +22,6 @@ from collections.abc import Callable
 
 from bigfleet.metrics import ROLLUPS as SHARD_ROLLUPS
 from bigfleet.shard.admissions import Admissions
-from bigfleet.shard.demand import AppliedNeeds
 from bigfleet.shard.intake import Intake
 from bigfleet.shard.lease import LeaseKeeper
 from bigfleet.shard.membership import ShardMembership
@@ -51,7 +50,6 @@ class SessionSink:
         membership: ShardMembership,
         intake: Intake,
         engine: ShardEngine,
-        needs: AppliedNeeds,
         terms: CoordinatorTerms,
         clock: Callable[[], float],
         slice_s: float,
@@ -64,7 +62,6 @@ class SessionSink:
         self._membership = membership
         self.intake = intake
         self._engine = engine
-        self._needs = needs
         self._terms = terms
         self._clock = clock
         self._slice_s = slice_s
@@ -111,9 +108,7 @@ class SessionSink:
             log.warning("cluster %s: roll-up refused by the engine: %s", rollup.cluster_id, err)
             return
         ROLLUPS.labels(self._shard_id, result.status).inc()
-        if result.status == "applied":
-            self._needs.remember(rollup)
-        elif result.status == "quarantined":
+        if result.status == "quarantined":
             log.info("cluster %s: roll-up quarantined: %s", rollup.cluster_id, result.detail)
 
     def apply_staged(self) -> int:

@@ -17,9 +17,10 @@ this module only gathers their inputs and carries the choice out.
 
 Every instruction is checked against the highest coordinator term seen first
 (a zombie coordinator's instruction is refused), and against the share of
-this shard's machines one instruction may move. Machines are taken out of
-the engine with no await between choosing and removing them, so a cycle
-cannot plan on them meanwhile; any the store refuses come back unchanged.
+this shard's machines one instruction may move. A machine leaves the shard
+by one call, ``ShardState.give_away``, with no await between choosing and
+removing it, so a cycle cannot plan on it meanwhile; any the store refuses
+come back unchanged (``ShardState.take_back``).
 """
 
 from __future__ import annotations
@@ -27,21 +28,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from bigfleet.shard.demand import AppliedNeeds
+from bigfleet.shard.core import ShardCore
 from bigfleet.shard.executor import Executor, workflow_id
-from bigfleet.shard.holdings import Holdings
-from bigfleet.shard.lifecycle import MachineLifecycle
 from bigfleet.shard.observer import ProviderObserver
 from bigfleet.shard.sequences import OperationSequences
+from bigfleet.shard.state import ShardState
 from bigfleet.shard.terms import CoordinatorTerms
 from bigfleet.store import Store
 from bigfleet.v1alpha1 import provider_pb2
 from providers.errors import ProviderError
-from shard_engine.engine import EngineConfig, ShardEngine
-from shard_engine.model import MachineState, Plan, Reclaim
+from shard_engine.engine import EngineConfig
+from shard_engine.model import MachineState, Reclaim
 from shard_engine.transfers import (
     TransferProfile,
-    VictimTerms,
     choose_cross_shard_victims,
     choose_donations,
     saturation_of,
@@ -69,14 +68,12 @@ class CrossShardTransfers:
         store: Store,
         *,
         shard_id: str,
-        engine: ShardEngine,
+        state: ShardState,
         engine_config: EngineConfig,
-        holdings: Holdings,
-        needs: AppliedNeeds,
         sequences: OperationSequences,
         observer: ProviderObserver,
         executor: Executor,
-        lifecycle: MachineLifecycle,
+        core: ShardCore,
         terms: CoordinatorTerms,
         poll: PollPolicy,
         max_share: float,
@@ -84,38 +81,20 @@ class CrossShardTransfers:
     ) -> None:
         self._store = store
         self._shard_id = shard_id
-        self._engine = engine
+        self._state = state
         self._config = engine_config
-        self._holdings = holdings
-        self._needs = needs
         self._sequences = sequences
         self._observer = observer
         self._executor = executor
-        self._lifecycle = lifecycle
+        self._core = core
         self._terms = terms
         self._poll = poll
         self._max_share = max_share
         self._clock = clock
 
-    def _busy(self) -> set[str]:
-        """Machines no instruction may take: in flight, or promised to a preemptor."""
-        return set(self._engine.in_flight()) | set(self._engine.promised())
-
-    def _victim_terms(self) -> dict[str, VictimTerms]:
-        """Per configured machine: the penalties and app class of the need it serves."""
-        out: dict[str, VictimTerms] = {}
-        for record in self._engine.machines():
-            key = self._holdings.serving.get(record.id)
-            need = self._needs.need(record.cluster, key) if key and record.cluster else None
-            if need is not None:
-                out[record.id] = VictimTerms(
-                    need.interruption_penalty, need.reclamation_penalty, need.app_class
-                )
-        return out
-
     def _limit(self) -> int:
         """The most machines one instruction may move: a share of what this shard owns."""
-        return max(1, int(len(self._holdings.owned) * self._max_share))
+        return max(1, int(len(self._state.owned) * self._max_share))
 
     # --------------------------------------------------------------- donor side
 
@@ -144,18 +123,16 @@ class CrossShardTransfers:
             return co.ReleaseResult(
                 [],
                 f"moving {spec.count} machines exceeds the limit of {limit} "
-                f"({self._max_share:.0%} of {len(self._holdings.owned)})",
+                f"({self._max_share:.0%} of {len(self._state.owned)})",
             )
         chosen = choose_donations(
-            self._engine.machines(),
+            self._state.machines(),
             profile=_profile(spec),
             state=MachineState.IDLE if spec.kind == "idle" else MachineState.SPECULATIVE,
             count=spec.count,
-            busy=self._busy(),
+            busy=self._state.busy(),
         )
-        for record in chosen:
-            self._engine.remove_machine(record.id)
-            self._holdings.owned.pop(record.id, None)
+        departure = self._state.give_away([r.id for r in chosen])
         moved_ids = set(
             await self._store.transfer(
                 donor=self._shard_id,
@@ -165,10 +142,7 @@ class CrossShardTransfers:
                 seq=inp.seq,
             )
         )
-        for record in chosen:
-            if record.id not in moved_ids:
-                self._holdings.owned[record.id] = record.provider
-                self._engine.upsert_machine(record, now=self._clock())
+        self._state.take_back(departure, [r.id for r in chosen if r.id not in moved_ids])
         return co.ReleaseResult(
             [MachineTarget(r.id, r.provider) for r in chosen if r.id in moved_ids]
         )
@@ -192,28 +166,28 @@ class CrossShardTransfers:
             return co.PreemptionPlan(
                 [], f"preempting {spec.count} machines exceeds the limit of {limit}"
             )
-        already = self._holdings.leaving_for(inp.term, inp.seq)
-        busy = self._busy()
+        already = self._state.leaving_for(inp.term, inp.seq)
+        busy = self._state.busy()
+        engine = self._state.engine
         victims = choose_cross_shard_victims(
-            self._engine.machines(),
+            engine.machines(),
             profile=_profile(spec),
             preemptor_priority=spec.below_priority,
             count=spec.count - len(already),
             busy=busy,
-            priorities=self._holdings.priorities,
-            terms=self._victim_terms(),
-            drain_seconds=self._engine.drain_estimates(),
-            saturation=saturation_of(self._engine.machines(), busy=busy),
+            priorities=self._state.priorities(),
+            terms=self._state.victim_terms(),
+            drain_seconds=engine.drain_estimates(),
+            saturation=saturation_of(engine.machines(), busy=busy),
             config=self._config,
         )
         drains: list[co.DrainStart] = []
         for victim in victims:
-            record = self._engine.machine(victim.machine_id)
+            record = self._state.mark_leaving(victim.machine_id, term=inp.term, seq=inp.seq)
             if record is None:  # chosen from the engine with no await since: cannot happen
+                self._state.stay(victim.machine_id)
                 continue
             seq = self._sequences.next([record.id])
-            self._holdings.leaving[record.id] = (inp.term, inp.seq)
-            self._engine.remove_machine(record.id)
             drains.append(
                 co.DrainStart(
                     workflow_id=workflow_id(self._shard_id, OP_DRAIN, [record.id], seq),
@@ -242,10 +216,10 @@ class CrossShardTransfers:
 
     async def _hand_over_drained(self, inp: co.ReleaseInput) -> co.ReleaseResult:
         """After a cross-shard preemption: move the victims that reached IDLE."""
-        mine = self._holdings.leaving_for(inp.term, inp.seq)
+        mine = self._state.leaving_for(inp.term, inp.seq)
         ready: list[MachineTarget] = []
         for machine_id in mine:
-            provider = self._holdings.owned.get(machine_id, "")
+            provider = self._state.provider_of(machine_id) or ""
             machine: provider_pb2.Machine | None
             try:
                 machine = await self._observer.provider(provider).get(machine_id)
@@ -256,24 +230,27 @@ class CrossShardTransfers:
                 ready.append(MachineTarget(machine_id, provider))
             else:
                 # The drain did not finish: the machine stays ours and rejoins the engine.
-                del self._holdings.leaving[machine_id]
+                self._state.stay(machine_id)
                 if machine is not None:
                     self._observer.observe(provider, machine)
-        moved = set(
-            await self._store.transfer(
-                donor=self._shard_id,
-                receiver=inp.spec.receiver,
-                machine_ids=[t.machine_id for t in ready],
-                term=inp.term,
-                seq=inp.seq,
+        departure = self._state.give_away([t.machine_id for t in ready])
+        try:
+            moved = set(
+                await self._store.transfer(
+                    donor=self._shard_id,
+                    receiver=inp.spec.receiver,
+                    machine_ids=[t.machine_id for t in ready],
+                    term=inp.term,
+                    seq=inp.seq,
+                )
             )
-        )
-        for target in ready:
-            self._holdings.leaving.pop(target.machine_id, None)
-            if target.machine_id in moved:
-                self._holdings.owned.pop(target.machine_id, None)
-                self._holdings.priorities.pop(target.machine_id, None)
-                self._holdings.serving.pop(target.machine_id, None)
+        except BaseException:
+            self._state.take_back(departure)
+            raise
+        refused = [t.machine_id for t in ready if t.machine_id not in moved]
+        self._state.take_back(departure, refused)
+        for machine_id in refused:
+            self._state.stay(machine_id)  # ours still, and planned with again once observed
         return co.ReleaseResult([t for t in ready if t.machine_id in moved])
 
     async def retire_machines(self, inp: co.RetireInput) -> co.RetireResult:
@@ -286,26 +263,20 @@ class CrossShardTransfers:
         decommission round (it is not counted as retired).
         """
         retired = draining = 0
-        busy = set(self._engine.in_flight())
+        busy = set(self._state.engine.in_flight())
         for machine_id in inp.machine_ids:
-            if machine_id not in self._holdings.owned or machine_id in busy:
+            if not self._state.owns(machine_id) or machine_id in busy:
                 continue
             if not await self._store.quarantine(machine_id, self._shard_id, inp.reason):
                 continue
-            record = self._engine.machine(machine_id)
+            record = self._state.machine(machine_id)
             if record is not None and record.state == MachineState.CONFIGURED and record.cluster:
                 grace = self._config.grace_default_seconds
-                await self._executor.execute(
-                    Plan(
-                        now=self._clock(),
-                        actions=(
-                            Reclaim(machine_id, record.cluster, grace, reason=REASON_DECOMMISSION),
-                        ),
-                    )
+                await self._core.execute(
+                    (Reclaim(machine_id, record.cluster, grace, reason=REASON_DECOMMISSION),)
                 )
                 draining += 1
-            self._lifecycle.quarantine(machine_id, inp.reason)
-            self._engine.remove_machine(machine_id)
+            self._state.quarantine(machine_id, inp.reason)
             retired += 1
         log.info("retired %d machines (%d draining first): %s", retired, draining, inp.reason)
         return co.RetireResult(retired, draining)
@@ -329,7 +300,7 @@ class CrossShardTransfers:
             # Continue above the previous owner's operation sequence, or our outcomes
             # would be discarded as stale by record_operation's compare-and-set.
             self._sequences.advance_to(target.machine_id, row.operation_seq)
-            self._holdings.owned[target.machine_id] = target.provider
+            self._state.hold(target.machine_id, target.provider)
             try:
                 machine = await self._observer.provider(target.provider).get(target.machine_id)
             except ProviderError as err:

@@ -25,7 +25,6 @@ def _sink(parts: ShardParts, *, acting: bool) -> SessionSink:
         membership=parts.membership,
         intake=Intake(),
         engine=parts.engine,
-        needs=parts.needs,
         terms=parts.terms,
         clock=lambda: 1_000.0,
         slice_s=0.002,
