@@ -173,6 +173,10 @@ class Need:
     # many seconds of being configured (a wire extension; shard_engine.budgets).
     # Not part of the key: asking for it does not make it another need.
     do_not_disrupt_seconds: float = 0.0
+    # Which gang of its cluster with otherwise equal key this is (0: the first). The
+    # wire has no gang field: each need with a Same requirement is one gang, never
+    # merged with another (ADR 0126); the roll-up's validation numbers them in order.
+    gang: int = 0
 
     @property
     def key(self) -> str:
@@ -180,6 +184,7 @@ class Need:
 
         Two roll-ups that list a need with the same requirements, priority,
         spread and penalties refer to the same need even if its size changed.
+        The second and later gangs with such a key are told apart by ``gang``.
         """
         parts = [
             repr(
@@ -192,6 +197,8 @@ class Need:
             repr(self.interruption_penalty),
             repr(self.reclamation_penalty),
         ]
+        if self.gang:
+            parts.append(f"gang {self.gang}")
         return hashlib.blake2b("|".join(parts).encode(), digest_size=8).hexdigest()
 
 

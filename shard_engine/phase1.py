@@ -30,6 +30,7 @@ import numpy.typing as npt
 from shard_engine.actions import ActionKind
 from shard_engine.catalog import ProfileCatalog
 from shard_engine.costs import dominant_dimension, effective_cost
+from shard_engine.gangs import gang_rows, gang_supply
 from shard_engine.needs import Demand, NeedsTable
 from shard_engine.pending import PendingNeed
 from shard_engine.pools import TIER_IDLE, TIER_SPECULATIVE, PoolKey
@@ -76,13 +77,41 @@ def cluster_have(
         cached = sheet.memo.have.get(cluster)
         if cached is not None and cached[0] == key:
             return cached[1], cached[2]
-    have = demand_supply(demand, sheet.supply_row(cluster), alloc)
+    supply = sheet.supply_row(cluster)
+    have = demand_supply(demand, supply, alloc)
+    if any(demand.gang_keys):
+        _gang_have(have, demand, supply, alloc, tolerance)
     deficit = demand.aggregate - have
     slack = demand.slack(tolerance)
     short: list[int] = np.flatnonzero((deficit > slack).any(axis=1)).tolist()
     if not touched:
         sheet.memo.have[cluster] = (key, have, short)
     return have, short
+
+
+def _gang_have(
+    have: FloatArray,
+    demand: Demand,
+    supply: npt.NDArray[np.int64],
+    alloc: FloatArray,
+    tolerance: float,
+) -> None:
+    """Overwrite the gang rows of ``have``: each gang counts only its own machines (``gangs``)."""
+    rows = gang_rows(demand.gang_keys, len(demand.needs))
+    own = gang_supply(demand.matrix, demand.aggregate, rows, supply, alloc, demand.slack(tolerance))
+    width = min(len(supply), demand.matrix.shape[1])
+    for i, held in own.items():
+        have[i] = (held[:width] * demand.matrix[i, :width]) @ alloc[:width]
+
+
+def own_supply(
+    sheet: Worksheet, demand: Demand, index: int, alloc: FloatArray, tolerance: float
+) -> npt.NDArray[np.int64]:
+    """The cluster's supply as gang ``index`` may count it: less what its other gangs claimed."""
+    supply = sheet.supply_row(demand.cluster)
+    rows = gang_rows(demand.gang_keys, len(demand.needs))
+    own = gang_supply(demand.matrix, demand.aggregate, rows, supply, alloc, demand.slack(tolerance))
+    return own.get(index, supply)
 
 
 def shortages(
@@ -101,9 +130,14 @@ def shortages(
 
 
 def _need_have(
-    demand: Demand, index: int, mask: BoolArray, sheet: Worksheet, alloc: FloatArray
+    demand: Demand,
+    index: int,
+    mask: BoolArray,
+    sheet: Worksheet,
+    alloc: FloatArray,
+    row: npt.NDArray[np.int64] | None = None,
 ) -> FloatArray:
-    row = sheet.supply_row(demand.cluster)
+    row = sheet.supply_row(demand.cluster) if row is None else row
     held = np.flatnonzero(row * mask)
     result: FloatArray = row[held] @ alloc[held] if len(held) else np.zeros(alloc.shape[1])
     return result
@@ -147,7 +181,9 @@ def assign(
         have: FloatArray | None = None
         if not gang and untouched:
             have = cluster_have(sheet, demand, alloc, tolerance)[0][index]
+        own: npt.NDArray[np.int64] | None = None
         if gang:
+            own = own_supply(sheet, demand, index, alloc, tolerance)
             base = masks.mask(demand.mask_keys[index])
             codes = domain_codes(catalog, gang)
             free = (sheet.free[TIER_IDLE] + sheet.free[TIER_SPECULATIVE]).astype(np.float64)
@@ -156,7 +192,7 @@ def assign(
             choice = choose_gang_domain(
                 codes=codes,
                 mask=base,
-                held=sheet.supply_row(demand.cluster).astype(np.float64),
+                held=own.astype(np.float64),
                 available=free,
                 aggregate=aggregate,
                 alloc=alloc,
@@ -171,7 +207,7 @@ def assign(
                 if choice.domain != previous:
                     sheet.gang_choices[(demand.cluster, demand.keys[index])] = choice.domain
         if have is None:
-            have = _need_have(demand, index, mask, sheet, alloc)
+            have = _need_have(demand, index, mask, sheet, alloc, own)
         deficit = aggregate - have
         deficit = np.where(deficit > demand.slack(tolerance)[index], deficit, 0.0)
         if block and deficit.any():

@@ -71,6 +71,7 @@ from shard_engine.catalog import ProfileCatalog
 from shard_engine.clusters import NO_CLUSTER
 from shard_engine.config import EngineConfig
 from shard_engine.demand_history import DemandHistory, Peaks
+from shard_engine.gangs import gang_rows, gang_supply
 from shard_engine.model import CapacityType
 from shard_engine.needs import Demand
 from shard_engine.phase1 import memo_key
@@ -274,7 +275,15 @@ def reclaim_excess(
         supply = sheet.supply_row(cluster)
         settled = np.zeros(len(supply), dtype=np.int64)
         settled[profiles] = available
-        surplus = _settled_have(peaks.matrix, settled, alloc) - peaks.aggregate
+        have = _settled_have(peaks.matrix, settled, alloc)
+        if any(demand.gang_keys):  # each gang counts only its own machines (``gangs``)
+            gangs = gang_rows(demand.gang_keys, peaks.current)
+            slack = tolerance * np.maximum(peaks.aggregate, 1.0)
+            own = gang_supply(peaks.matrix, peaks.aggregate, gangs, settled, alloc, slack)
+            width = min(len(settled), peaks.matrix.shape[1])
+            for i, held in own.items():
+                have[i] = (held[:width] * peaks.matrix[i, :width]) @ alloc[:width]
+        surplus = have - peaks.aggregate
         surplus -= config.reclaim_swing_margin * peaks.swing
         surplus += tolerance * np.maximum(peaks.aggregate, 1.0)
         moving = np.flatnonzero(supply - settled > 0)

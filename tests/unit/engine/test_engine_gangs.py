@@ -1,0 +1,113 @@
+"""Gangs stay whole (issue 18 item 1, ADR 0126).
+
+The wire has no gang field: each need with a Same requirement is one gang.
+Two gangs of one cluster are never merged, each has its own machine
+accounting (two gangs never count the same machines), and a gang is placed
+in one domain or not at all.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from shard_engine.engine import EngineConfig, ShardEngine
+from shard_engine.model import MachineState, Need, Reclaim, Rollup
+from shard_engine.needs import validate_rollup
+from tests.unit.engine.engine_fleet import Carrier, fleet, machine_ids, need, of_kind, rollup, same
+
+EAGER = EngineConfig(
+    reclaim_hysteresis_cycles=1, reclaim_min_age_seconds=0, reclaim_window_seconds=0
+)
+
+
+def gang(servers: int, *, priority: int = 900_000) -> Need:
+    """A gang of ``servers`` 8-GPU servers in one rack."""
+    return need(gpu=8.0 * servers, min_gpu=8, priority=priority, requirements=[same("rack")])
+
+
+def gpu_racks(engine: ShardEngine, **racks: int) -> None:
+    for rack, servers in racks.items():
+        fleet(engine, servers, prefix=rack, cpu=64, gpu=8, labels={"rack": rack})
+
+
+def racks_of(engine: ShardEngine, cluster: str) -> Counter[str]:
+    out: Counter[str] = Counter()
+    for m in engine.machines():
+        if m.cluster == cluster and m.state == MachineState.CONFIGURED:
+            out[m.labels["rack"]] += 1
+    return out
+
+
+def two_gangs(stamp: int, a: int, b: int) -> Rollup:
+    return rollup("train", stamp, gang(a), gang(b))
+
+
+def test_two_gangs_with_equal_keys_are_two_needs() -> None:
+    merged, _ = validate_rollup(two_gangs(1, 4, 4))
+
+    assert len(merged) == 2
+    assert sorted(n.aggregate["nvidia.com/gpu"] for n in merged.values()) == [32.0, 32.0]
+
+
+def test_needs_without_a_same_requirement_are_still_merged_by_key() -> None:
+    merged, _ = validate_rollup(rollup("web", 1, need(cpu=4), need(cpu=6)))
+
+    [only] = merged.values()
+    assert only.aggregate["cpu"] == 10.0
+
+
+def test_each_gang_goes_to_its_own_rack_when_no_rack_holds_both() -> None:
+    engine = ShardEngine()
+    gpu_racks(engine, ra=6, rb=6)
+    engine.apply_rollup(two_gangs(1, 4, 4), now=0)
+
+    Carrier(engine).run(now=1, cycles=2)
+
+    assert sorted(racks_of(engine, "train").values()) == [4, 4]
+
+
+def test_two_gangs_in_one_rack_count_their_own_machines() -> None:
+    engine = ShardEngine()
+    gpu_racks(engine, ra=16)
+    engine.apply_rollup(rollup("train", 1, gang(4)), now=0)
+    Carrier(engine).run(now=1, cycles=2)
+    engine.apply_rollup(two_gangs(2, 4, 4), now=3)
+
+    Carrier(engine).run(now=4, cycles=2)
+
+    assert racks_of(engine, "train") == Counter(ra=8)
+
+
+def test_a_gang_no_rack_can_hold_gets_nothing() -> None:
+    engine = ShardEngine()
+    gpu_racks(engine, ra=3, rb=3)
+    engine.apply_rollup(rollup("train", 1, gang(4)), now=0)
+
+    plans = Carrier(engine).run(now=1, cycles=3)
+
+    assert [m for p in plans for m in machine_ids(p.actions)] == []
+    assert racks_of(engine, "train") == Counter()
+
+
+def test_one_gang_that_cannot_be_placed_does_not_hold_back_the_other() -> None:
+    engine = ShardEngine()
+    gpu_racks(engine, ra=5)
+    engine.apply_rollup(two_gangs(1, 4, 6), now=0)
+
+    Carrier(engine).run(now=1, cycles=3)
+
+    assert racks_of(engine, "train") == Counter(ra=4)
+
+
+def test_the_machines_of_two_gangs_in_one_rack_are_not_excess() -> None:
+    engine = ShardEngine(EAGER)
+    gpu_racks(engine, ra=16)
+    carrier = Carrier(engine)
+    engine.apply_rollup(two_gangs(1, 4, 4), now=0)
+    carrier.run(now=1, cycles=3)
+    assert racks_of(engine, "train") == Counter(ra=8)
+
+    plans = carrier.run(now=10, cycles=5)
+
+    assert [a for p in plans for a in of_kind(p, Reclaim)] == []
+    assert racks_of(engine, "train") == Counter(ra=8)
