@@ -8,22 +8,41 @@ injection, a state file) start their own server with `serve`.
 
 `Harness.machine()` hands each test machines no other test has touched, so
 tests sharing a server cannot disturb each other.
+
+The ``ec2`` kind runs the EC2 provider against moto's EC2 API server, started
+once per test session on loopback (`local_ec2`); its launches, bootstrap
+commands and terminations are real HTTP calls to that server. Tests on a
+manual clock run against the simulations only (`SIMULATED_KINDS`): EC2 does
+not run on a manual clock.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import itertools
+import os
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from bigfleet.v1alpha1 import provider_pb2 as pb
 from providers.client import FencingToken, ProviderClient
 from providers.config import ProviderConfig
 from providers.core import ProviderCore
+from providers.ec2.local import LocalEc2, start_local_ec2
+from providers.ec2.settings import dump_settings
 from providers.server import RunningProvider, start_provider_server
 
-KINDS = ("sim-cloud", "bare-metal")
+KINDS = ("sim-cloud", "bare-metal", "ec2")
+#: The kinds that can run on a manual clock.
+SIMULATED_KINDS = ("sim-cloud", "bare-metal")
+#: EC2 in the suite: enough vCPU quota for every test's fresh machines (about
+#: 240 slots at the suite's quota scale), and deadlines (simulated seconds, so
+#: about 4 real seconds) that leave room for real HTTP calls on a busy machine.
+EC2_QUOTA_VCPUS = 2400
+EC2_DEADLINES = {"create": 4000.0, "configure": 4000.0, "delete": 4000.0}
 #: Simulated seconds per real second in the shared servers: a 90 s create is 90 ms.
 TIME_FACTOR = 0.001
 #: How long a test waits for a transition before failing (real seconds). A
@@ -33,16 +52,38 @@ SETTLE_TIMEOUT = 10.0
 _shards = itertools.count(1)
 
 
+_local: list[LocalEc2] = []
+
+
+def local_ec2() -> LocalEc2:
+    """The session's moto server (started on first use, stopped at exit). Its
+    settings are also written to a file named by ``BIGFLEET_EC2_CONFIG``, so a
+    provider started by the command line in a child process finds it."""
+    if not _local:
+        local = start_local_ec2(quota_vcpus=EC2_QUOTA_VCPUS, queue=False, poll_s=0.02, watch_s=0.5)
+        atexit.register(local.stop)
+        path = Path(tempfile.mkdtemp(prefix="bigfleet-ec2-")) / "ec2.json"
+        path.write_text(dump_settings(local.settings), encoding="utf-8")
+        os.environ["BIGFLEET_EC2_CONFIG"] = str(path)
+        _local.append(local)
+    return _local[0]
+
+
 def base_config(kind: str, **overrides: object) -> ProviderConfig:
     """The suite's provider settings for ``kind``."""
     config = ProviderConfig(
         kind=kind,  # type: ignore[arg-type]
         seed=7,
         time_factor=TIME_FACTOR,
-        quota_scale=0.15 if kind == "sim-cloud" else 1.0,
+        quota_scale=0.15 if kind in ("sim-cloud", "ec2") else 1.0,
         interruption_scale=0.0,
         commission_s=30.0,
     )
+    if kind == "ec2":
+        deadlines = overrides.get("deadlines_s", {})
+        assert isinstance(deadlines, dict)
+        overrides = {**overrides, "deadlines_s": {**EC2_DEADLINES, **deadlines}}
+        config = replace(config, ec2=local_ec2().settings)
     return replace(config, **overrides)  # type: ignore[arg-type]
 
 
@@ -93,7 +134,7 @@ class Harness:
     @property
     def has_delete(self) -> bool:
         """Whether this kind offers Delete."""
-        return self.kind == "sim-cloud"
+        return self.kind in ("sim-cloud", "ec2")
 
     def shard(self) -> Shard:
         """A fresh shard identity (its fencing marks start empty)."""

@@ -18,7 +18,13 @@ from providers.core import ProviderCore
 from providers.kinds import build_provider
 from providers.model import State
 from providers.store import StateStore
-from tests.integration.providers.provider_harness import KINDS, Harness, Shard, serve
+from tests.integration.providers.provider_harness import (
+    KINDS,
+    SIMULATED_KINDS,
+    Harness,
+    Shard,
+    serve,
+)
 
 #: Workloads that take a million simulated seconds to leave: about 17 real
 #: minutes at the suite's time factor, far beyond any wait in these tests, so
@@ -130,7 +136,7 @@ def configured(provider: ProviderCore, clock: ManualScheduler) -> str:
     return machine_id
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", SIMULATED_KINDS)
 def test_the_shortened_drain_finishes_exactly_at_the_new_grace(kind: str) -> None:
     provider, clock = manual(kind)
     machine_id = configured(provider, clock)
@@ -146,7 +152,7 @@ def test_the_shortened_drain_finishes_exactly_at_the_new_grace(kind: str) -> Non
     assert provider.get(machine_id).state is State.IDLE
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", SIMULATED_KINDS)
 def test_a_smaller_grace_that_would_finish_later_changes_nothing(kind: str) -> None:
     """Workloads that leave by themselves in 20 s finish then, whatever the grace."""
     provider, clock = manual(kind, drain_latency_s=LatencyRange(20.0, 20.0))
@@ -157,7 +163,7 @@ def test_a_smaller_grace_that_would_finish_later_changes_nothing(kind: str) -> N
     assert provider.get(machine_id).state is State.IDLE
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", SIMULATED_KINDS)
 def test_the_scheduled_completion_honours_the_time_factor(kind: str) -> None:
     provider, clock = manual(kind, time_factor=0.01)
     machine_id = configured(provider, clock)
@@ -169,7 +175,7 @@ def test_the_scheduled_completion_honours_the_time_factor(kind: str) -> None:
     assert provider.get(machine_id).state is State.IDLE
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", SIMULATED_KINDS)
 def test_a_stuck_drain_stays_stuck_and_fails_at_its_deadline(kind: str) -> None:
     provider, clock = manual(kind, stuck_rate={"drain": 1.0}, deadlines_s={"drain": 60.0})
     machine_id = configured(provider, clock)
@@ -181,7 +187,7 @@ def test_a_stuck_drain_stays_stuck_and_fails_at_its_deadline(kind: str) -> None:
     assert provider.get(machine_id).state is State.FAILED
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", SIMULATED_KINDS)
 def test_the_lowered_grace_is_journaled(kind: str, tmp_path: Path) -> None:
     state = tmp_path / "provider.json"
     provider, clock = manual(kind, state_path=state)

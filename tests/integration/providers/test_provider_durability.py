@@ -23,7 +23,13 @@ from bigfleet.v1alpha1 import provider_pb2 as pb
 from providers.client import FencingToken, ProviderClient
 from providers.config import LatencyRange
 from providers.errors import Fenced
-from tests.integration.providers.provider_harness import KINDS, TIME_FACTOR, Harness, serve
+from tests.integration.providers.provider_harness import (
+    KINDS,
+    TIME_FACTOR,
+    Harness,
+    local_ec2,
+    serve,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 TRANSITIONAL = {
@@ -173,6 +179,8 @@ class Process:
 @asynccontextmanager
 async def cli_provider(kind: str, state: Path, log: Path) -> AsyncIterator[Process]:
     """Run ``serve`` in a child process until the caller is done with it."""
+    if kind == "ec2":
+        local_ec2()  # the child finds the local EC2 through BIGFLEET_EC2_CONFIG
     args = [
         "-c",
         "from providers.cli import app; app()",

@@ -11,7 +11,10 @@ import pytest
 
 from bigfleet.v1alpha1 import provider_pb2 as pb
 from providers.client import ProviderClient
-from tests.integration.providers.provider_harness import Harness, serve
+from tests.integration.providers.provider_harness import KINDS, Harness, serve
+
+#: The machine-id prefix of each kind (its default provider name).
+ID_PREFIX = {"sim-cloud": "simcloud-", "bare-metal": "bm-", "ec2": "ec2-"}
 
 HOSTLESS = {pb.MACHINE_STATE_SPECULATIVE, pb.MACHINE_STATE_CREATING}
 BOUND = {pb.MACHINE_STATE_CONFIGURING, pb.MACHINE_STATE_CONFIGURED, pb.MACHINE_STATE_DRAINING}
@@ -76,7 +79,7 @@ def check_shape(machine: pb.Machine, kind: str) -> None:
             pb.CAPACITY_TYPE_ON_DEMAND,
             pb.CAPACITY_TYPE_RESERVED,
         }, where
-        assert machine.id.startswith("simcloud-"), where
+        assert machine.id.startswith(ID_PREFIX[kind]), where
 
 
 async def test_every_machine_in_the_inventory_is_in_shape(harness: Harness) -> None:
@@ -115,7 +118,7 @@ async def test_every_state_a_machine_passes_through_is_in_shape(harness: Harness
 
 
 async def test_a_failed_machine_is_in_shape() -> None:
-    for kind in ("sim-cloud", "bare-metal"):
+    for kind in KINDS:
         running = await serve(kind, error_rate={"configure": 1.0})
         try:
             async with ProviderClient(running.address) as client:
