@@ -133,6 +133,11 @@ class Store:
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
 
+    @property
+    def engine(self) -> AsyncEngine:
+        """The connection pool, for repositories of other aggregates to share."""
+        return self._engine
+
     # ------------------------------------------------------------------ leases
 
     async def acquire_lease(
