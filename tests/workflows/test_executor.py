@@ -1,4 +1,5 @@
-"""The executor turns each engine action into the right workflow, id, input and search attributes.
+"""The shard core with production's actuator (the Executor) turns each engine action into the
+right workflow, id, input and search attributes.
 
 No worker serves the task queue here: the workflows are only started, then
 inspected through the server (description and first history event).
@@ -16,6 +17,7 @@ import pytest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
+from bigfleet.shard.core import ShardCore
 from bigfleet.shard.executor import Executor
 from bigfleet.shard.options import ShardOptions
 from bigfleet.shard.sequences import OperationSequences
@@ -45,14 +47,20 @@ _RUN = itertools.count(1)
 
 @dataclass
 class StubEngine:
+    """The shard state the core reads: machines, the priority each serves; settles recorded."""
+
     records: dict[str, MachineRecord]
     settled: list[tuple[str, MachineRecord | None]] = field(default_factory=list)
+    priorities: dict[str, int] = field(default_factory=dict)
 
     def machine(self, machine_id: str) -> MachineRecord | None:
         return self.records.get(machine_id)
 
-    def settle(self, machine_id: str, record: MachineRecord | None, *, now: float) -> None:
+    def settle(self, machine_id: str, record: MachineRecord | None) -> None:
         self.settled.append((machine_id, record))
+
+    def priority(self, machine_id: str) -> int:
+        return self.priorities.get(machine_id, 0)
 
 
 @dataclass
@@ -100,19 +108,18 @@ def shard(own_env: WorkflowEnvironment) -> StubShard:
     return StubShard(own_env.client, StubEngine(records))
 
 
-def _executor(shard: StubShard, priorities: Mapping[str, int] | None = None) -> Executor:
-    held = dict(priorities or {})
-    return Executor(
+def _executor(shard: StubShard, priorities: Mapping[str, int] | None = None) -> ShardCore:
+    """The shard core acting through production's actuator."""
+    shard.engine.priorities.update(priorities or {})
+    executor = Executor(
         shard.temporal,
         shard_id=shard.shard_id,
         task_queue=f"nobody-serves-{uuid.uuid4()}",
-        engine=shard.engine,
         sequences=shard.seqs,
         deadlines=DeadlinePolicy(shard.options.deadlines, dict(shard.options.deadline_overrides)),
         poll=shard.options.poll,
-        clock=lambda: 1_000.0,
-        priority_of=lambda machine_id: held.get(machine_id, 0),
     )
+    return ShardCore(shard.engine, executor, shard_id=shard.shard_id)
 
 
 async def _started(
@@ -140,7 +147,7 @@ async def test_a_preemption_becomes_a_drain_with_the_victims_priority_and_its_re
         now=1_000.0,
         actions=(Preempt("m-1", "victim", 100_000, "urgent", "need-u", 1_000_000, 30),),
     )
-    assert await _executor(shard).execute(plan) == 1
+    assert await _executor(shard).execute(plan.actions) == 1
     _, (wf_type, payload), attrs = await _started(shard, f"{shard.shard_id}/drain/m-1/1")
     assert wf_type == "DrainWorkflow"
     inp = _decode(shard, payload, DrainInput)
@@ -164,7 +171,7 @@ async def test_a_preemption_becomes_a_drain_with_the_victims_priority_and_its_re
 
 async def test_a_reclaim_becomes_a_drain_nobody_waits_for(shard: StubShard) -> None:
     executor = _executor(shard, priorities={"m-2": 250_000})
-    await executor.execute(Plan(1_000.0, (Reclaim("m-2", "victim", 600),)))
+    await executor.execute((Reclaim("m-2", "victim", 600),))
     _, (_, payload), attrs = await _started(shard, f"{shard.shard_id}/drain/m-2/1")
     inp = _decode(shard, payload, DrainInput)
     assert inp.waiter is None and inp.reason == "reclaim" and inp.grace_seconds == 600
@@ -174,7 +181,7 @@ async def test_a_reclaim_becomes_a_drain_nobody_waits_for(shard: StubShard) -> N
 
 async def test_a_decommission_drain_carries_its_reason(shard: StubShard) -> None:
     retire = Reclaim("m-5", "victim", 600, reason="decommission")
-    await _executor(shard).execute(Plan(1_000.0, (retire,)))
+    await _executor(shard).execute((retire,))
     _, (_, payload), attrs = await _started(shard, f"{shard.shard_id}/drain/m-5/1")
     assert _decode(shard, payload, DrainInput).reason == "decommission"
     assert attrs["BigFleetReason"] == "decommission"
@@ -182,7 +189,7 @@ async def test_a_decommission_drain_carries_its_reason(shard: StubShard) -> None
 
 async def test_release_and_verify_get_their_own_workflows(shard: StubShard) -> None:
     plan = Plan(1_000.0, (Release("m-3"), Verify("m-4", "victim")))
-    assert await _executor(shard).execute(plan) == 2
+    assert await _executor(shard).execute(plan.actions) == 2
     _, (wf_type, payload), attrs = await _started(shard, f"{shard.shard_id}/delete/m-3/1")
     assert wf_type == "DeleteWorkflow" and attrs["BigFleetPhase"] == "DELETING"
     assert attrs["BigFleetReason"] == "release"
@@ -194,7 +201,8 @@ async def test_release_and_verify_get_their_own_workflows(shard: StubShard) -> N
 
 async def test_deadlines_follow_the_capacity_type(shard: StubShard) -> None:
     plan = Plan(1_000.0, (Provision(("m-1", "bm-1"), "c", "need", 10),))
-    assert await _executor(shard).execute(plan) == 2, "one batch per provider and capacity type"
+    started = await _executor(shard).execute(plan.actions)
+    assert started == 2, "one batch per provider and capacity type"
     _, (_, cloud), _ = await _started(shard, f"{shard.shard_id}/provision/m-1/1")
     _, (_, metal), _ = await _started(shard, f"{shard.shard_id}/provision/bm-1/1")
     assert _decode(shard, cloud, ProvisionInput).deadlines.creating_s == 600
@@ -204,9 +212,9 @@ async def test_deadlines_follow_the_capacity_type(shard: StubShard) -> None:
 async def test_the_same_action_at_the_same_sequence_finds_the_running_workflow(
     shard: StubShard,
 ) -> None:
-    await _executor(shard).execute(Plan(1_000.0, (Reclaim("m-2", "victim", 600),)))
+    await _executor(shard).execute((Reclaim("m-2", "victim", 600),))
     shard.seqs = OperationSequences()  # a restarted shard that had not recorded the drain yet
-    await _executor(shard).execute(Plan(1_000.0, (Reclaim("m-2", "victim", 600),)))
+    await _executor(shard).execute((Reclaim("m-2", "victim", 600),))
     handle = shard.temporal.get_workflow_handle(f"{shard.shard_id}/drain/m-2/1")
     history = await handle.fetch_history()
     starts = [
@@ -216,7 +224,7 @@ async def test_the_same_action_at_the_same_sequence_finds_the_running_workflow(
 
 
 async def test_an_action_on_a_vanished_machine_is_settled_not_started(shard: StubShard) -> None:
-    assert await _executor(shard).execute(Plan(1_000.0, (Release("gone"),))) == 0
+    assert await _executor(shard).execute((Release("gone"),)) == 0
     assert shard.engine.settled == [("gone", None)]
 
 
@@ -225,9 +233,7 @@ async def test_a_large_provision_is_split_into_batches_whose_ids_fit_one_search_
 ) -> None:
     ids = [f"simcloud-fleet-a-us-east-1a-m6i-large-od-{i:03d}" for i in range(100)]
     shard = StubShard(own_env.client, StubEngine({m: _record(m) for m in ids}))
-    started = await _executor(shard).execute(
-        Plan(1_000.0, (Provision(tuple(ids), "c", "need", 10),))
-    )
+    started = await _executor(shard).execute((Provision(tuple(ids), "c", "need", 10),))
     assert started >= 3, "100 ids of 45 characters cannot share one 2 KiB attribute"
     listed: list[str] = []
     first = 0
