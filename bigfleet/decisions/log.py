@@ -10,9 +10,10 @@ and a shard that stops deciding because its log is slow would be worse.
 
 Repetition is not evidence: a need short for an hour, or a drain a budget
 holds for a day, would otherwise write the same row every cycle. ``unmet``
-and ``held`` rows are written when they first appear and when their
-reason changes, and again at most every ``repeat_seconds`` (so a query
-"at" any instant finds a row no older than that).
+and ``held`` rows — and every row of a dry run, whose plans mark nothing
+and so repeat — are written when they first appear and when their reason
+changes, and again at most every ``repeat_seconds`` (so a query "at" any
+instant finds a row no older than that).
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ class DecisionLog:
         limits = self.limits
         buffer = self._buffer
         for row in rows:
-            if row.kind in ("unmet", "held"):
+            if row.kind in ("unmet", "held") or row.mode == "dry-run":
                 key = (row.kind, row.machine_id, row.cluster_id, row.need_key)
                 seen.add(key)
                 said = self._last_said.get(key)

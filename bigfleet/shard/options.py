@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from bigfleet.shard.interpreter import InterpreterSettings
 from bigfleet.shard.sessions import SessionLimits
+from shard_engine.budgets import Budget
 from shard_engine.engine import EngineConfig
 from workflows.contracts import Deadlines, PollPolicy, default_deadline_overrides
 
@@ -58,6 +59,10 @@ class ShardOptions:
     apply_coalesce_s: float = 0.25
     # Switch interval and garbage collector, set while the process runs (ADR 0066).
     interpreter: InterpreterSettings = field(default_factory=InterpreterSettings)
+    # Shadow mode: decide and record, never act (BIGFLEET_MODE=shadow; bigfleet/shard/gate.py).
+    shadow: bool = False
+    # Fleet disruption budgets this shard enforces on its drains (shard_engine/budgets.py).
+    budgets: tuple[Budget, ...] = ()
 
     @property
     def task_queue(self) -> str:

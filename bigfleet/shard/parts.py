@@ -30,10 +30,12 @@ from dataclasses import dataclass
 from temporalio.client import Client
 
 from activities.context import ProviderCalls
+from bigfleet.decisions import DecisionLog
 from bigfleet.shard.capacity_hints import CapacityHints
 from bigfleet.shard.context import ShardActivityContext
 from bigfleet.shard.core import ShardCore
 from bigfleet.shard.executor import Executor
+from bigfleet.shard.gate import Adoption, GatedActuator, Modes
 from bigfleet.shard.lease import LeaseKeeper
 from bigfleet.shard.lifecycle import MachineLifecycle
 from bigfleet.shard.membership import ShardMembership
@@ -49,6 +51,8 @@ from bigfleet.shard.state import ShardState
 from bigfleet.shard.terms import CoordinatorTerms
 from bigfleet.shard.transfers import CrossShardTransfers
 from bigfleet.store import Store
+from bigfleet.store.controls import ControlStore
+from bigfleet.store.decisions import DecisionStore
 from shard_engine.engine import ShardEngine
 from workflows.contracts import DeadlinePolicy, MachineTarget
 from workflows.coordinator_contracts import AdoptInput
@@ -78,6 +82,7 @@ class ShardParts:
     reconciler: Reconciler
     context: ShardActivityContext
     capacity_hints: CapacityHints
+    adoption: Adoption
 
 
 def assemble(
@@ -91,6 +96,7 @@ def assemble(
     """Build the parts of the shard ``options.shard_id`` and wire them to each other."""
     shard_id = options.shard_id
     engine = ShardEngine(options.engine, stopwatch=time.perf_counter)
+    engine.budgets = options.budgets
     hub = SessionHub()
     lifecycle = MachineLifecycle()
     terms = CoordinatorTerms()
@@ -116,8 +122,17 @@ def assemble(
         poll=options.poll,
         guard=lease,
     )
-    # The one core production and the simulator share; the executor is its actuator.
-    core = ShardCore(state, executor, shard_id=shard_id)
+    # The one core production and the simulator share; the executor is its actuator,
+    # behind the gate that shadow mode, pause and dry run close (gate.py).
+    modes = Modes(shadow=options.shadow)
+    core = ShardCore(state, GatedActuator(executor, modes), shard_id=shard_id)
+    adoption = Adoption(
+        shard_id=shard_id,
+        engine=engine,
+        modes=modes,
+        controls=ControlStore(store.engine),
+        decisions=DecisionLog(shard_id, DecisionStore(store.engine), clock=clock),
+    )
     transfers = CrossShardTransfers(
         store,
         shard_id=shard_id,
@@ -191,4 +206,5 @@ def assemble(
         reconciler=reconciler,
         context=context,
         capacity_hints=CapacityHints(hub, engine),
+        adoption=adoption,
     )

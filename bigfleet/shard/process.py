@@ -92,6 +92,8 @@ class ShardProcess:
         self.hub = self.parts.hub
         self.lifecycle = self.parts.lifecycle
         self.lease = self.parts.lease
+        # Shadow mode, pause, dry run and the decision log (gate.py).
+        self.adoption = self.parts.adoption
         self.state = self.parts.state
         self.lease.on_stop(self._stopped_acting)
         # The Session port's sink: Hellos admitted, roll-ups staged then applied.
@@ -194,7 +196,9 @@ class ShardProcess:
         await self.lease.publish_address(self.address)
         if self.active:
             self._start_worker()
+        await self.adoption.refresh()  # a paused shard stays paused from its first cycle
         self._tasks = [
+            asyncio.create_task(self.adoption.run(), name="decision-log"),
             self._every(self.options.observe_interval_s, self._observe, name="observe"),
             self._every(self.options.cycle_interval_s, self._cycle, name="cycle"),
             asyncio.create_task(self.sink.run(), name="apply-rollups"),
@@ -219,6 +223,7 @@ class ShardProcess:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self._stop_worker()
+        await self.adoption.close()
         if self._stopping_worker is not None:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._stopping_worker
@@ -319,15 +324,16 @@ class ShardProcess:
     async def _cycle(self) -> None:
         telemetry.record_lease(self.shard_id, held=self.active, epoch=self.lease.epoch)
         if self.active:
+            await self.adoption.refresh()
             await self.run_cycle()
 
     async def _report(self) -> None:
-        if self.active:
+        if self.active and self.adoption.reaches_out:
             self.parts.capacity_hints.publish()
             await self.parts.reporter.send_report()
 
     async def _reconcile(self) -> None:
-        if self.active:
+        if self.active and self.adoption.reaches_out:
             await self.parts.reconciler.run_once()
 
     async def run_cycle(self) -> int:
@@ -340,7 +346,7 @@ class ShardProcess:
             return 0
         self.sink.apply_staged()  # every roll-up acknowledged so far counts in this cycle
         started = time.perf_counter()
-        plan = self.engine.cycle(now=self.clock())
+        plan = self.engine.cycle(now=self.clock(), dry_run=self.adoption.dry_run)
         telemetry.record_cycle(
             self.shard_id,
             plan,
@@ -350,6 +356,9 @@ class ShardProcess:
         )
         self.cycles += 1
         self.last_plan_actions = len(plan.actions)
+        self.adoption.after_cycle(plan, cycle=self.cycles)
+        if plan.dry_run:
+            return 0  # recorded, not started: nothing was marked in flight
         return await self.parts.core.execute(plan.actions)
 
     # ----------------------------------------------------------- quarantine
