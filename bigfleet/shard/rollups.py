@@ -2,15 +2,22 @@
 
     Hello            admit_cluster   the shard acts, the cluster is ours (Admissions:
                                      batched look-ups), its moved machines adopted
-    roll-up (ack)    apply_rollup    deferred while the cluster moves away, else
-                                     checked and staged in the Intake (sessions thread)
+    roll-up (ack)    apply_rollup    judged once into a ValidatedRollup and staged in the
+                                     Intake, or deferred while the cluster moves away
+                                     (sessions thread)
     shard loop       run / apply     staged roll-ups -> engine.apply_rollup, a few ms at
                                      a time; every one before a cycle (apply_staged)
     acknowledgement  ack_fields      (highest coordinator term seen, lease epoch)
 
 This is the :class:`~bigfleet.shard.sessions.RollupSink` the Session port
-serves. The acknowledgement never waits for the engine (ADR 0066); the
-engine's verdict is logged and counted in ``bigfleet_shard_rollups_total``.
+serves. The acknowledgement never waits for the engine (ADR 0066).
+
+Every acknowledged roll-up is counted once in ``bigfleet_shard_rollups_total``
+with its final outcome: ``rejected``, ``stale`` or ``deferred`` when the ack
+says so; ``superseded`` when a newer roll-up of its cluster replaced it
+before it was applied (it is dropped, not applied); ``departed`` when its
+cluster started leaving first; else the engine's verdict (``applied``,
+``quarantined``, ``stale``). The sum over outcomes is the number of acks.
 """
 
 from __future__ import annotations
@@ -22,13 +29,14 @@ from collections.abc import Callable
 
 from bigfleet.metrics import ROLLUPS as SHARD_ROLLUPS
 from bigfleet.shard.admissions import Admissions
-from bigfleet.shard.intake import Intake
+from bigfleet.shard.intake import DEFERRED, STALE, Intake
 from bigfleet.shard.lease import LeaseKeeper
 from bigfleet.shard.membership import ShardMembership
 from bigfleet.shard.sessions import ShardUnavailable
 from bigfleet.shard.terms import CoordinatorTerms
 from shard_engine.engine import ShardEngine
 from shard_engine.model import Rollup
+from shard_engine.needs import ValidatedRollup
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +75,8 @@ class SessionSink:
         self._slice_s = slice_s
         self._coalesce_s = coalesce_s
         self._staged = asyncio.Event()
+        intake.set_deferral(membership.deferral)
+        intake.set_on_dropped(self.settled)
 
     async def admit_cluster(self, cluster_id: str) -> None:
         """Refuse while the shard does not act, or when another shard serves the cluster."""
@@ -82,25 +92,34 @@ class SessionSink:
         await self._membership.adopt_bound(cluster_id)
 
     def apply_rollup(self, rollup: Rollup) -> str:
-        """Stage a validated roll-up for the engine (called on the sessions thread).
+        """Judge a roll-up and stage it for the engine (called on the sessions thread).
 
         The acknowledgement does not wait for the engine: the roll-up is
         applied within milliseconds by :meth:`run`, and in any case before
-        the next cycle (ADR 0066).
+        the next cycle (ADR 0066). Raises ``RollupRejected`` naming the field
+        (the Session port counts that refusal, :meth:`settled`).
         """
-        deferred = self._membership.deferral(rollup.cluster_id)
-        if deferred:
-            return f"rollup-deferred: {deferred}"
-        return self.intake.offer(rollup)
+        echo = self.intake.offer(rollup)
+        if echo.startswith(STALE):
+            self.settled("stale")
+        elif echo.startswith(DEFERRED):
+            self.settled("deferred")
+        return echo
+
+    def settled(self, outcome: str) -> None:
+        """Count one acknowledged roll-up's final outcome (from either thread)."""
+        ROLLUPS.labels(self._shard_id, outcome).inc()
 
     def ack_fields(self) -> tuple[int, int]:
         """(highest coordinator term seen, lease epoch) for every acknowledgement."""
         return self._terms.highest, self._lease.epoch
 
-    def apply(self, rollup: Rollup) -> None:
-        """Apply one staged roll-up to the engine (on the shard's loop)."""
+    def apply(self, rollup: ValidatedRollup) -> None:
+        """Apply one staged, validated roll-up to the engine (on the shard's loop)."""
         if self._membership.deferral(rollup.cluster_id):
-            return  # the cluster started leaving after the ack; its needs go with it
+            # The cluster started leaving after the ack; its needs go with it.
+            self.settled("departed")
+            return
         try:
             result = self._engine.apply_rollup(rollup, now=self._clock())
         except ValueError as err:

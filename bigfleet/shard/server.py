@@ -6,7 +6,7 @@ It runs on its own event loop so that acknowledgements never wait for the cycle.
     ─────────────────────────────────────           ──────────────────────────────
     grpc.aio server: Shard, Health, Reflection
     Hello ── admit_cluster ─────────────────────▶   store.assign_cluster (awaited there)
-    roll-up ── validate ── Intake.offer ── ack
+    roll-up ── translate ── Intake.offer (judged once: ValidatedRollup) ── ack
                                   └─ staged ────▶   apply in slices of a few ms
     InspectNeeds ─────────────────────────────▶    engine.inspect_needs (run there)
     outbox ◀── hub.send / bootstrap requests ───    node updates, activities
@@ -43,7 +43,13 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from bigfleet.identity import KeyPairSource, server_credentials
-from bigfleet.shard.sessions import RollupSink, SessionHub, SessionLimits, ShardServicer
+from bigfleet.shard.sessions import (
+    CountingSink,
+    RollupSink,
+    SessionHub,
+    SessionLimits,
+    ShardServicer,
+)
 from bigfleet.shard.shardread import SHARD_READ_SERVICE, ShardReadServicer
 from bigfleet.v1alpha1 import shard_pb2, shard_pb2_grpc, shardread_pb2_grpc
 from shard_engine.model import Rollup
@@ -174,6 +180,10 @@ class _Bridge:
 
     def ack_fields(self) -> tuple[int, int]:
         return self._sink.ack_fields()
+
+    def settled(self, outcome: str) -> None:
+        if isinstance(self._sink, CountingSink):
+            self._sink.settled(outcome)
 
     def inspector(
         self, inspect: Callable[[str, int], Inspection]

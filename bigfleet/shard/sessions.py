@@ -29,7 +29,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -59,6 +59,7 @@ __all__ = [
     "SESSION_EXTENSIONS",
     "SHARD_SERVICE",
     "ClusterElsewhere",
+    "CountingSink",
     "OperatorSession",
     "Outbox",
     "RollupSink",
@@ -112,6 +113,18 @@ class RollupSink(Protocol):
 
     def ack_fields(self) -> tuple[int, int]:
         """(coordinator_term, shard_epoch) to stamp on acknowledgements."""
+
+
+@runtime_checkable
+class CountingSink(RollupSink, Protocol):
+    """A sink that counts every acknowledged roll-up's outcome (the shard process's).
+
+    The servicer tells it of the refusals made before the sink saw the
+    roll-up (one that does not translate) and of those the sink raised.
+    """
+
+    def settled(self, outcome: str) -> None:
+        """One acknowledged roll-up ended with ``outcome`` (``rejected``)."""
 
 
 class Outbox:
@@ -567,6 +580,8 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
         except ValueError as err:
             reason = str(err)
         log.warning("cluster %s: roll-up rejected: %s", session.cluster_id, reason)
+        if isinstance(self._sink, CountingSink):
+            self._sink.settled("rejected")
         return f"rollup-rejected: {reason}"
 
 

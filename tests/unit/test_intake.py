@@ -28,7 +28,7 @@ def test_a_newer_rollup_replaces_the_staged_one_of_its_cluster() -> None:
     intake.offer(_rollup("b", 1))
     intake.offer(_rollup("a", 2, cpu=5))
     staged = {r.cluster_id: r for r in intake.take_all()}
-    assert staged["a"].timestamp_ns == 2 and staged["a"].needs[0].aggregate["cpu"] == 5
+    assert staged["a"].timestamp_ns == 2 and staged["a"].rollup.needs[0].aggregate["cpu"] == 5
     assert len(staged) == 2 and intake.superseded == 1
 
 
@@ -128,7 +128,7 @@ def test_rows_accepted_before_are_accepted_again_wherever_they_stand() -> None:
     moved = (rows[3], _need(2.0, priority=9), rows[0], rows[0])
     assert intake.offer(Rollup("a", 2, moved)) == "rollup"
     [staged] = intake.take_all()
-    assert staged.needs == moved
+    assert staged.rollup.needs == moved
 
 
 def test_a_row_accepted_for_one_cluster_is_still_checked_for_another() -> None:
