@@ -192,6 +192,8 @@ def shard_options(settings: Settings) -> ShardOptions:
             for key, fields in default_deadline_overrides().items()
         },
         engine=settings.engine_config(),
+        shadow=settings.mode == "shadow",
+        budgets=settings.budgets,
     )
 
 

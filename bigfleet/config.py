@@ -6,12 +6,14 @@ tests build :class:`Settings` directly. ``describe()`` documents every variable.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shard_engine.budgets import Budget, BudgetError, parse_budgets
 from shard_engine.config import EngineConfig
 
 __all__ = [
@@ -19,6 +21,8 @@ __all__ = [
     "ProviderEndpoint",
     "Settings",
     "TLSFiles",
+    "parse_budgets_file",
+    "parse_mode",
     "parse_providers",
     "parse_tls",
 ]
@@ -98,6 +102,40 @@ def parse_tls(env: Mapping[str, str]) -> TLSFiles | None:
         key=Path(values["BIGFLEET_TLS_KEY"]),
         ca=Path(values["BIGFLEET_TLS_CA"]),
     )
+
+
+MODES = ("active", "shadow")
+
+
+def parse_mode(env: Mapping[str, str]) -> str:
+    """``BIGFLEET_MODE``: ``active`` (default) or ``shadow`` (decide and record, never act)."""
+    raw = env.get("BIGFLEET_MODE", "").strip().lower() or "active"
+    if raw not in MODES:
+        raise ConfigError("BIGFLEET_MODE", f"{raw!r} is not one of {list(MODES)}")
+    return raw
+
+
+def parse_budgets_file(env: Mapping[str, str]) -> tuple[Budget, ...]:
+    """``BIGFLEET_BUDGETS_FILE``: a JSON list of disruption budgets (docs/budgets.md).
+
+    A budget that cannot be used is refused at start-up, naming the variable and the
+    budget's field, rather than leaving drains unguarded.
+    """
+    name = "BIGFLEET_BUDGETS_FILE"
+    raw = env.get(name, "").strip()
+    if not raw:
+        return ()
+    path = Path(raw)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as error:
+        raise ConfigError(name, f"{raw!r} cannot be read ({error.strerror})") from None
+    except json.JSONDecodeError as error:
+        raise ConfigError(name, f"{raw!r} is not JSON (line {error.lineno}: {error.msg})") from None
+    try:
+        return parse_budgets(data)
+    except BudgetError as error:
+        raise ConfigError(name, str(error)) from None
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool:
@@ -195,6 +233,10 @@ class Settings:
     tls: TLSFiles | None = None
     # Also use the TLS files for the Temporal client (the Temporal server must speak TLS).
     temporal_tls: bool = False
+    # active, or shadow: the shard decides and records but never acts (docs/shadow-mode.md).
+    mode: str = "active"
+    # Fleet disruption budgets the shard enforces (BIGFLEET_BUDGETS_FILE).
+    budgets: tuple[Budget, ...] = ()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -232,6 +274,8 @@ class Settings:
             data_dir=Path(env.get("BIGFLEET_DATA_DIR", ".bigfleet")),
             tls=parse_tls(env),
             temporal_tls=_flag(env, "BIGFLEET_TEMPORAL_TLS"),
+            mode=parse_mode(env),
+            budgets=parse_budgets_file(env),
         )
 
     def engine_config(self) -> EngineConfig:
@@ -292,4 +336,13 @@ class Settings:
             "BIGFLEET_TLS_KEY": "PEM private key of BIGFLEET_TLS_CERT",
             "BIGFLEET_TLS_CA": "PEM CA bundle that peers' certificates must chain to",
             "BIGFLEET_TEMPORAL_TLS": "true: present the TLS files to Temporal too (default false)",
+            "BIGFLEET_MODE": (
+                "active (default) or shadow: the shard takes roll-ups and decides, records "
+                "every decision and never acts (no workflow, provider call or instruction)"
+            ),
+            "BIGFLEET_BUDGETS_FILE": (
+                "JSON list of disruption budgets: nodes (count or %), reasons (reclaim, "
+                "preempt), scope (instance_types, capacity_types, resources, clusters), "
+                "optional cron schedule + duration (docs/budgets.md)"
+            ),
         }
