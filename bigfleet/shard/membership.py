@@ -27,6 +27,7 @@ from bigfleet.shard.sessions import ClusterElsewhere, SessionHub
 from bigfleet.shard.state import ShardState
 from bigfleet.shard.terms import CoordinatorTerms
 from bigfleet.store import Store
+from shard_engine.engine import ShardEngine
 from workflows import coordinator_contracts as co
 from workflows import membership_contracts as ms
 from workflows.contracts import MachineTarget
@@ -44,7 +45,7 @@ class ShardMembership:
         store: Store,
         *,
         shard_id: str,
-        state: ShardState,
+        state: ShardState[ShardEngine],
         hub: SessionHub,
         terms: CoordinatorTerms,
         adopt: Callable[[co.AdoptInput], Awaitable[co.AdoptResult]],

@@ -21,9 +21,10 @@ from collections.abc import Mapping
 from activities.context import ProviderCalls
 from activities.machines import META_NEED, META_PRIORITY
 from bigfleet.shard.convert import InvalidMachine, machine_record, metadata_priority
-from bigfleet.shard.state import ShardState
+from bigfleet.shard.state import ShardState, Workload
 from bigfleet.v1alpha1 import provider_pb2
 from providers.errors import ProviderError
+from shard_engine.engine import ShardEngine
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ class ProviderObserver:
         self,
         providers: Mapping[str, ProviderCalls],
         *,
-        state: ShardState,
+        state: ShardState[ShardEngine],
     ) -> None:
         self._providers = dict(providers)
         self._state = state
@@ -86,6 +87,8 @@ class ProviderObserver:
             return
         self._state.observe(
             record,
-            priority=metadata_priority(machine, META_PRIORITY),
-            need_key=machine.shard_metadata.get(META_NEED, ""),
+            Workload(
+                priority=metadata_priority(machine, META_PRIORITY),
+                need_key=machine.shard_metadata.get(META_NEED, ""),
+            ),
         )

@@ -22,6 +22,7 @@ from bigfleet.shard import telemetry
 from bigfleet.shard.lease import LeaseKeeper
 from bigfleet.shard.state import ShardState
 from bigfleet.store import LeaseLost, Store
+from shard_engine.engine import ShardEngine
 from workflows.contracts import (
     CONFIGURED,
     FAILED,
@@ -50,7 +51,7 @@ class OutcomeRecorder:
         store: Store,
         *,
         lease: LeaseKeeper,
-        state: ShardState,
+        state: ShardState[ShardEngine],
     ) -> None:
         self._store = store
         self._lease = lease

@@ -65,7 +65,7 @@ class ShardParts:
     """Everything one shard process is made of."""
 
     engine: ShardEngine
-    state: ShardState
+    state: ShardState[ShardEngine]
     hub: SessionHub
     lifecycle: MachineLifecycle
     terms: CoordinatorTerms

@@ -44,6 +44,7 @@ from bigfleet.store import LeaseLost, Store
 from bigfleet.v1alpha1 import provider_pb2
 from providers.errors import ProviderError
 from shard_engine.drift import Believed, Listed, Recorded, Repair, RepairKind, find_drift
+from shard_engine.engine import ShardEngine
 from shard_engine.model import MachineRecord, MachineState
 from workflows import search_attributes as sa
 from workflows.contracts import MachineTarget
@@ -104,7 +105,7 @@ class Reconciler:
         lease: LeaseKeeper,
         providers: Mapping[str, ProviderCalls],
         observer: ProviderObserver,
-        state: ShardState,
+        state: ShardState[ShardEngine],
         temporal: Client,
         clock: Callable[[], float],
         interval_s: float,

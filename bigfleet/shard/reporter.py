@@ -21,6 +21,7 @@ from bigfleet.shard.convert import requirement_specs
 from bigfleet.shard.lease import LeaseKeeper
 from bigfleet.shard.state import ShardState
 from bigfleet.shard.terms import CoordinatorTerms
+from shard_engine.engine import ShardEngine
 from shard_engine.model import MachineState, Shortfall
 from workflows import coordinator as co
 
@@ -39,7 +40,7 @@ class CoordinatorReporter:
         temporal: Client,
         *,
         lease: LeaseKeeper,
-        state: ShardState,
+        state: ShardState[ShardEngine],
         terms: CoordinatorTerms,
         clock: Callable[[], float],
     ) -> None:

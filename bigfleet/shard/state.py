@@ -29,16 +29,47 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Protocol
+from typing import Generic, Protocol, TypeVar
 
 from bigfleet.shard.lifecycle import MachineLifecycle
 from shard_engine.model import MachineRecord, MachineState, Need
 from shard_engine.transfers import VictimTerms
 
-if TYPE_CHECKING:
-    from shard_engine.engine import ShardEngine
+__all__ = ["Departure", "EngineView", "NodeSink", "ShardState", "Workload", "victim_terms"]
 
-__all__ = ["Departure", "NodeSink", "ShardState", "victim_terms"]
+
+class EngineView(Protocol):
+    """What the state uses of an engine: ``ShardEngine`` itself, or (in the simulator)
+    a handle to one that lives in a worker process."""
+
+    def machine(self, machine_id: str) -> MachineRecord | None: ...
+
+    def machines(self) -> Iterator[MachineRecord]: ...
+
+    def needs_of(self, cluster_id: str) -> tuple[Need, ...]: ...
+
+    def in_flight(self) -> Mapping[str, str]: ...
+
+    def promised(self) -> Mapping[str, str]: ...
+
+    def upsert_machine(self, record: MachineRecord, *, now: float) -> None: ...
+
+    def settle(self, machine_id: str, record: MachineRecord | None, *, now: float) -> None: ...
+
+    def remove_machine(self, machine_id: str) -> None: ...
+
+
+E = TypeVar("E", bound=EngineView)
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """What a provider echoes of the workload a machine serves (its ``shard_metadata``)."""
+
+    #: The priority it serves (None: the provider echoed none).
+    priority: int | None = None
+    #: The key of the need it was configured for ("" for none).
+    need_key: str = ""
 
 
 class NodeSink(Protocol):
@@ -98,12 +129,12 @@ def victim_terms(
     return out
 
 
-class ShardState:
+class ShardState(Generic[E]):
     """The only owner of a shard's in-memory state (see the module docstring)."""
 
     def __init__(
         self,
-        engine: ShardEngine,
+        engine: E,
         *,
         clock: Callable[[], float],
         lifecycle: MachineLifecycle | None = None,
@@ -121,7 +152,7 @@ class ShardState:
     # ------------------------------------------------------------------ reading
 
     @property
-    def engine(self) -> ShardEngine:
+    def engine(self) -> E:
         """The engine, for planning and reading (cycle, roll-ups, inspection).
 
         Machines enter and leave it only through this object's methods.
@@ -194,16 +225,13 @@ class ShardState:
         if cluster_id and self._nodes is not None:
             self._nodes.remember(machine_id, cluster_id)
 
-    def observe(
-        self, record: MachineRecord, *, priority: int | None = None, need_key: str = ""
-    ) -> None:
+    def observe(self, record: MachineRecord, workload: Workload) -> None:
         """Fold one fresh provider observation of an owned machine into every view.
 
-        ``priority`` and ``need_key`` are what the provider echoed in
-        ``shard_metadata``. A quarantined machine is ignored; a machine
-        leaving for another shard updates the node view only; a machine an
-        outcome declared FAILED stays FAILED while the provider reports it
-        in motion.
+        ``workload`` is what the provider echoed in ``shard_metadata``. A
+        quarantined machine is ignored; a machine leaving for another shard
+        updates the node view only; a machine an outcome declared FAILED
+        stays FAILED while the provider reports it in motion.
         """
         mid = record.id
         if self._lifecycle.is_quarantined(mid):
@@ -214,16 +242,21 @@ class ShardState:
         declared = self._lifecycle.declared_failure(mid, transitional=record.state.transitional)
         if declared is not None:
             record = replace(record, state=MachineState.FAILED, last_error=declared)
-        if priority is not None:
-            self._priorities[mid] = priority
-        elif not record.cluster:
-            self._priorities.pop(mid, None)
-        if need_key and record.cluster:
-            self._serving[mid] = (record.cluster, need_key)
-        else:
-            self._serving.pop(mid, None)
+        self._read_back(record, workload)
         self._engine.upsert_machine(record, now=self._clock())
         self._push(record)
+
+    def _read_back(self, record: MachineRecord, workload: Workload) -> None:
+        """The workload a machine serves, as its provider echoes it."""
+        mid = record.id
+        if workload.priority is not None:
+            self._priorities[mid] = workload.priority
+        elif not record.cluster:
+            self._priorities.pop(mid, None)
+        if workload.need_key and record.cluster:
+            self._serving[mid] = (record.cluster, workload.need_key)
+        else:
+            self._serving.pop(mid, None)
 
     def settle(
         self,
@@ -232,13 +265,18 @@ class ShardState:
         *,
         failed: str | None = None,
         cluster_hint: str = "",
+        workload: Workload | None = None,
     ) -> None:
         """An operation on the machine ended, or never started: end its flight.
 
         ``record`` is the state it ended in (None: the machine is gone).
         ``failed`` is the error of an outcome that declared it FAILED: the
         declaration outlives provider reports of it still moving.
+        ``workload``, when the caller read the provider's echo with the
+        outcome (the simulator does), is folded in as an observation's is.
         """
+        if workload is not None and record is not None:
+            self._read_back(record, workload)
         if failed is not None:
             self._lifecycle.declare_failed(machine_id, failed)
             if record is not None:

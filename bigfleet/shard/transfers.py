@@ -37,7 +37,7 @@ from bigfleet.shard.terms import CoordinatorTerms
 from bigfleet.store import Store
 from bigfleet.v1alpha1 import provider_pb2
 from providers.errors import ProviderError
-from shard_engine.engine import EngineConfig
+from shard_engine.engine import EngineConfig, ShardEngine
 from shard_engine.model import MachineState, Reclaim
 from shard_engine.transfers import (
     TransferProfile,
@@ -68,7 +68,7 @@ class CrossShardTransfers:
         store: Store,
         *,
         shard_id: str,
-        state: ShardState,
+        state: ShardState[ShardEngine],
         engine_config: EngineConfig,
         sequences: OperationSequences,
         observer: ProviderObserver,
