@@ -150,7 +150,7 @@ class CoordinatorActivities:
                         continue
                     out.append(
                         co.TransferSpec(
-                            kind="speculative",
+                            kind=co.TransferKind.SPECULATIVE,
                             donor=donor,
                             receiver=receiver,
                             provider=provider,
@@ -185,7 +185,7 @@ class CoordinatorActivities:
         return co.PlanResult(
             transfers=[
                 co.TransferSpec(
-                    kind=i.kind,
+                    kind=co.TransferKind(i.kind),
                     donor=i.donor,
                     receiver=i.receiver,
                     provider=i.provider,
