@@ -9,6 +9,7 @@ Durations are carried as seconds (the default converter has no timedelta).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 # Activity names (the contract between workflows/ and activities/).
 CREATE_MACHINES = "bigfleet.create_machines"
@@ -31,6 +32,28 @@ CONFIGURED = "CONFIGURED"
 DRAINING = "DRAINING"
 DELETING = "DELETING"
 FAILED = "FAILED"
+
+
+class OperatorSignal(StrEnum):
+    """An operator's command to a per-machine workflow (drain, delete, recovery).
+
+    Each value is the signal's name on the wire: recorded histories and a
+    running workflow's pending signals carry it, so a value never changes.
+    Senders signal by method reference (``handle.signal(DrainWorkflow.force)``);
+    the workflow queues the command under this kind and decides what it means.
+    """
+
+    ESCALATE = "escalate"
+    FORCE = "force"
+    RETRY = "retry"
+    ABANDON = "abandon"
+    RESOLVE = "resolve"
+
+
+class WorkflowQuery(StrEnum):
+    """Queries every machine workflow answers (per-machine and provisioning batches alike)."""
+
+    VIEW = "view"
 
 
 @dataclass

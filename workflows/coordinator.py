@@ -62,6 +62,7 @@ from workflows.coordinator_contracts import (
     ShardReport,
     ShortfallReport,
     TransferInput,
+    TransferKind,
     TransferResult,
     TransferSpec,
 )
@@ -82,7 +83,7 @@ class TransferWorkflow:
             start_to_close_timeout=QUICK,
             retry_policy=INSTRUCTION_RETRY,
         )
-        if spec.kind == "preempt":
+        if spec.kind == TransferKind.PREEMPT:
             refused = await self._preempt(inp)
             if refused:
                 return await self._finish(inp, "refused", 0, f"donor {spec.donor}: {refused}")
@@ -499,6 +500,7 @@ __all__ = [
     "ShardReport",
     "ShortfallReport",
     "TransferInput",
+    "TransferKind",
     "TransferResult",
     "TransferSpec",
     "TransferWorkflow",

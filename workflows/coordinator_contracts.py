@@ -10,6 +10,7 @@ them are in ``workflows.coordinator``; the activities in
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from workflows.contracts import DrainInput, MachineTarget, RequirementSpec
 
@@ -72,11 +73,23 @@ class ShardReport:
     highest_term_seen: int = 0
 
 
+class TransferKind(StrEnum):
+    """What a transfer moves; the values are ``shard_engine.coordination.TransferKind``'s.
+
+    Recorded histories and the instruction log carry the value, so a value never
+    changes (a test checks the engine's names and these agree).
+    """
+
+    IDLE = "idle"  # idle machines, handed over as they are
+    SPECULATIVE = "speculative"  # quota for machines not yet created
+    PREEMPT = "preempt"  # strictly lower-priority machines, drained first on the donor
+
+
 @dataclass
 class TransferSpec:
     """One planned instruction (see ``shard_engine.coordination.Instruction``)."""
 
-    kind: str
+    kind: TransferKind
     donor: str
     receiver: str
     provider: str

@@ -25,6 +25,9 @@ shorter clock.
 
 from __future__ import annotations
 
+from enum import StrEnum
+from typing import assert_never
+
 from temporalio import workflow
 
 from workflows.contracts import (
@@ -43,21 +46,31 @@ from workflows.contracts import (
     MachineOutcome,
     MachineResult,
     NotifyReclaimInput,
+    OperatorSignal,
     ReclaimDelivery,
     TransitionAnswer,
 )
 from workflows.errors import NOT_FOUND
 from workflows.machine import (
-    ABANDON,
-    ESCALATE,
-    FORCE,
     MAX_REFUSALS,
     REASONS_PATCH,
-    RESOLVE,
-    RETRY_CMD,
     Command,
     MachineWorkflow,
+    WaitEnd,
 )
+
+
+class DrainStep(StrEnum):
+    """The steps of a drain's loop (``DrainWorkflow.run``); local to one run, never recorded."""
+
+    DRAIN = "drain"  # tell the operator, ask the provider to Drain with the current grace
+    FORCE = "force"  # the same with zero grace: forced termination
+    WAIT = "wait"  # wait for IDLE, bounded by grace + margin
+    LOOK = "look"  # re-read the provider and decide
+    AWAIT = "await"  # park for an operator
+    ABANDON = "abandon"  # the operator gave up on the machine
+    GONE = "gone"  # the provider does not know the machine
+    DRAINED = "drained"  # IDLE (or SPECULATIVE): finish, or release first
 
 
 @workflow.defn(name="DrainWorkflow")
@@ -95,33 +108,36 @@ class DrainWorkflow(MachineWorkflow):
         )
         self._view.waiting = inp.waiter
         requested = workflow.now()
-        action = "drain"
+        step = DrainStep.DRAIN
         while True:
-            if action == "drain":
-                action = await self._start_drain()
-            elif action == "force":
-                self._forced = True
-                self._grace = 0
-                self._set_grace(0)
-                action = await self._start_drain()
-            elif action == "wait":
-                action = await self._wait_drained(requested.timestamp())
-            elif action == "look":
-                action = self._after_look(await self._observe())
-            elif action == "await":
-                action = self._on_command(await self._await_operator(self._view.last_error))
-            elif action == "abandon":
-                return await self._abandoned()
-            elif action == "gone":
-                return await self._finish(FAILED, succeeded=False, last_error=self._view.last_error)
-            elif action == "drained":
-                return await self._drained()
-            else:
-                raise RuntimeError(f"internal: unknown drain step {action!r}")
+            match step:
+                case DrainStep.DRAIN:
+                    step = await self._start_drain()
+                case DrainStep.FORCE:
+                    self._forced = True
+                    self._grace = 0
+                    self._set_grace(0)
+                    step = await self._start_drain()
+                case DrainStep.WAIT:
+                    step = await self._wait_drained(requested.timestamp())
+                case DrainStep.LOOK:
+                    step = self._after_look(await self._observe())
+                case DrainStep.AWAIT:
+                    step = self._on_command(await self._await_operator(self._view.last_error))
+                case DrainStep.ABANDON:
+                    return await self._abandoned()
+                case DrainStep.GONE:
+                    return await self._finish(
+                        FAILED, succeeded=False, last_error=self._view.last_error
+                    )
+                case DrainStep.DRAINED:
+                    return await self._drained()
+                case _:
+                    assert_never(step)
 
     # ------------------------------------------------------------------ steps
 
-    async def _start_drain(self) -> str:
+    async def _start_drain(self) -> DrainStep:
         """Tell the operator, then ask the provider (again) with the current grace."""
         inp = self._require()
         self._set_phase(DRAINING)
@@ -138,14 +154,14 @@ class DrainWorkflow(MachineWorkflow):
             if self._deadline is not None and not self._forced:
                 deadline = min(deadline, self._deadline)
             self._set_deadline(deadline)
-            return "wait"
+            return DrainStep.WAIT
         if answer.refusal == NOT_FOUND:
             self._view.last_error = answer.detail
-            return "gone"
+            return DrainStep.GONE
         if self._refusals >= MAX_REFUSALS:
             self._fail_reason(f"the provider refused Drain {self._refusals} times")
-            return "await"
-        return "look"
+            return DrainStep.AWAIT
+        return DrainStep.LOOK
 
     async def _tell_operator(self) -> None:
         """ReclaimInstruction to the cluster's operator; best effort (the provider drains too)."""
@@ -169,7 +185,7 @@ class DrainWorkflow(MachineWorkflow):
                 "was not delivered (the provider's drain still proceeds)"
             )
 
-    async def _wait_drained(self, requested_unix: float) -> str:
+    async def _wait_drained(self, requested_unix: float) -> DrainStep:
         inp = self._require()
 
         async def tick() -> None:
@@ -178,72 +194,78 @@ class DrainWorkflow(MachineWorkflow):
         waited = await self._wait_until(
             lambda s: s.state in (IDLE, SPECULATIVE), inp.poll, on_tick=tick
         )
-        if waited.how == "done":
-            return "drained"
-        if waited.how == "failed":
-            self._fail_reason(f"provider failed the drain: {waited.seen.last_error}")
-            return "await" if self._forced else "force"
-        if waited.how == "deadline":
-            if self._forced:
+        match waited.how:
+            case WaitEnd.DONE:
+                return DrainStep.DRAINED
+            case WaitEnd.FAILED:
+                self._fail_reason(f"provider failed the drain: {waited.seen.last_error}")
+                return DrainStep.AWAIT if self._forced else DrainStep.FORCE
+            case WaitEnd.DEADLINE:
+                if self._forced:
+                    self._fail_reason(
+                        "forced drain exceeded its deadline of "
+                        f"{inp.deadlines.draining_margin_s:g} s "
+                        f"(provider still reports {waited.seen.state})"
+                    )
+                    return DrainStep.AWAIT
                 self._fail_reason(
-                    f"forced drain exceeded its deadline of {inp.deadlines.draining_margin_s:g} s "
-                    f"(provider still reports {waited.seen.state})"
+                    f"draining exceeded its deadline (grace {self._grace} s + "
+                    f"{inp.deadlines.draining_margin_s:g} s; provider still reports "
+                    f"{waited.seen.state}): escalating to forced termination"
                 )
-                return "await"
-            self._fail_reason(
-                f"draining exceeded its deadline (grace {self._grace} s + "
-                f"{inp.deadlines.draining_margin_s:g} s; provider still reports "
-                f"{waited.seen.state}): escalating to forced termination"
-            )
-            return "force"
-        command = self._take_command()
-        assert command is not None
-        return self._on_command(command, draining=True)
+                return DrainStep.FORCE
+            case WaitEnd.COMMAND:
+                command = self._take_command()
+                assert command is not None
+                return self._on_command(command, draining=True)
+            case _:
+                assert_never(waited.how)
 
-    def _after_look(self, seen: MachineOutcome) -> str:
+    def _after_look(self, seen: MachineOutcome) -> DrainStep:
         """Continue from what the provider reports now."""
         inp = self._require()
         state = seen.state
         if state in (IDLE, SPECULATIVE):
-            return "drained"
+            return DrainStep.DRAINED
         if state == DRAINING:
             if self._deadline is None:
                 self._set_deadline(self._deadline_in(self._grace + inp.deadlines.draining_margin_s))
-            return "wait"
+            return DrainStep.WAIT
         if state == CONFIGURED:
-            return "drain"
+            return DrainStep.DRAIN
         if state == FAILED:
             self._fail_reason(f"provider reports FAILED: {seen.last_error or 'no reason given'}")
-            return "await" if self._forced else "force"
+            return DrainStep.AWAIT if self._forced else DrainStep.FORCE
         self._fail_reason(f"the machine is {state}; there is nothing to drain")
-        return "await"
+        return DrainStep.AWAIT
 
-    def _on_command(self, command: Command, *, draining: bool = False) -> str:
-        if command.kind == ESCALATE:
-            if draining and command.grace_seconds >= self._grace:
-                self._note(
-                    f"escalate to {command.grace_seconds} s ignored: the grace is already "
-                    f"{self._grace} s"
-                )
-                return "wait"
-            self._grace = command.grace_seconds
-            self._set_grace(self._grace)
-            self._note(f"escalated by an operator to a grace of {self._grace} s")
-            return "drain"
-        if command.kind == FORCE:
-            self._note("forced termination requested by an operator")
-            return "force"
-        if command.kind == RETRY_CMD:
-            self._note("retry requested by an operator")
-            return "force" if self._forced else "drain"
-        if command.kind == RESOLVE:
-            self._note(f"resolved by an operator: {command.note or '(no note)'}")
-            self._set_deadline(None)
-            return "look"
-        if command.kind == ABANDON:
-            return "abandon"
-        self._note(f"unknown command {command.kind!r} ignored")
-        return "wait" if draining else "await"
+    def _on_command(self, command: Command, *, draining: bool = False) -> DrainStep:
+        match command.kind:
+            case OperatorSignal.ESCALATE:
+                if draining and command.grace_seconds >= self._grace:
+                    self._note(
+                        f"escalate to {command.grace_seconds} s ignored: the grace is already "
+                        f"{self._grace} s"
+                    )
+                    return DrainStep.WAIT
+                self._grace = command.grace_seconds
+                self._set_grace(self._grace)
+                self._note(f"escalated by an operator to a grace of {self._grace} s")
+                return DrainStep.DRAIN
+            case OperatorSignal.FORCE:
+                self._note("forced termination requested by an operator")
+                return DrainStep.FORCE
+            case OperatorSignal.RETRY:
+                self._note("retry requested by an operator")
+                return DrainStep.FORCE if self._forced else DrainStep.DRAIN
+            case OperatorSignal.RESOLVE:
+                self._note(f"resolved by an operator: {command.note or '(no note)'}")
+                self._set_deadline(None)
+                return DrainStep.LOOK
+            case OperatorSignal.ABANDON:
+                return DrainStep.ABANDON
+            case _:
+                assert_never(command.kind)
 
     async def _report_if_blocked(self, requested_unix: float) -> None:
         """Past its grace with a preemptor waiting: tell the shard (it becomes a shortfall)."""

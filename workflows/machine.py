@@ -23,7 +23,8 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from enum import StrEnum
+from typing import Any, TypeVar, assert_never
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeUpdate
@@ -47,10 +48,12 @@ from workflows.contracts import (
     MachineView,
     ObservedMachines,
     ObserveMachinesInput,
+    OperatorSignal,
     PollPolicy,
     RecordMachineInput,
     ResolveSignal,
     TransitionAnswer,
+    WorkflowQuery,
 )
 from workflows.errors import (
     FENCED,
@@ -78,29 +81,43 @@ REASONS_PATCH = "reasons-and-victim-priority"
 # A provider that keeps refusing a step this many times in a row is left to an operator.
 MAX_REFUSALS = 3
 
-# Operator commands (the signals' names).
-ESCALATE = "escalate"
-FORCE = "force"
-RETRY_CMD = "retry"
-ABANDON = "abandon"
-RESOLVE = "resolve"
-
 
 @dataclass
 class Command:
     """One operator signal, queued until the workflow reaches a point that consumes it."""
 
-    kind: str
+    kind: OperatorSignal
     grace_seconds: int = 0
     note: str = ""
 
 
+class WaitEnd(StrEnum):
+    """How a wait on the provider ended."""
+
+    DONE = "done"  # the provider reports what the workflow waited for
+    FAILED = "failed"  # the provider reports FAILED
+    DEADLINE = "deadline"  # the state's deadline passed first
+    COMMAND = "command"  # an operator's command arrived first
+
+
 @dataclass
 class Waited:
-    """How a wait on the provider ended: ``done``, ``failed``, ``deadline`` or ``command``."""
+    """How a wait on the provider ended, and what the provider reported last."""
 
-    how: str
+    how: WaitEnd
     seen: MachineOutcome
+
+
+class DeleteStep(StrEnum):
+    """The steps of releasing a machine (``MachineWorkflow._release``); local to one run."""
+
+    DELETE = "delete"  # ask the provider to Delete
+    LOOK = "look"  # re-read the provider and decide
+    WAIT = "wait"  # wait for SPECULATIVE, bounded by the deleting deadline
+    AWAIT = "await"  # park for an operator
+    ABANDON = "abandon"  # the operator gave up on the machine
+    RELEASED = "released"  # the provider reports it gone (SPECULATIVE)
+    MOVED = "moved"  # it is in some other state: not released
 
 
 class MachineWorkflow:
@@ -115,43 +132,45 @@ class MachineWorkflow:
 
     # ------------------------------------------------------------- signals
 
-    @workflow.signal(name="escalate")
+    @workflow.signal(name=OperatorSignal.ESCALATE.value)
     def escalate(self, sig: EscalateSignal) -> None:
         """Shorten a running drain's grace period."""
-        self._enqueue(Command(ESCALATE, grace_seconds=max(0, int(sig.grace_seconds))))
+        self._enqueue(
+            Command(OperatorSignal.ESCALATE, grace_seconds=max(0, int(sig.grace_seconds)))
+        )
 
-    @workflow.signal(name="force")
+    @workflow.signal(name=OperatorSignal.FORCE.value)
     def force(self) -> None:
         """Forced termination now (a drain with zero grace)."""
-        self._enqueue(Command(FORCE))
+        self._enqueue(Command(OperatorSignal.FORCE))
 
-    @workflow.signal(name="retry")
+    @workflow.signal(name=OperatorSignal.RETRY.value)
     def retry(self) -> None:
         """Try the corrective action again."""
-        self._enqueue(Command(RETRY_CMD))
+        self._enqueue(Command(OperatorSignal.RETRY))
 
-    @workflow.signal(name="abandon")
+    @workflow.signal(name=OperatorSignal.ABANDON.value)
     def abandon(self) -> None:
         """Give up: the machine is marked failed and kept out of use for investigation."""
-        self._enqueue(Command(ABANDON))
+        self._enqueue(Command(OperatorSignal.ABANDON))
 
-    @workflow.signal(name="resolve")
+    @workflow.signal(name=OperatorSignal.RESOLVE.value)
     def resolve(self, sig: ResolveSignal) -> None:
         """An operator fixed it out of band: re-read the provider and continue."""
-        self._enqueue(Command(RESOLVE, note=sig.note))
+        self._enqueue(Command(OperatorSignal.RESOLVE, note=sig.note))
 
-    @workflow.query(name="view")
+    @workflow.query(name=WorkflowQuery.VIEW.value)
     def view(self) -> MachineView:
         """The current view: machine, phase, deadline, attempts, last error, who waits."""
         return self._view
 
     def _enqueue(self, command: Command) -> None:
         detail = ""
-        if command.kind == ESCALATE:
+        if command.kind is OperatorSignal.ESCALATE:
             detail = f" grace={command.grace_seconds}s"
         elif command.note:
             detail = f" note={command.note!r}"
-        self._view.signals.append(f"{_stamp(workflow.now())} {command.kind}{detail}")
+        self._view.signals.append(f"{_stamp(workflow.now())} {command.kind.value}{detail}")
         self._commands.append(command)
 
     def _take_command(self) -> Command | None:
@@ -420,16 +439,16 @@ class MachineWorkflow:
         while True:
             seen = await self._observe()
             if done(seen):
-                return Waited("done", seen)
+                return Waited(WaitEnd.DONE, seen)
             if seen.state == FAILED:
-                return Waited("failed", seen)
+                return Waited(WaitEnd.FAILED, seen)
             if self._commands:
-                return Waited("command", seen)
+                return Waited(WaitEnd.COMMAND, seen)
             if on_tick is not None:
                 await on_tick()
             now = workflow.now()
             if self._deadline is not None and now >= self._deadline:
-                return Waited("deadline", seen)
+                return Waited(WaitEnd.DEADLINE, seen)
             pause = delay
             if self._deadline is not None:
                 pause = min(pause, (self._deadline - now).total_seconds())
@@ -456,90 +475,100 @@ class MachineWorkflow:
         Bare metal has no Delete: the machine stays idle (that is not a failure).
         Shared by DeleteWorkflow and a drain that releases its machine afterwards.
         """
-        action = "delete"
+        step = DeleteStep.DELETE
         while True:
-            if action == "delete":
-                self._set_phase(DELETING)
-                answer = await self._activity(
-                    DELETE_MACHINE,
-                    DeleteMachineInput(self._view.shard_id, self._target),
-                    TransitionAnswer,
-                )
-                if self._accepted(answer, "delete"):
-                    self._set_deadline(self._deadline_in(deadlines.deleting_s))
-                    action = "wait"
-                elif answer.refusal == UNIMPLEMENTED:
-                    return await self._finish(
-                        IDLE,
-                        succeeded=True,
-                        note="the provider has no Delete; idle bare metal stays idle",
+            match step:
+                case DeleteStep.DELETE:
+                    self._set_phase(DELETING)
+                    answer = await self._activity(
+                        DELETE_MACHINE,
+                        DeleteMachineInput(self._view.shard_id, self._target),
+                        TransitionAnswer,
                     )
-                elif answer.refusal == NOT_FOUND:
-                    return await self._finish(FAILED, succeeded=False, last_error=answer.detail)
-                else:
-                    action = "look"
-            elif action == "look":
-                seen = await self._observe()
-                action = self._after_delete_look(seen, deadlines)
-                if action == "released":
+                    if self._accepted(answer, "delete"):
+                        self._set_deadline(self._deadline_in(deadlines.deleting_s))
+                        step = DeleteStep.WAIT
+                    elif answer.refusal == UNIMPLEMENTED:
+                        return await self._finish(
+                            IDLE,
+                            succeeded=True,
+                            note="the provider has no Delete; idle bare metal stays idle",
+                        )
+                    elif answer.refusal == NOT_FOUND:
+                        return await self._finish(FAILED, succeeded=False, last_error=answer.detail)
+                    else:
+                        step = DeleteStep.LOOK
+                case DeleteStep.LOOK:
+                    seen = await self._observe()
+                    step = self._after_delete_look(seen, deadlines)
+                case DeleteStep.RELEASED:
                     return await self._finish(SPECULATIVE, succeeded=True)
-                if action == "moved":
+                case DeleteStep.MOVED:
                     return await self._finish(
                         seen.state,
                         succeeded=False,
                         note=f"not released: the machine is {seen.state}",
                     )
-            elif action == "wait":
-                waited = await self._wait_until(lambda s: s.state == SPECULATIVE, poll)
-                if waited.how == "done":
-                    return await self._finish(SPECULATIVE, succeeded=True)
-                if waited.how == "failed":
-                    self._fail_reason(f"provider failed the delete: {waited.seen.last_error}")
-                    action = "await"
-                elif waited.how == "deadline":
-                    self._fail_reason(
-                        f"deleting exceeded its deadline of {deadlines.deleting_s:g} s "
-                        f"(provider still reports {waited.seen.state})"
-                    )
-                    action = "await"
-                else:
-                    action = self._delete_command(self._take_command(), waiting=True)
-            elif action == "await":
-                command = await self._await_operator(self._view.last_error)
-                action = self._delete_command(command, waiting=False)
-            elif action == "abandon":
-                return await self._abandoned()
-            else:
-                raise RuntimeError(f"internal: unknown delete step {action!r}")
+                case DeleteStep.WAIT:
+                    waited = await self._wait_until(lambda s: s.state == SPECULATIVE, poll)
+                    match waited.how:
+                        case WaitEnd.DONE:
+                            return await self._finish(SPECULATIVE, succeeded=True)
+                        case WaitEnd.FAILED:
+                            self._fail_reason(
+                                f"provider failed the delete: {waited.seen.last_error}"
+                            )
+                            step = DeleteStep.AWAIT
+                        case WaitEnd.DEADLINE:
+                            self._fail_reason(
+                                f"deleting exceeded its deadline of {deadlines.deleting_s:g} s "
+                                f"(provider still reports {waited.seen.state})"
+                            )
+                            step = DeleteStep.AWAIT
+                        case WaitEnd.COMMAND:
+                            step = self._delete_command(self._take_command(), waiting=True)
+                        case _:
+                            assert_never(waited.how)
+                case DeleteStep.AWAIT:
+                    command = await self._await_operator(self._view.last_error)
+                    step = self._delete_command(command, waiting=False)
+                case DeleteStep.ABANDON:
+                    return await self._abandoned()
+                case _:
+                    assert_never(step)
 
-    def _after_delete_look(self, seen: MachineOutcome, deadlines: Deadlines) -> str:
+    def _after_delete_look(self, seen: MachineOutcome, deadlines: Deadlines) -> DeleteStep:
         if seen.state == SPECULATIVE:
-            return "released"
+            return DeleteStep.RELEASED
         if seen.state == DELETING:
             self._set_deadline(self._deadline_in(deadlines.deleting_s))
-            return "wait"
+            return DeleteStep.WAIT
         if seen.state == IDLE:
             if self._refusals >= MAX_REFUSALS:
                 self._fail_reason(f"the provider refused Delete {self._refusals} times")
-                return "await"
-            return "delete"
+                return DeleteStep.AWAIT
+            return DeleteStep.DELETE
         if seen.state == FAILED:
             self._fail_reason(f"provider reports FAILED: {seen.last_error}")
-            return "await"
-        return "moved"
+            return DeleteStep.AWAIT
+        return DeleteStep.MOVED
 
-    def _delete_command(self, command: Command | None, *, waiting: bool) -> str:
+    def _delete_command(self, command: Command | None, *, waiting: bool) -> DeleteStep:
         if command is None:
-            return "wait" if waiting else "await"
-        if command.kind in (RETRY_CMD, FORCE):
-            return "delete"
-        if command.kind == RESOLVE:
-            self._note(f"resolved by an operator: {command.note or '(no note)'}")
-            return "look"
-        if command.kind == ABANDON:
-            return "abandon"
-        self._note(f"{command.kind} does not apply to a delete; ignored")
-        return "wait" if waiting else "await"
+            return DeleteStep.WAIT if waiting else DeleteStep.AWAIT
+        match command.kind:
+            case OperatorSignal.RETRY | OperatorSignal.FORCE:
+                return DeleteStep.DELETE
+            case OperatorSignal.RESOLVE:
+                self._note(f"resolved by an operator: {command.note or '(no note)'}")
+                return DeleteStep.LOOK
+            case OperatorSignal.ABANDON:
+                return DeleteStep.ABANDON
+            case OperatorSignal.ESCALATE:
+                self._note(f"{command.kind.value} does not apply to a delete; ignored")
+                return DeleteStep.WAIT if waiting else DeleteStep.AWAIT
+            case _:
+                assert_never(command.kind)
 
 
 def _stamp(moment: datetime) -> str:

@@ -55,6 +55,7 @@ from workflows.contracts import (
     StartedWorkflows,
     StartRecoveriesInput,
     TransitionResults,
+    WorkflowQuery,
 )
 from workflows.errors import (
     BOOTSTRAP_UNAVAILABLE,
@@ -100,7 +101,7 @@ class ProvisionWorkflow:
         # Times the batch waited for its shard to act again (LeaseLost).
         self._waits = 0
 
-    @workflow.query(name="view")
+    @workflow.query(name=WorkflowQuery.VIEW.value)
     def view(self) -> dict[str, object]:
         """The workflow's current view: phase, deadline and every machine's state."""
         inp = self._input

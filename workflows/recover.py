@@ -32,6 +32,9 @@ workflow's: decisions are values made in one place (ADR 0030).
 
 from __future__ import annotations
 
+from enum import StrEnum
+from typing import assert_never
+
 from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
@@ -48,18 +51,22 @@ from workflows.contracts import (
     SPECULATIVE,
     ConfigureMachinesInput,
     MachineResult,
+    OperatorSignal,
     RecoverInput,
     TransitionResults,
 )
 from workflows.errors import BOOTSTRAP_UNAVAILABLE, error_message, error_type
-from workflows.machine import (
-    ABANDON,
-    FORCE,
-    RESOLVE,
-    RETRY_CMD,
-    Command,
-    MachineWorkflow,
-)
+from workflows.machine import Command, MachineWorkflow, WaitEnd
+
+
+class RecoverStep(StrEnum):
+    """The steps of a recovery's loops; local to one run, never recorded."""
+
+    LOOK = "look"  # re-read the provider and decide
+    RETRY = "retry"  # configure again with a fresh bootstrap blob (once)
+    WAIT = "wait"  # wait for the provider, bounded by the state's deadline
+    AWAIT = "await"  # park for an operator
+    ABANDON = "abandon"  # the operator gave up on the machine
 
 
 @workflow.defn(name="RecoverWorkflow")
@@ -94,9 +101,9 @@ class RecoverWorkflow(MachineWorkflow):
 
     async def _recover_create(self) -> MachineResult:
         inp = self._require()
-        action = "look"
+        step = RecoverStep.LOOK
         while True:
-            if action == "look":
+            if step is RecoverStep.LOOK:
                 seen = await self._observe()
                 if seen.state == IDLE:
                     return await self._finish(
@@ -128,25 +135,27 @@ class RecoverWorkflow(MachineWorkflow):
                     self._waited = True
                     self._set_phase(CREATING)
                     self._set_deadline(self._deadline_in(inp.deadlines.creating_s))
-                    action = "wait"
+                    step = RecoverStep.WAIT
                 else:
                     self._fail_reason(
                         f"still {seen.state} one more creating deadline "
                         f"({inp.deadlines.creating_s:g} s) after it failed"
                     )
-                    action = "await"
-            elif action == "wait":
+                    step = RecoverStep.AWAIT
+            elif step is RecoverStep.WAIT:
                 waited = await self._wait_until(lambda s: s.state != CREATING, inp.poll)
-                if waited.how == "command":
-                    action = self._on_command(self._take_command(), waiting=True)
+                if waited.how is WaitEnd.COMMAND:
+                    step = self._on_command(self._take_command(), waiting=True)
                 else:
-                    action = "look"
-            elif action == "await":
-                action = self._on_command(await self._await_operator(self._view.last_error))
-            elif action == "abandon":
+                    step = RecoverStep.LOOK
+            elif step is RecoverStep.AWAIT:
+                step = self._on_command(await self._await_operator(self._view.last_error))
+            elif step is RecoverStep.ABANDON:
                 return await self._abandoned()
+            elif step is RecoverStep.RETRY:
+                raise RuntimeError("internal: a failed create is not configured again")
             else:
-                raise RuntimeError(f"internal: unknown recover step {action!r}")
+                assert_never(step)
 
     def _slot_is_bad(self, reason: str) -> bool:
         lowered = reason.lower()
@@ -156,9 +165,9 @@ class RecoverWorkflow(MachineWorkflow):
 
     async def _recover_configure(self) -> MachineResult:
         inp = self._require()
-        action = "look"
+        step = RecoverStep.LOOK
         while True:
-            if action == "look":
+            if step is RecoverStep.LOOK:
                 seen = await self._observe()
                 if seen.state == CONFIGURED:
                     return await self._finish(
@@ -169,7 +178,7 @@ class RecoverWorkflow(MachineWorkflow):
                         note="configured after all",
                     )
                 if seen.state in (IDLE, FAILED) and not self._retried:
-                    action = "retry"
+                    step = RecoverStep.RETRY
                 elif seen.state == IDLE:
                     return await self._finish(
                         IDLE,
@@ -188,13 +197,13 @@ class RecoverWorkflow(MachineWorkflow):
                     self._waited = True
                     self._set_phase(CONFIGURING)
                     self._set_deadline(self._deadline_in(inp.deadlines.configuring_s))
-                    action = "wait"
+                    step = RecoverStep.WAIT
                 elif seen.state == CONFIGURING:
                     self._fail_reason(
                         f"still CONFIGURING one more configuring deadline "
                         f"({inp.deadlines.configuring_s:g} s) after it failed"
                     )
-                    action = "await"
+                    step = RecoverStep.AWAIT
                 else:
                     return await self._finish(
                         seen.state,
@@ -202,32 +211,37 @@ class RecoverWorkflow(MachineWorkflow):
                         last_error=self._view.last_error,
                         note=f"the machine is {seen.state}; nothing to configure",
                     )
-            elif action == "retry":
-                action = await self._configure_again()
-            elif action == "wait":
+            elif step is RecoverStep.RETRY:
+                step = await self._configure_again()
+            elif step is RecoverStep.WAIT:
                 waited = await self._wait_until(lambda s: s.state == CONFIGURED, inp.poll)
-                if waited.how == "command":
-                    action = self._on_command(self._take_command(), waiting=True)
-                elif waited.how == "deadline":
-                    self._fail_reason(
-                        f"configuring exceeded its deadline of {inp.deadlines.configuring_s:g} s "
-                        f"(provider still reports {waited.seen.state})"
-                    )
-                    action = "look"
-                else:
-                    if waited.how == "failed":
+                match waited.how:
+                    case WaitEnd.COMMAND:
+                        step = self._on_command(self._take_command(), waiting=True)
+                    case WaitEnd.DEADLINE:
+                        self._fail_reason(
+                            "configuring exceeded its deadline of "
+                            f"{inp.deadlines.configuring_s:g} s "
+                            f"(provider still reports {waited.seen.state})"
+                        )
+                        step = RecoverStep.LOOK
+                    case WaitEnd.FAILED:
                         self._fail_reason(
                             f"provider failed the configure: {waited.seen.last_error}"
                         )
-                    action = "look"
-            elif action == "await":
-                action = self._on_command(await self._await_operator(self._view.last_error))
-            elif action == "abandon":
+                        step = RecoverStep.LOOK
+                    case WaitEnd.DONE:
+                        step = RecoverStep.LOOK
+                    case _:
+                        assert_never(waited.how)
+            elif step is RecoverStep.AWAIT:
+                step = self._on_command(await self._await_operator(self._view.last_error))
+            elif step is RecoverStep.ABANDON:
                 return await self._abandoned()
             else:
-                raise RuntimeError(f"internal: unknown recover step {action!r}")
+                assert_never(step)
 
-    async def _configure_again(self) -> str:
+    async def _configure_again(self) -> RecoverStep:
         """The one retry: a fresh bootstrap blob (fetched inside the activity) and Configure."""
         inp = self._require()
         self._retried = True
@@ -252,35 +266,39 @@ class RecoverWorkflow(MachineWorkflow):
                 raise
             self._view.attempts += 1
             self._fail_reason(f"bootstrap unavailable: {error_message(err)}")
-            return "look"
+            return RecoverStep.LOOK
         self._view.attempts += 1
         if results.refused:
             self._fail_reason(f"the provider refused the retry: {results.refused[0].last_error}")
-            return "look"
+            return RecoverStep.LOOK
         self._note("retrying Configure with a fresh bootstrap blob")
         self._set_deadline(self._deadline_in(inp.deadlines.configuring_s))
-        return "wait"
+        return RecoverStep.WAIT
 
     # ---------------------------------------------------------------- commands
 
-    def _on_command(self, command: Command | None, *, waiting: bool = False) -> str:
+    def _on_command(self, command: Command | None, *, waiting: bool = False) -> RecoverStep:
         if command is None:
-            return "wait" if waiting else "await"
-        if command.kind in (RETRY_CMD, FORCE):
-            self._note(f"{command.kind} requested by an operator")
-            self._waited = False
-            self._retried = False
-            self._set_deadline(None)
-            return "look"
-        if command.kind == RESOLVE:
-            self._note(f"resolved by an operator: {command.note or '(no note)'}")
-            self._waited = False
-            self._set_deadline(None)
-            return "look"
-        if command.kind == ABANDON:
-            return "abandon"
-        self._note(f"{command.kind} does not apply to a recovery; ignored")
-        return "wait" if waiting else "await"
+            return RecoverStep.WAIT if waiting else RecoverStep.AWAIT
+        match command.kind:
+            case OperatorSignal.RETRY | OperatorSignal.FORCE:
+                self._note(f"{command.kind.value} requested by an operator")
+                self._waited = False
+                self._retried = False
+                self._set_deadline(None)
+                return RecoverStep.LOOK
+            case OperatorSignal.RESOLVE:
+                self._note(f"resolved by an operator: {command.note or '(no note)'}")
+                self._waited = False
+                self._set_deadline(None)
+                return RecoverStep.LOOK
+            case OperatorSignal.ABANDON:
+                return RecoverStep.ABANDON
+            case OperatorSignal.ESCALATE:
+                self._note(f"{command.kind.value} does not apply to a recovery; ignored")
+                return RecoverStep.WAIT if waiting else RecoverStep.AWAIT
+            case _:
+                assert_never(command.kind)
 
     def _require(self) -> RecoverInput:
         assert self._inp is not None

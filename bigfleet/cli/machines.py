@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, assert_never
 
 import typer
 
 from bigfleet.cli import connections, runtime
 from bigfleet.cli.durations import age, parse_duration, utc
 from bigfleet.cli.options import AddressOption, DatabaseOption, NamespaceOption
+
+if TYPE_CHECKING:
+    from temporalio.client import WorkflowHandle
+
+    from workflows.contracts import EscalateSignal, OperatorSignal, ResolveSignal
 
 __all__ = ["machine_app", "machines_list"]
 
@@ -123,10 +128,12 @@ def machine_escalate(
     namespace: NamespaceOption = "default",
 ) -> None:
     """Shorten a running drain's grace period (the operator and provider are told again)."""
-    from workflows.contracts import EscalateSignal
+    from workflows.contracts import EscalateSignal, OperatorSignal
 
     seconds = int(parse_duration(grace))
-    _signal_machine(machine_id, "escalate", EscalateSignal(seconds), address, namespace)
+    _signal_machine(
+        machine_id, OperatorSignal.ESCALATE, address, namespace, escalate=EscalateSignal(seconds)
+    )
 
 
 @machine_app.command("force")
@@ -136,7 +143,9 @@ def machine_force(
     namespace: NamespaceOption = "default",
 ) -> None:
     """Forced termination now (a drain with zero grace)."""
-    _signal_machine(machine_id, "force", None, address, namespace)
+    from workflows.contracts import OperatorSignal
+
+    _signal_machine(machine_id, OperatorSignal.FORCE, address, namespace)
 
 
 @machine_app.command("retry")
@@ -146,7 +155,9 @@ def machine_retry(
     namespace: NamespaceOption = "default",
 ) -> None:
     """Try the corrective action again (a parked drain, delete or recovery)."""
-    _signal_machine(machine_id, "retry", None, address, namespace)
+    from workflows.contracts import OperatorSignal
+
+    _signal_machine(machine_id, OperatorSignal.RETRY, address, namespace)
 
 
 @machine_app.command("abandon")
@@ -156,7 +167,9 @@ def machine_abandon(
     namespace: NamespaceOption = "default",
 ) -> None:
     """Give up: the machine is marked FAILED and kept out of use for investigation."""
-    _signal_machine(machine_id, "abandon", None, address, namespace)
+    from workflows.contracts import OperatorSignal
+
+    _signal_machine(machine_id, OperatorSignal.ABANDON, address, namespace)
 
 
 @machine_app.command("resolve")
@@ -167,15 +180,23 @@ def machine_resolve(
     namespace: NamespaceOption = "default",
 ) -> None:
     """It was fixed out of band: the workflow re-reads the provider and continues."""
-    from workflows.contracts import ResolveSignal
+    from workflows.contracts import OperatorSignal, ResolveSignal
 
-    _signal_machine(machine_id, "resolve", ResolveSignal(note), address, namespace)
+    _signal_machine(
+        machine_id, OperatorSignal.RESOLVE, address, namespace, resolve=ResolveSignal(note)
+    )
 
 
 def _signal_machine(
-    machine_id: str, name: str, arg: Any, address: str | None, namespace: str
+    machine_id: str,
+    signal: OperatorSignal,
+    address: str | None,
+    namespace: str,
+    *,
+    escalate: EscalateSignal | None = None,
+    resolve: ResolveSignal | None = None,
 ) -> None:
-    """Send ``name`` to the machine's running per-machine workflow and print what changed."""
+    """Send ``signal`` to the machine's running per-machine workflow and print what changed."""
 
     async def main() -> None:
         client = await connections.temporal_client(address, namespace)
@@ -190,11 +211,8 @@ def _signal_machine(
         wf = mine[0]
         handle = client.get_workflow_handle(wf.id)
         before = await _view(handle)
-        if arg is None:
-            await handle.signal(name)
-        else:
-            await handle.signal(name, arg)
-        typer.echo(f"sent {name} to {wf.id} ({wf.workflow_type})")
+        await _send(handle, signal, escalate=escalate, resolve=resolve)
+        typer.echo(f"sent {signal.value} to {wf.id} ({wf.workflow_type})")
         after = before
         for _ in range(100):  # the workflow reacts within a task or two (10 s at most)
             await asyncio.sleep(0.1)
@@ -223,6 +241,34 @@ def _signal_machine(
     runtime.run(main())
 
 
+async def _send(
+    handle: WorkflowHandle[Any, Any],
+    signal: OperatorSignal,
+    *,
+    escalate: EscalateSignal | None,
+    resolve: ResolveSignal | None,
+) -> None:
+    """``signal`` by method reference (drain, delete, recovery and verify share them)."""
+    from workflows.contracts import OperatorSignal
+    from workflows.machine import MachineWorkflow
+
+    match signal:
+        case OperatorSignal.ESCALATE:
+            assert escalate is not None
+            await handle.signal(MachineWorkflow.escalate, escalate)
+        case OperatorSignal.FORCE:
+            await handle.signal(MachineWorkflow.force)
+        case OperatorSignal.RETRY:
+            await handle.signal(MachineWorkflow.retry)
+        case OperatorSignal.ABANDON:
+            await handle.signal(MachineWorkflow.abandon)
+        case OperatorSignal.RESOLVE:
+            assert resolve is not None
+            await handle.signal(MachineWorkflow.resolve, resolve)
+        case _:
+            assert_never(signal)
+
+
 async def _machine_workflows(client: Any, machine_id: str) -> tuple[list[Any], list[Any]]:
     """(running, recently closed) workflows that list ``machine_id``, newest first."""
     found = [
@@ -238,10 +284,13 @@ async def _machine_workflows(client: Any, machine_id: str) -> tuple[list[Any], l
 
 
 async def _view(handle: Any) -> dict[str, Any] | None:
+    """The ``view`` query's answer as plain data (a provisioning batch's view has other fields)."""
     from temporalio.service import RPCError
 
+    from workflows.contracts import WorkflowQuery
+
     try:
-        view: dict[str, Any] = await handle.query("view")
+        view: dict[str, Any] = await handle.query(WorkflowQuery.VIEW.value)
     except RPCError:
         return None
     return view

@@ -126,7 +126,7 @@ async def test_an_instruction_from_an_older_term_is_refused(stack: DevStack) -> 
     donor = shard(stack, "shard-1")
     assert donor.highest_term == stack.coordinator.term
     spec = co.TransferSpec(
-        kind="speculative",
+        kind=co.TransferKind.SPECULATIVE,
         donor="shard-1",
         receiver="shard-0",
         provider="simcloud",
@@ -151,7 +151,7 @@ async def test_an_instruction_larger_than_the_sanity_limit_is_refused(stack: Dev
     await eventually(lambda: all(len(p.owned) == 6 for p in stack.shards), what="distribution")
     donor = shard(stack, "shard-1")
     spec = co.TransferSpec(
-        kind="speculative",
+        kind=co.TransferKind.SPECULATIVE,
         donor="shard-1",
         receiver="shard-0",
         provider="simcloud",

@@ -44,3 +44,26 @@ def test_every_operation_a_workflow_runs_is_one_the_engine_can_claim_after_a_res
 def test_the_attribution_keys_are_namespaced_and_distinct() -> None:
     keys = {META_NEED, META_PRIORITY}
     assert all(k.startswith("bigfleet.io/") for k in keys) and len(keys) == 2
+
+
+def test_the_engine_and_the_coordinator_workflows_name_the_same_transfer_kinds() -> None:
+    from typing import get_args
+
+    from shard_engine.coordination import TransferKind as EngineKind
+    from workflows.coordinator_contracts import TransferKind
+
+    assert set(get_args(EngineKind)) == {k.value for k in TransferKind}
+
+
+def test_every_operator_signal_is_a_signal_of_every_per_machine_workflow() -> None:
+    from temporalio.workflow import _Definition
+
+    from workflows.delete import DeleteWorkflow
+    from workflows.drain import DrainWorkflow
+    from workflows.recover import RecoverWorkflow
+    from workflows.verify import VerifyWorkflow
+
+    for workflow_class in (DrainWorkflow, DeleteWorkflow, RecoverWorkflow, VerifyWorkflow):
+        definition = _Definition.must_from_class(workflow_class)
+        assert {s.value for s in c.OperatorSignal} <= set(definition.signals), workflow_class
+        assert c.WorkflowQuery.VIEW.value in definition.queries, workflow_class

@@ -42,7 +42,7 @@ DONOR, RECEIVER = "a", "b"
 TERM = 3
 
 
-def _spec(kind: str, *, count: int = 1, below: int = 0) -> co.TransferSpec:
+def _spec(kind: co.TransferKind, *, count: int = 1, below: int = 0) -> co.TransferSpec:
     return co.TransferSpec(
         kind=kind,
         donor=DONOR,
@@ -98,7 +98,9 @@ class Shards:
             self.calls.append("plan")
             if self._rounds > 1:
                 return co.PlanResult([])
-            return co.PlanResult([_spec("idle"), _spec("preempt", below=900_000)])
+            return co.PlanResult(
+                [_spec(co.TransferKind.IDLE), _spec(co.TransferKind.PREEMPT, below=900_000)]
+            )
 
         @activity.defn(name=ms.PLAN_MEMBERSHIP)
         async def plan_membership(inp: ms.MembershipPlanInput) -> ms.MembershipPlan:
