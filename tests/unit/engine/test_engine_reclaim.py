@@ -409,6 +409,7 @@ def test_a_stopwatch_times_every_stage_of_the_cycle() -> None:
         "phase1",
         "preemption",
         "reclaim",
+        "budgets",
         "release",
         "health",
         "shortfalls",
