@@ -66,6 +66,17 @@ class ShardMembership:
         # before the move may still be waiting to be applied (sessions run on their
         # own thread and roll-ups are staged): it must not bring the cluster back.
         self._gone: dict[str, str] = {}
+        self._departures: list[Callable[[str], object]] = []
+
+    def on_departure(self, listener: Callable[[str], object]) -> None:
+        """Call ``listener(cluster_id)`` once a cluster's roll-ups are deferred (it starts
+        leaving) and once it has left, on the shard's loop: the Session port's intake drops
+        the roll-up it staged for it, so the deferral is asked once, at the ack."""
+        self._departures.append(listener)
+
+    def _departing(self, cluster_id: str) -> None:
+        for listener in self._departures:
+            listener(cluster_id)
 
     def deferral(self, cluster_id: str) -> str:
         """Why this cluster's roll-ups are not applied right now, or '' when they are."""
@@ -108,6 +119,7 @@ class ShardMembership:
         if cid not in {c.cluster_id for c in await self._store.clusters(self._shard_id)}:
             return await self._already_moved(inp)
         self._leaving[cid] = (inp.receiver, self._clock() + self.defer_s)
+        self._departing(cid)
         if self._state.engine.forget_cluster(cid):
             log.info("shard %s: cluster %s is leaving for %s", self._shard_id, cid, inp.receiver)
         bound = await self._store.machines(self._shard_id, cluster_id=cid)
@@ -146,6 +158,7 @@ class ShardMembership:
             )
         self._leaving.pop(cid, None)
         self._gone[cid] = inp.receiver
+        self._departing(cid)
         reason = await self.elsewhere(cid, inp.receiver)
         self._hub.evict(cid, reason)
         log.info(
