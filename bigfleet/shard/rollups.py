@@ -77,6 +77,7 @@ class SessionSink:
         self._staged = asyncio.Event()
         intake.set_deferral(membership.deferral)
         intake.set_on_dropped(self.settled)
+        membership.on_departure(intake.drop_staged)
 
     async def admit_cluster(self, cluster_id: str) -> None:
         """Refuse while the shard does not act, or when another shard serves the cluster."""
@@ -115,11 +116,12 @@ class SessionSink:
         return self._terms.highest, self._lease.epoch
 
     def apply(self, rollup: ValidatedRollup) -> None:
-        """Apply one staged, validated roll-up to the engine (on the shard's loop)."""
-        if self._membership.deferral(rollup.cluster_id):
-            # The cluster started leaving after the ack; its needs go with it.
-            self.settled("departed")
-            return
+        """Apply one staged, validated roll-up to the engine (on the shard's loop).
+
+        Nothing is judged again here: not the rules, not the clock, not the
+        cluster's departure (a departure drops the staged roll-up, see
+        ``Intake.drop_staged``).
+        """
         try:
             result = self._engine.apply_rollup(rollup, now=self._clock())
         except ValueError as err:

@@ -150,3 +150,44 @@ def test_a_rollup_level_problem_is_found_when_every_row_was_accepted_before() ->
     with pytest.raises(RollupRejected) as caught:
         intake.offer(Rollup("a", 2, rows, release=frozenset({"bad id"})))
     assert caught.value.field.startswith("release")
+
+
+def test_a_cluster_that_starts_leaving_has_its_staged_rollup_dropped_and_later_ones_deferred() -> (
+    None
+):
+    leaving: dict[str, str] = {}
+    dropped: list[str] = []
+    intake = Intake(deferral=lambda c: leaving.get(c, ""))
+    intake.set_on_dropped(dropped.append)
+    assert intake.offer(_rollup("a", 1)) == "rollup"
+    assert intake.offer(_rollup("b", 1)) == "rollup"
+    leaving["a"] = "cluster is moving to shard s2"
+    assert intake.drop_staged("a") is True
+    assert intake.drop_staged("a") is False, "nothing is dropped twice"
+    echo = intake.offer(_rollup("a", 2))
+    assert echo == "rollup-deferred: cluster is moving to shard s2"
+    assert [r.cluster_id for r in intake.take_all()] == ["b"]
+    assert dropped == ["departed"]
+
+
+def test_every_offered_rollup_replaced_before_it_was_taken_is_reported_superseded() -> None:
+    dropped: list[str] = []
+    intake = Intake()
+    intake.set_on_dropped(dropped.append)
+    for ts in range(1, 6):
+        intake.offer(_rollup("a", ts))
+    intake.offer(_rollup("b", 1))
+    taken = intake.take_all()
+    assert len(taken) + len(dropped) == intake.offered == 6
+    assert dropped == ["superseded"] * 4
+
+
+def test_an_unchanged_resend_shares_the_validated_rows_of_the_one_before() -> None:
+    intake = Intake()
+    rows = (_need(1.0), _need(2.0, priority=5))
+    intake.offer(Rollup("a", 1, rows))
+    [first] = intake.take_all()
+    intake.offer(Rollup("a", 2, rows))
+    [second] = intake.take_all()
+    assert second.rows is first.rows and second.merged is first.merged
+    assert second.timestamp_ns == 2
