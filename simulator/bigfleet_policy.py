@@ -1,41 +1,54 @@
-"""The BigFleet policy: real shard engines and the coordinator's planner, in virtual time.
+"""The BigFleet policy: production's shard core and the coordinator's planner, in virtual time.
 
-For every shard the simulator plays the shard process, its executor and the
-activities, around the **real** ``shard_engine.engine.ShardEngine``:
+Every shard runs production's own parts, around the **real** ``ShardEngine``:
 
     cluster roll-up (wire) ──rollup_from_wire──▶ engine.apply_rollup  (each interval, if changed)
-    engine.cycle(now) ──Plan──▶ provider core calls, fenced per shard (every cycle interval)
-        Provision  → Create, then Configure once IDLE
-        AssignIdle → Configure
-        Preempt / Reclaim → the node leaves its cluster (cordon, evict), Drain with the grace
-        Release    → Delete
-    provider state change ──▶ engine.upsert_machine, or engine.settle once the operation ended
+    engine.cycle(now) ──Plan──▶ ShardCore.execute ──Operation──▶ _VirtualActuator
+        ProvisionOp → Create, then Configure once IDLE          (the provider cores,
+        DrainOp     → the node leaves its cluster, Drain        fenced per shard)
+        DeleteOp    → Delete
+        VerifyOp    → the provider's record, at once
+    provider state change ──▶ ShardState.observe, or ShardState.settle once the operation ended
 
-and for the fleet the coordinator's planner, ``shard_engine.coordination.plan_transfers``,
-every report interval, over each shard's supply and shortfalls: idle and
-speculative machines move between engines (bookkeeping); a cross-shard
-preemption drains the donor's victims and hands them to the receiver once
-idle, as ``bigfleet/shard/process.py`` does; which machines a donor gives is
-chosen by the pure functions of ``shard_engine.transfers``, as there.
+and for the fleet the coordinator's planner (``shard_engine.coordination.plan_transfers``)
+every report interval, its instructions carried out through each shard's
+``ShardState`` (``give_away`` on the donor, ``hold`` + ``observe`` on the
+receiver; a cross-shard victim is ``mark_leaving`` and handed over once idle)
+with the victims' terms gathered by ``ShardState.victim_terms``, as production
+does. The fleet is dealt to the shards by production's dealing
+(``shard_engine.dealing``: whole racks, quota evenly).
 
-Nothing here decides what the engine or the planner would decide; it only
-carries the decisions out after the providers' simulated latency and reports
-back, like production. Differences from production, on purpose: no Temporal
-(transitions are followed directly on the provider core), no PostgreSQL
-(ownership lives in memory), a roll-up equal to the one the engine last
-applied is not re-sent (the engine would only move its timestamp; one that
-was quarantined is re-sent, since re-sends confirm it), and nodes are not
-reported for health checks.
+What is the simulator's own is only the glue to virtual time: the actuator
+follows each transition on the provider core (what production's workflows do
+over Temporal), the engines may live in worker processes (:class:`_EngineHandle`),
+and the coordinator's report is read from the engines. Differences from
+production, on purpose: no Temporal, no PostgreSQL (ownership lives in the
+states), a roll-up equal to the one the engine last applied is not re-sent
+(the engine would only move its timestamp; one that was quarantined is
+re-sent, since re-sends confirm it), and nodes are not reported for health
+checks.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
+from typing import assert_never
 
+from bigfleet.shard.core import (
+    DeleteOp,
+    DrainOp,
+    Operation,
+    ProvisionOp,
+    ShardCore,
+    Started,
+    VerifyOp,
+    run_now,
+)
+from bigfleet.shard.state import ShardState, Workload
 from providers.errors import ProviderError
 from providers.model import FencingToken
 from shard_engine.catalog import LABEL_RACK
@@ -48,20 +61,8 @@ from shard_engine.coordination import (
 )
 from shard_engine.dealing import Dealable, deal, rack_of
 from shard_engine.engine import EngineConfig, ShardEngine
-from shard_engine.model import (
-    Action,
-    AssignIdle,
-    MachineRecord,
-    MachineState,
-    Need,
-    Preempt,
-    Provision,
-    Reclaim,
-    Release,
-    Shortfall,
-    Verify,
-)
-from shard_engine.transfers import TransferProfile, VictimTerms
+from shard_engine.model import MachineRecord, MachineState, Need, Shortfall
+from shard_engine.transfers import TransferProfile
 from simulator import engines as ops
 from simulator.cluster import ClusterModel
 from simulator.engines import Applied, Engines, LocalEngines, Result, WorkerEngines
@@ -72,6 +73,10 @@ __all__ = ["BigFleetOptions", "BigFleetPolicy"]
 log = logging.getLogger(__name__)
 
 ProfileKey = tuple[str, str, str, int]
+
+# What a shard stamps into a machine's shard_metadata (production: activities.machines).
+_META_NEED = "bigfleet.io/need"
+_META_PRIORITY = "bigfleet.io/priority"
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +94,7 @@ class BigFleetOptions:
 
 @dataclass(slots=True)
 class _Op:
-    """An operation the simulated executor is carrying out for one machine."""
+    """An operation the virtual actuator is following for one machine."""
 
     kind: str  # provision | assign | drain | delete | handover
     cluster: str = ""
@@ -98,21 +103,121 @@ class _Op:
     receiver: str = ""
 
 
-@dataclass(slots=True)
+class _EngineHandle:
+    """One shard's engine as :class:`ShardState` sees it, wherever it lives.
+
+    Changes are posted (the engine sees them in order before its next call);
+    a machine's record is read from its provider core, which is what the
+    engine last observed (the simulator folds every settled state change into
+    the engine before the next cycle). The other reads are round trips, made
+    only by the rare coordinator instruction.
+    """
+
+    def __init__(
+        self,
+        engines: Callable[[], Engines],
+        shard_id: str,
+        fleet: Fleet,
+        owner: Callable[[str], str | None],
+    ) -> None:
+        self._engines = engines
+        self._shard_id = shard_id
+        self._fleet = fleet
+        self._owner = owner
+
+    def machine(self, machine_id: str) -> MachineRecord | None:
+        provider = self._owner(machine_id)
+        return None if provider is None else self._fleet.machine(provider, machine_id)
+
+    def machines(self) -> Iterator[MachineRecord]:
+        return iter(self._engines().call(self._shard_id, ops.machines))
+
+    def needs_of(self, cluster_id: str) -> tuple[Need, ...]:
+        needs: tuple[Need, ...] = self._engines().call(self._shard_id, ops.needs_of, cluster_id)
+        return needs
+
+    def in_flight(self) -> Mapping[str, str]:
+        flights: dict[str, str] = self._engines().call(self._shard_id, ops.in_flight)
+        return flights
+
+    def promised(self) -> Mapping[str, str]:
+        promises: dict[str, str] = self._engines().call(self._shard_id, ops.promised)
+        return promises
+
+    def upsert_machine(self, record: MachineRecord, *, now: float) -> None:
+        self._engines().post(self._shard_id, ops.upsert, record, now)
+
+    def settle(self, machine_id: str, record: MachineRecord | None, *, now: float) -> None:
+        self._engines().post(self._shard_id, ops.settle, machine_id, record, now)
+
+    def remove_machine(self, machine_id: str) -> None:
+        self._engines().post(self._shard_id, ops.remove, machine_id)
+
+
 class _Shard:
-    shard_id: str
-    owned: dict[str, str] = field(default_factory=dict)  # machine -> provider
-    ops: dict[str, _Op] = field(default_factory=dict)
-    clusters: set[str] = field(default_factory=set)
-    seq: int = 0
+    """One simulated shard: production's state and core, the virtual actuator."""
+
+    def __init__(self, shard_id: str, policy: BigFleetPolicy) -> None:
+        self.shard_id = shard_id
+        self.policy = policy
+        self.clusters: set[str] = set()
+        self.ops: dict[str, _Op] = {}
+        self.seq = 0
+        self.state: ShardState[_EngineHandle] = ShardState(
+            _EngineHandle(lambda: policy.engines, shard_id, policy.fleet, self.provider_of),
+            clock=lambda: policy.now,
+        )
+        self.core = ShardCore(self.state, _VirtualActuator(self), shard_id=shard_id)
+
+    def provider_of(self, machine_id: str) -> str | None:
+        return self.state.provider_of(machine_id)
 
     def token(self) -> FencingToken:
         self.seq += 1
         return FencingToken(self.shard_id, 1, self.seq)
 
 
+class _VirtualActuator:
+    """The simulator's :class:`~bigfleet.shard.core.Actuator`: the provider cores, at once."""
+
+    acting = True
+
+    def __init__(self, shard: _Shard) -> None:
+        self._shard = shard
+
+    async def start(self, op: Operation) -> Started:
+        shard, policy = self._shard, self._shard.policy
+        match op:
+            case ProvisionOp():
+                kind = "provision" if op.create else "assign"
+                refused = [
+                    r.id
+                    for r in op.machines
+                    if not policy.call(
+                        shard, r.id, _Op(kind, op.cluster_id, op.need_key, op.priority)
+                    )
+                ]
+                return Started(len(op.machines) - len(refused), tuple(refused))
+            case DrainOp():
+                # The cluster model's eviction reasons: a preemptor waits, or nobody does.
+                reason = "preempt" if op.preemptor is not None else "reclaim"
+                policy.stats["preemptions" if reason == "preempt" else "reclaims"] += 1
+                policy.evict(op.machine.id, op.cluster_id, reason)
+                done = policy.call(shard, op.machine.id, _Op("drain"), grace=op.grace_seconds)
+                return Started(1) if done else Started(refused=(op.machine.id,))
+            case DeleteOp():
+                policy.stats["releases"] += 1
+                done = policy.call(shard, op.machine.id, _Op("delete"))
+                return Started(1) if done else Started(refused=(op.machine.id,))
+            case VerifyOp():
+                shard.state.settle(op.machine.id, shard.state.machine(op.machine.id))
+                return Started(1)
+            case _:
+                assert_never(op)
+
+
 class BigFleetPolicy:
-    """Shard engines + coordinator planner driving the fleet (see the module docstring)."""
+    """Shard cores + coordinator planner driving the fleet (see the module docstring)."""
 
     name = "bigfleet"
 
@@ -124,11 +229,9 @@ class BigFleetPolicy:
         self.options = options
         self.shards: dict[str, _Shard] = {}
         self.engines: Engines = LocalEngines({})
-        self.owner: dict[str, str] = {}  # machine -> shard
+        self.now = 0.0
+        self.owner: dict[str, str] = {}  # machine -> shard (routes provider changes)
         self.cluster_shard: dict[str, str] = {}
-        self.needs: dict[tuple[str, str], Need] = {}
-        self.priority_of: dict[str, int] = {}  # configured machine -> priority it serves
-        self.need_of: dict[str, tuple[str, str]] = {}  # configured machine -> (cluster, need)
         self.state_of: dict[str, MachineState] = {}
         self.profile_of: dict[str, ProfileKey] = {}
         self.profiles: dict[ProfileKey, MachineRecord] = {}
@@ -140,21 +243,21 @@ class BigFleetPolicy:
 
     # -- set-up -----------------------------------------------------------------------
     def start(self, now: float) -> None:
-        """Create the shards and give each its share of every profile (the coordinator's split)."""
+        """Create the shards and deal the fleet to them (production's dealing)."""
+        self.now = now
         ids = [f"shard-{i:02d}" for i in range(self.options.shards)]
         records = list(self.fleet.records())
         per_shard = len(records) // max(1, len(ids)) + 1
         for sid in ids:
-            self.shards[sid] = _Shard(sid)
+            self.shards[sid] = _Shard(sid, self)
         by_id = {r.id: r for r in records}
-        # Production's dealing (the coordinator's distribution): whole racks, even quota.
         dealt = deal([_dealable(r) for r in records], ids)
         loads: dict[str, list[MachineRecord]] = {}
         for sid in ids:
             shard = self.shards[sid]
             loads[sid] = [by_id[mid] for mid in dealt.machines_of(sid)]
             for record in loads[sid]:
-                shard.owned[record.id] = record.provider
+                shard.state.hold(record.id, record.provider)
                 self.owner[record.id] = sid
                 self._track(record)
         load = partial(_load_engines, self.options.engine, per_shard, loads, now)
@@ -188,6 +291,7 @@ class BigFleetPolicy:
     # -- the periodic work --------------------------------------------------------------
     def tick(self, now: float) -> None:
         """Roll-ups, cycles and the coordinator, each on its own cadence."""
+        self.now = now
         if now >= self._next_rollup:
             self._next_rollup = now + self.options.rollup_interval_s
             self._send_rollups(now)
@@ -195,7 +299,7 @@ class BigFleetPolicy:
             self._next_cycle = now + self.options.cycle_interval_s
             plans = self.engines.call_each(self.shards, ops.cycle, now)
             for shard, actions in zip(self.shards.values(), plans, strict=True):
-                self._execute(shard, actions, now)
+                run_now(shard.core.execute(actions))
         if now >= self._next_report:
             self._next_report = now + self.options.report_interval_s
             self._coordinate(now)
@@ -237,47 +341,19 @@ class BigFleetPolicy:
             self._applied[cluster_id] = body
         else:
             self._applied.pop(cluster_id, None)
-        for need in applied.needs:
-            self.needs[(cluster_id, need.key)] = need
 
-    # -- carrying out a plan --------------------------------------------------------------
-    def _execute(self, shard: _Shard, actions: tuple[Action, ...], now: float) -> None:
-        for action in actions:
-            if isinstance(action, Provision):
-                for mid in action.machine_ids:
-                    op = _Op("provision", action.cluster_id, action.need_key, action.priority)
-                    self._call(shard, mid, op, now)
-            elif isinstance(action, AssignIdle):
-                op = _Op("assign", action.cluster_id, action.need_key, action.priority)
-                self._call(shard, action.machine_id, op, now)
-            elif isinstance(action, Preempt):
-                self.stats["preemptions"] += 1
-                self._drain(shard, action.machine_id, action.victim_cluster_id, now, "preempt")
-                self._call(shard, action.machine_id, _Op("drain"), now, grace=action.grace_seconds)
-            elif isinstance(action, Reclaim):
-                self.stats["reclaims"] += 1
-                self._drain(shard, action.machine_id, action.cluster_id, now, "reclaim")
-                self._call(shard, action.machine_id, _Op("drain"), now, grace=action.grace_seconds)
-            elif isinstance(action, Release):
-                self.stats["releases"] += 1
-                self._call(shard, action.machine_id, _Op("delete"), now)
-            elif isinstance(action, Verify):
-                record = self._record(shard, action.machine_id)
-                self.engines.post(shard.shard_id, ops.settle, action.machine_id, record, now)
-
-    def _drain(self, shard: _Shard, mid: str, cluster_id: str, now: float, reason: str) -> None:
+    # -- the virtual actuator's provider calls ---------------------------------------------
+    def evict(self, mid: str, cluster_id: str, reason: str) -> None:
         """The operator cordons the node and evicts its pods when told to drain it."""
         cluster = self.clusters.get(cluster_id)
         if cluster is not None:
-            cluster.remove_node(mid, now, reason=reason)
-        self.priority_of.pop(mid, None)
-        self.need_of.pop(mid, None)
+            cluster.remove_node(mid, self.now, reason=reason)
 
-    def _call(self, shard: _Shard, mid: str, op: _Op, now: float, *, grace: int = 0) -> None:
-        provider = shard.owned.get(mid)
+    def call(self, shard: _Shard, mid: str, op: _Op, *, grace: int = 0) -> bool:
+        """Start ``op`` on the machine's provider core; False if the core refused it."""
+        provider = shard.provider_of(mid)
         if provider is None:
-            self.engines.post(shard.shard_id, ops.settle, mid, None, now)
-            return
+            return False
         core = self.fleet.providers[provider]
         shard.ops[mid] = op
         try:
@@ -293,22 +369,28 @@ class BigFleetPolicy:
             # The executor's rule: an action that cannot start gives its machine back.
             self.stats[f"refused:{type(err).__name__}"] += 1
             shard.ops.pop(mid, None)
-            self.engines.post(shard.shard_id, ops.settle, mid, self._record(shard, mid), now)
+            return False
+        return True
 
     def _configure(self, shard: _Shard, mid: str, op: _Op) -> None:
-        core = self.fleet.providers[shard.owned[mid]]
-        metadata = {"bigfleet.io/need": op.need_key, "bigfleet.io/priority": str(op.priority)}
-        core.configure(mid, op.cluster, b"", shard.token(), metadata)
+        provider = shard.provider_of(mid)
+        assert provider is not None
+        metadata = {_META_NEED: op.need_key, _META_PRIORITY: str(op.priority)}
+        self.fleet.providers[provider].configure(mid, op.cluster, b"", shard.token(), metadata)
 
-    def _record(self, shard: _Shard, mid: str) -> MachineRecord | None:
-        provider = shard.owned.get(mid)
-        if provider is None:
-            return None
-        return self.fleet.machine(provider, mid)
+    def _echo(self, record: MachineRecord) -> Workload:
+        """What the provider echoes of the machine's workload (production's read-back)."""
+        echo = self.fleet.echo(record.provider, record.id)
+        raw = echo.get(_META_PRIORITY, "")
+        return Workload(
+            priority=int(raw) if raw.lstrip("-").isdigit() else None,
+            need_key=echo.get(_META_NEED, ""),
+        )
 
     # -- observing the providers ------------------------------------------------------------
     def on_changes(self, changes: list[tuple[str, str]], now: float) -> None:
-        """Fold provider state changes into the engines (the shard's observe + record steps)."""
+        """Fold provider state changes into the shards (the observe + record steps)."""
+        self.now = now
         seen: set[str] = set()
         for provider, mid in changes:
             if mid in seen:
@@ -335,33 +417,32 @@ class BigFleetPolicy:
             for cluster in self.clusters.values():
                 if cluster.has_node(record.id):
                     cluster.remove_node(record.id, now, reason="interrupt")
-            self.priority_of.pop(record.id, None)
-        self.engines.post(shard.shard_id, ops.upsert, record, now)
+        shard.state.observe(record, self._echo(record))
 
     def _progress(self, shard: _Shard, record: MachineRecord, op: _Op, now: float) -> None:
+        """The machine's operation moved on: follow it as production's workflows do."""
         mid = record.id
         state = record.state
         if op.kind == "provision" and state is MachineState.IDLE:
-            self.engines.post(shard.shard_id, ops.upsert, record, now)
+            shard.state.observe(record, self._echo(record))
             op.kind = "assign"
             try:
                 self._configure(shard, mid, op)
             except ProviderError:
                 shard.ops.pop(mid, None)
-                self.engines.post(shard.shard_id, ops.settle, mid, self._record(shard, mid), now)
+                shard.state.settle(mid, shard.state.machine(mid))
             return
         if op.kind == "handover":
-            if state is MachineState.IDLE:
-                self._hand_over(shard, record, op, now)
-                return
             shard.ops.pop(mid, None)
-            self.engines.post(shard.shard_id, ops.upsert, record, now)
+            if state is MachineState.IDLE:
+                self._hand_over(shard, record, op)
+                return
+            shard.state.stay(mid)
+            shard.state.observe(record, self._echo(record))
             return
         shard.ops.pop(mid, None)
-        self.engines.post(shard.shard_id, ops.settle, mid, record, now)
+        shard.state.settle(mid, record, workload=self._echo(record))
         if state is MachineState.CONFIGURED and op.kind in ("assign", "provision"):
-            self.priority_of[mid] = op.priority
-            self.need_of[mid] = (op.cluster, op.need_key)
             cluster = self.clusters.get(record.cluster)
             if cluster is not None:
                 cluster.add_node(mid, record.allocatable, record.labels, now)
@@ -369,7 +450,7 @@ class BigFleetPolicy:
     # -- the coordinator ----------------------------------------------------------------------
     def _coordinate(self, now: float) -> None:
         lacking = dict(
-            zip(self.shards, self.engines.call_each(self.shards, ops.shortfalls), strict=True)
+            zip(self.shards, self.engines.call_each(self.shards, ops.lacking), strict=True)
         )
         if not any(lacking.values()):
             return
@@ -382,14 +463,18 @@ class BigFleetPolicy:
             self._transfer(instruction, now)
 
     def _view(
-        self, shard: _Shard, busy: frozenset[str], lacking: tuple[Shortfall, ...]
+        self,
+        shard: _Shard,
+        busy: frozenset[str],
+        lacking: tuple[tuple[Shortfall, Need | None], ...],
     ) -> ShardView:
         """What the shard reports: supply per profile (not busy) and its shortfalls."""
         idle: Counter[ProfileKey] = Counter()
         speculative: Counter[ProfileKey] = Counter()
         configured: dict[ProfileKey, Counter[int]] = defaultdict(Counter)
-        for mid in shard.owned:
-            if mid in busy or mid in shard.ops:
+        priorities = shard.state.priorities()
+        for mid in shard.state.owned:
+            if mid in busy or mid in shard.ops or shard.state.is_leaving(mid):
                 continue
             state = self.state_of.get(mid)
             key = self.profile_of[mid]
@@ -397,8 +482,8 @@ class BigFleetPolicy:
                 idle[key] += 1
             elif state is MachineState.SPECULATIVE:
                 speculative[key] += 1
-            elif state is MachineState.CONFIGURED and mid in self.priority_of:
-                configured[key][self.priority_of[mid]] += 1
+            elif state is MachineState.CONFIGURED and mid in priorities:
+                configured[key][priorities[mid]] += 1
         supply = []
         for key in set(idle) | set(speculative) | set(configured):
             sample = self.profiles[key]
@@ -415,24 +500,22 @@ class BigFleetPolicy:
                     configured_by_priority=dict(configured.get(key, {})),
                 )
             )
-        shortfalls = []
-        for sf in lacking:
-            need = self.needs.get((sf.cluster_id, sf.need_key))
-            shortfalls.append(
-                ShardShortfall(
-                    cluster_id=sf.cluster_id,
-                    need_key=sf.need_key,
-                    priority=sf.priority,
-                    deficit=sf.deficit,
-                    requirements=need.requirements if need else (),
-                    min_unit=need.min_unit if need else {},
-                    age_cycles=sf.age_cycles,
-                    escalated=sf.escalated,
-                )
+        shortfalls = [
+            ShardShortfall(
+                cluster_id=sf.cluster_id,
+                need_key=sf.need_key,
+                priority=sf.priority,
+                deficit=sf.deficit,
+                requirements=need.requirements if need else (),
+                min_unit=need.min_unit if need else {},
+                age_cycles=sf.age_cycles,
+                escalated=sf.escalated,
             )
+            for sf, need in lacking
+        ]
         return ShardView(
             shard_id=shard.shard_id,
-            total_machines=len(shard.owned),
+            total_machines=len(shard.state.owned),
             supply=tuple(sorted(supply, key=lambda s: s.key)),
             shortfalls=tuple(shortfalls),
         )
@@ -448,7 +531,7 @@ class BigFleetPolicy:
             capacity_type=instruction.capacity_type,
         )
         if instruction.kind == "preempt":
-            self._preempt_for(instruction, donor, profile, now)
+            self._preempt_for(instruction, donor, profile)
             return
         wanted = MachineState.IDLE if instruction.kind == "idle" else MachineState.SPECULATIVE
         chosen = self.engines.call(
@@ -460,38 +543,21 @@ class BigFleetPolicy:
             frozenset(donor.ops),
         )
         for record in chosen:
-            self._move(donor, receiver, record, now)
+            self._move(donor, receiver, record)
 
-    def _move(self, donor: _Shard, receiver: _Shard, record: MachineRecord, now: float) -> None:
-        self.engines.post(donor.shard_id, ops.remove, record.id)
-        provider = donor.owned.pop(record.id)
-        receiver.owned[record.id] = provider
-        self.engines.post(receiver.shard_id, ops.upsert, record, now)
+    def _move(self, donor: _Shard, receiver: _Shard, record: MachineRecord) -> None:
+        """The machine leaves the donor (one ``give_away``) and the receiver holds it."""
+        departure = donor.state.give_away([record.id])
+        if record.id not in departure.held:
+            return
+        receiver.state.hold(record.id, departure.provider(record.id))
+        receiver.state.observe(record, self._echo(record))
         self.owner[record.id] = receiver.shard_id
 
     def _preempt_for(
-        self,
-        instruction: Instruction,
-        donor: _Shard,
-        profile: TransferProfile,
-        now: float,
+        self, instruction: Instruction, donor: _Shard, profile: TransferProfile
     ) -> None:
         """Drain the donor's victims (``choose_cross_shard_victims``) and hand them over idle."""
-        terms: dict[str, VictimTerms] = {}
-        priorities: dict[str, int] = {}
-        for mid in donor.owned:
-            need_ref = self.need_of.get(mid)
-            if need_ref is None:  # not configured for a need (priority_of is a subset)
-                continue
-            if mid in self.priority_of:
-                priorities[mid] = self.priority_of[mid]
-            need = self.needs.get(need_ref)
-            if need is not None:
-                terms[mid] = VictimTerms(
-                    interruption_penalty=need.interruption_penalty,
-                    reclamation_penalty=need.reclamation_penalty,
-                    app_class=need.app_class,
-                )
         victims = self.engines.call(
             donor.shard_id,
             ops.victims,
@@ -499,29 +565,22 @@ class BigFleetPolicy:
             instruction.below_priority,
             instruction.count,
             frozenset(donor.ops),
-            priorities,
-            terms,
+            dict(donor.state.priorities()),
+            donor.state.victim_terms(),
             self.options.engine,
         )
         for victim in victims:
-            self.engines.post(donor.shard_id, ops.remove, victim.machine_id)
+            # The simulated coordinator has no terms: every victim leaves under (0, 0).
+            donor.state.mark_leaving(victim.machine_id, term=0, seq=0)
             self.stats["preemptions_cross_shard"] += 1
-            self._drain(donor, victim.machine_id, victim.cluster_id, now, "preempt")
-            self._call(
-                donor,
-                victim.machine_id,
-                _Op("handover", receiver=instruction.receiver),
-                now,
-                grace=victim.grace_seconds,
-            )
+            self.evict(victim.machine_id, victim.cluster_id, "preempt")
+            handover = _Op("handover", receiver=instruction.receiver)
+            if not self.call(donor, victim.machine_id, handover, grace=victim.grace_seconds):
+                donor.state.stay(victim.machine_id)
+                donor.state.settle(victim.machine_id, donor.state.machine(victim.machine_id))
 
-    def _hand_over(self, donor: _Shard, record: MachineRecord, op: _Op, now: float) -> None:
-        donor.ops.pop(record.id, None)
-        receiver = self.shards[op.receiver]
-        provider = donor.owned.pop(record.id)
-        receiver.owned[record.id] = provider
-        self.engines.post(receiver.shard_id, ops.upsert, record, now)
-        self.owner[record.id] = receiver.shard_id
+    def _hand_over(self, donor: _Shard, record: MachineRecord, op: _Op) -> None:
+        self._move(donor, self.shards[op.receiver], record)
 
     # -- reading --------------------------------------------------------------------------------
     def machines_by_state(self) -> Counter[str]:

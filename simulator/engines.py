@@ -75,6 +75,11 @@ __all__ = [
     "cycle",
     "default_workers",
     "donations",
+    "in_flight",
+    "lacking",
+    "machines",
+    "needs_of",
+    "promised",
     "remove",
     "settle",
     "shortfalls",
@@ -141,6 +146,35 @@ def apply_wire(
     except (InvalidRollup, RollupRejected) as err:
         return Applied("rejected", reason=str(err))
     return Applied(outcome.status, rollup.needs)
+
+
+def needs_of(engine: ShardEngine, cluster_id: str) -> tuple[Need, ...]:
+    """``needs_of``: the needs in force for one cluster."""
+    return engine.needs_of(cluster_id)
+
+
+def machines(engine: ShardEngine) -> tuple[MachineRecord, ...]:
+    """Every machine of the engine."""
+    return tuple(engine.machines())
+
+
+def in_flight(engine: ShardEngine) -> dict[str, str]:
+    """``in_flight``."""
+    return dict(engine.in_flight())
+
+
+def promised(engine: ShardEngine) -> dict[str, str]:
+    """``promised``."""
+    return dict(engine.promised())
+
+
+def lacking(engine: ShardEngine) -> tuple[tuple[Shortfall, Need | None], ...]:
+    """The last cycle's shortfalls, each with the need in force it is about (the report's)."""
+    out = []
+    for sf in engine.shortfalls():
+        need = next((n for n in engine.needs_of(sf.cluster_id) if n.key == sf.need_key), None)
+        out.append((sf, need))
+    return tuple(out)
 
 
 def cycle(engine: ShardEngine, now: float) -> tuple[Action, ...]:

@@ -21,7 +21,7 @@ comparison of policies must count what each keeps busy.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -254,6 +254,12 @@ class Fleet:
         core = self.providers[provider]
         assert isinstance(core, _Observed)
         return self._from_core(provider, core.core_record(machine_id))
+
+    def echo(self, provider: str, machine_id: str) -> Mapping[str, str]:
+        """The ``shard_metadata`` the provider echoes for the machine (what it serves)."""
+        core = self.providers[provider]
+        assert isinstance(core, _Observed)
+        return core.core_record(machine_id).shard_metadata
 
     def records(self) -> Iterator[MachineRecord]:
         """Every machine of every provider (the initial List)."""
