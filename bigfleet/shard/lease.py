@@ -39,8 +39,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from activities.context import ShardInactive
-from bigfleet.store import LeaseLost, Store
-from bigfleet.store.repository import LeaseHeld, ShardRemoved
+from bigfleet.store import LeaseHeld, LeaseLost, ShardRemoved, Store
 from providers.client import FencingToken
 
 log = logging.getLogger(__name__)
