@@ -56,7 +56,7 @@ def shards_drain(
     (the operator is told to reconnect to the new shard), hands its other
     machines over rack by rack, and rebalances its quota away.
     """
-    from bigfleet.store.repository import MembershipError
+    from bigfleet.store import MembershipError
 
     async def main() -> str:
         async with connections.open_store(database_url) as store:
@@ -106,7 +106,7 @@ def shards_remove(
     database_url: DatabaseOption = None,
 ) -> None:
     """Remove a drained shard. Refused while it still owns clusters or machines."""
-    from bigfleet.store.repository import MembershipError
+    from bigfleet.store import MembershipError
 
     async def main() -> str:
         async with connections.open_store(database_url) as store:

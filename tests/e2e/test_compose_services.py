@@ -38,8 +38,7 @@ import yaml
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 
-from bigfleet.store import Database, Store
-from bigfleet.store.repository import ShardRow
+from bigfleet.store import Database, ShardRow, Store
 from bigfleet.temporal import binary
 from tests.ports import free_port
 from tests.waiting import eventually

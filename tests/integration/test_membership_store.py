@@ -6,8 +6,7 @@ import asyncio
 
 import pytest
 
-from bigfleet.store import Database, Store
-from bigfleet.store.repository import MembershipError, ShardNotEmpty, ShardRemoved
+from bigfleet.store import Database, MembershipError, ShardNotEmpty, ShardRemoved, Store
 
 
 async def _fleet(db: Database, shards: int = 2) -> Store:

@@ -17,7 +17,7 @@ import pytest
 
 from bigfleet.devstack import DevStack
 from bigfleet.shard.process import ShardOptions, ShardProcess
-from bigfleet.store.repository import ShardNotEmpty, ShardRemoved
+from bigfleet.store import ShardNotEmpty, ShardRemoved
 from bigfleet.v1alpha1 import provider_pb2
 from clusters.operator import DemandPattern, SimulatedCluster
 from providers.model import FencingToken

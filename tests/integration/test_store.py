@@ -7,8 +7,7 @@ import asyncio
 import pytest
 from sqlalchemy import text
 
-from bigfleet.store import Database, LeaseLost, Store
-from bigfleet.store.repository import LeaseHeld
+from bigfleet.store import Database, LeaseHeld, LeaseLost, Store
 
 
 async def _tables(db: Database) -> set[str]:
