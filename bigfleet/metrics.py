@@ -110,7 +110,8 @@ RECLAIMS_CAPPED = Counter(
 )
 ROLLUPS = Counter(
     "bigfleet_shard_rollups_total",
-    "Acknowledged roll-ups by the engine's verdict: applied, rejected, stale, quarantined",
+    "Acknowledged roll-ups, each once, by final outcome: applied, quarantined, stale, rejected, "
+    "superseded (replaced by a newer one before it was applied), departed, deferred",
     ["shard", "outcome"],
 )
 SESSIONS_SHED = Counter(
