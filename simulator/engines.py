@@ -50,17 +50,12 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
+from bigfleet.shard import choices
 from bigfleet.shard.convert import InvalidRollup, rollup_from_wire
 from bigfleet.v1alpha1 import capacity_pb2
 from shard_engine.engine import EngineConfig, RollupRejected, ShardEngine
 from shard_engine.model import Action, MachineRecord, MachineState, Need, Shortfall
-from shard_engine.transfers import (
-    TransferProfile,
-    VictimTerms,
-    choose_cross_shard_victims,
-    choose_donations,
-    saturation_of,
-)
+from shard_engine.transfers import CrossShardVictim, TransferProfile, VictimTerms
 
 __all__ = [
     "Applied",
@@ -189,7 +184,7 @@ def shortfalls(engine: ShardEngine) -> tuple[Shortfall, ...]:
 
 def busy(engine: ShardEngine) -> frozenset[str]:
     """Machines in flight or promised (not to be given away)."""
-    return frozenset(engine.in_flight()) | frozenset(engine.promised())
+    return frozenset(choices.busy(engine))
 
 
 def donations(
@@ -199,13 +194,9 @@ def donations(
     count: int,
     extra_busy: frozenset[str],
 ) -> tuple[MachineRecord, ...]:
-    """``choose_donations`` over the engine's machines (busy: in flight, promised, ``extra``)."""
-    return choose_donations(
-        engine.machines(),
-        profile=profile,
-        state=state,
-        count=count,
-        busy=set(busy(engine) | extra_busy),
+    """The donor's choice (``bigfleet.shard.choices.donations``, as production's)."""
+    return choices.donations(
+        engine, profile=profile, state=state, count=count, extra_busy=extra_busy
     )
 
 
@@ -218,22 +209,18 @@ def victims(
     priorities: Mapping[str, int],
     terms: Mapping[str, VictimTerms],
     config: EngineConfig,
-) -> list[Any]:
-    """``choose_cross_shard_victims`` over the engine's machines."""
-    machines = list(engine.machines())
-    taken = set(busy(engine) | extra_busy)
+) -> list[CrossShardVictim]:
+    """The donor's victims (``bigfleet.shard.choices.victims``, as production's)."""
     return list(
-        choose_cross_shard_victims(
-            machines,
+        choices.victims(
+            engine,
             profile=profile,
-            preemptor_priority=below_priority,
+            below_priority=below_priority,
             count=count,
-            busy=taken,
             priorities=priorities,
             terms=terms,
-            drain_seconds={},
-            saturation=saturation_of(machines, busy=taken),
             config=config,
+            extra_busy=extra_busy,
         )
     )
 

@@ -12,8 +12,9 @@
 
 Which machines move is decided by pure functions of the engine
 (``shard_engine.transfers``: ``choose_donations`` and
-``choose_cross_shard_victims``, which uses local preemption's victim score);
-this module only gathers their inputs and carries the choice out.
+``choose_cross_shard_victims``, which uses local preemption's victim score),
+whose inputs ``bigfleet.shard.choices`` gathers for production and the
+simulator alike; this module carries the choice out.
 
 Every instruction is checked against the highest coordinator term seen first
 (a zombie coordinator's instruction is refused), and against the share of
@@ -28,6 +29,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from bigfleet.shard import choices
 from bigfleet.shard.core import ShardCore
 from bigfleet.shard.executor import Executor, workflow_id
 from bigfleet.shard.observer import ProviderObserver
@@ -39,12 +41,7 @@ from bigfleet.v1alpha1 import provider_pb2
 from providers.errors import ProviderError
 from shard_engine.engine import EngineConfig, ShardEngine
 from shard_engine.model import MachineState, Reclaim
-from shard_engine.transfers import (
-    TransferProfile,
-    choose_cross_shard_victims,
-    choose_donations,
-    saturation_of,
-)
+from shard_engine.transfers import TransferProfile
 from workflows import coordinator_contracts as co
 from workflows.contracts import (
     OP_DRAIN,
@@ -125,12 +122,11 @@ class CrossShardTransfers:
                 f"moving {spec.count} machines exceeds the limit of {limit} "
                 f"({self._max_share:.0%} of {len(self._state.owned)})",
             )
-        chosen = choose_donations(
-            self._state.machines(),
+        chosen = choices.donations(
+            self._state.engine,
             profile=_profile(spec),
             state=MachineState.IDLE if spec.kind == "idle" else MachineState.SPECULATIVE,
             count=spec.count,
-            busy=self._state.busy(),
         )
         departure = self._state.give_away([r.id for r in chosen])
         moved_ids = set(
@@ -167,18 +163,13 @@ class CrossShardTransfers:
                 [], f"preempting {spec.count} machines exceeds the limit of {limit}"
             )
         already = self._state.leaving_for(inp.term, inp.seq)
-        busy = self._state.busy()
-        engine = self._state.engine
-        victims = choose_cross_shard_victims(
-            engine.machines(),
+        victims = choices.victims(
+            self._state.engine,
             profile=_profile(spec),
-            preemptor_priority=spec.below_priority,
+            below_priority=spec.below_priority,
             count=spec.count - len(already),
-            busy=busy,
             priorities=self._state.priorities(),
             terms=self._state.victim_terms(),
-            drain_seconds=engine.drain_estimates(),
-            saturation=saturation_of(engine.machines(), busy=busy),
             config=self._config,
         )
         drains: list[co.DrainStart] = []
