@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import assert_never
 
+from bigfleet.shard.choices import TransferProfile
 from bigfleet.shard.core import (
     DeleteOp,
     DrainOp,
@@ -62,7 +63,6 @@ from shard_engine.coordination import (
 from shard_engine.dealing import Dealable, deal, rack_of
 from shard_engine.engine import EngineConfig, ShardEngine
 from shard_engine.model import MachineRecord, MachineState, Need, Shortfall
-from shard_engine.transfers import TransferProfile
 from simulator import engines as ops
 from simulator.cluster import ClusterModel
 from simulator.engines import Applied, Engines, LocalEngines, Result, WorkerEngines
@@ -521,7 +521,7 @@ class BigFleetPolicy:
         )
 
     def _transfer(self, instruction: Instruction, now: float) -> None:
-        """Carry out one instruction; the donor chooses with ``shard_engine.transfers``."""
+        """Carry out one instruction; the donor chooses with ``bigfleet.shard.choices``."""
         donor = self.shards[instruction.donor]
         receiver = self.shards[instruction.receiver]
         profile = TransferProfile(

@@ -51,11 +51,11 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from bigfleet.shard import choices
+from bigfleet.shard.choices import CrossShardVictim, TransferProfile, VictimTerms
 from bigfleet.shard.convert import InvalidRollup, rollup_from_wire
 from bigfleet.v1alpha1 import capacity_pb2
 from shard_engine.engine import EngineConfig, RollupRejected, ShardEngine
 from shard_engine.model import Action, MachineRecord, MachineState, Need, Shortfall
-from shard_engine.transfers import CrossShardVictim, TransferProfile, VictimTerms
 
 __all__ = [
     "Applied",

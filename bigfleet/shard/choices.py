@@ -29,7 +29,14 @@ from shard_engine.transfers import (
     saturation_of,
 )
 
-__all__ = ["busy", "donations", "victims"]
+__all__ = [
+    "CrossShardVictim",
+    "TransferProfile",
+    "VictimTerms",
+    "busy",
+    "donations",
+    "victims",
+]
 
 
 def busy(engine: ShardEngine, extra_busy: Collection[str] = ()) -> set[str]:
