@@ -15,8 +15,8 @@ from temporalio.exceptions import ApplicationError
 
 from activities.context import ProviderCalls
 from activities.membership import plan_decommission
+from activities.records import CoordinatorRecords
 from bigfleet.metrics import COORDINATOR_INSTRUCTIONS, COORDINATOR_ROUNDS
-from bigfleet.store import Store
 from bigfleet.v1alpha1 import provider_pb2
 from shard_engine.catalog import LABEL_RACK
 from shard_engine.coordination import (
@@ -46,7 +46,7 @@ class CoordinatorActivities:
 
     def __init__(
         self,
-        store: Store,
+        store: CoordinatorRecords,
         providers: Mapping[str, ProviderCalls],
         *,
         rebalance_share: float = 0.05,
