@@ -20,7 +20,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.context import ActiveGuard, ProviderCalls, ensure_active
-from bigfleet.store import Store
+from activities.records import MachineOwners, MembershipRecords
 from bigfleet.v1alpha1 import provider_pb2
 from shard_engine.catalog import LABEL_RACK
 from shard_engine.coordination import quota_group
@@ -63,7 +63,7 @@ def _rack(m: provider_pb2.Machine) -> str:
 class MembershipPlanner:
     """Coordinator side: plan what draining shards give away, and record it."""
 
-    def __init__(self, store: Store, providers: Mapping[str, ProviderCalls]) -> None:
+    def __init__(self, store: MembershipRecords, providers: Mapping[str, ProviderCalls]) -> None:
         self._store = store
         self._providers = providers
 
@@ -146,7 +146,7 @@ class MembershipPlanner:
 
 
 async def plan_decommission(
-    store: Store,
+    store: MachineOwners,
     provider: str,
     client: ProviderCalls,
     *,

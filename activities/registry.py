@@ -15,9 +15,9 @@ from activities.context import ActiveGuard, ProviderCalls, ShardContext
 from activities.coordinator import CoordinatorActivities
 from activities.machines import MachineActivities
 from activities.membership import MembershipActivities, MembershipContext, MembershipPlanner
+from activities.records import CoordinatorStore
 from activities.shard import ShardActivities
 from activities.transfers import TransferActivities, TransferContext
-from bigfleet.store import Store
 
 
 def activities_for(ctx: ShardContext) -> list[Callable[..., Any]]:
@@ -64,7 +64,7 @@ def shard_activities(
 
 
 def coordinator_activities(
-    store: Store, providers: Mapping[str, ProviderCalls], *, rebalance_share: float
+    store: CoordinatorStore, providers: Mapping[str, ProviderCalls], *, rebalance_share: float
 ) -> list[Callable[..., Any]]:
     """Every activity the coordinator process serves on ``bigfleet-coordinator``."""
     acts = CoordinatorActivities(store, providers, rebalance_share=rebalance_share)
