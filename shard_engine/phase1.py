@@ -14,8 +14,10 @@ For every need, in priority order then arrival:
    of it (see ``topology``); a need with a spread fills domains water-level.
 4. **Idle, then speculative.** Idle machines need no Create call and are
    already paid for; speculative slots come second. Within each tier the
-   shape with the lowest effective cost per dominant unit covered wins, and
-   every shape must hold ``min_unit`` on its own (the mask says so).
+   shape with the lowest effective cost per ``min_unit`` it actually hosts
+   wins, counted so those units fit when packed (``cover_by_units``; a need
+   without a unit: per dominant unit covered), and every shape must hold
+   ``min_unit`` on its own (the mask says so).
 
 Idle picks become one :class:`AssignIdle` per machine; speculative picks for
 one need become one batched :class:`Provision` (recorded as segments of an
@@ -35,7 +37,7 @@ from shard_engine.needs import Demand, NeedsTable
 from shard_engine.pending import PendingNeed
 from shard_engine.pools import TIER_IDLE, TIER_SPECULATIVE, PoolKey
 from shard_engine.requirements import RequirementMasks
-from shard_engine.selection import cover_by_cost, cover_with_spread
+from shard_engine.selection import cover_by_cost, cover_by_units, cover_with_spread
 from shard_engine.topology import SpreadState, choose_gang_domain, domain_codes
 from shard_engine.worksheet import Starved, Worksheet
 
@@ -231,23 +233,37 @@ def assign(
                 held=(sheet.supply_row(demand.cluster) * mask).astype(np.float64),
             )
         if spread is None:
+            # A need with a unit is covered by units hosted (shape per pod, ADR 0127).
+            unit = demand.min_unit[index] if demand.min_unit[index].any() else None
             for tier in (TIER_IDLE, TIER_SPECULATIVE):
                 if not deficit.any():
                     break
                 candidates = np.flatnonzero(mask & (sheet.free[tier] > 0))
                 if len(candidates) == 0:
                     continue
-                picks, deficit = cover_by_cost(
-                    deficit=deficit,
-                    aggregate=aggregate,
-                    available=sheet.free[tier][candidates],
-                    alloc=alloc[candidates],
-                    cost=effective_cost(
-                        price[candidates], probability[candidates], need.interruption_penalty
-                    ),
-                    names=names,
-                    tolerance=tolerance,
+                cost = effective_cost(
+                    price[candidates], probability[candidates], need.interruption_penalty
                 )
+                if unit is not None:
+                    picks, deficit = cover_by_units(
+                        deficit=deficit,
+                        aggregate=aggregate,
+                        unit=unit,
+                        available=sheet.free[tier][candidates],
+                        alloc=alloc[candidates],
+                        cost=cost,
+                        tolerance=tolerance,
+                    )
+                else:
+                    picks, deficit = cover_by_cost(
+                        deficit=deficit,
+                        aggregate=aggregate,
+                        available=sheet.free[tier][candidates],
+                        alloc=alloc[candidates],
+                        cost=cost,
+                        names=names,
+                        tolerance=tolerance,
+                    )
                 _emit(sheet, demand, index, tier, candidates, picks)
                 took = took or bool(picks)
         else:

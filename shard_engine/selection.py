@@ -32,10 +32,13 @@ from shard_engine.topology import SpreadState
 __all__ = [
     "Pick",
     "cover_by_cost",
+    "cover_by_units",
     "cover_in_order",
     "cover_with_spread",
     "cover_with_spread_stepwise",
     "settle_deficit",
+    "units_hosted",
+    "units_wanted",
 ]
 
 FloatArray = npt.NDArray[np.float64]
@@ -215,6 +218,87 @@ def _cover_by_cost_small(
             for n, a, s in zip(need, shape, slack, strict=True)
         ]
     return picks, np.array(need, dtype=np.float64)
+
+
+def units_hosted(alloc: FloatArray, unit: FloatArray) -> IntArray:
+    """Per shape (rows of ``alloc``), how many ``unit``-sized pieces one machine holds.
+
+    Every dimension of the unit binds: a 16-core, 58 GiB machine holds three
+    pods of 4 cores and 16 GiB, not four. Dimensions the unit does not ask
+    for do not bind. A unit asking for nothing gives 0 (no unit to count).
+    """
+    asked = unit > 0
+    if not asked.any():
+        return np.zeros(len(alloc), dtype=np.int64)
+    fits = np.floor(alloc[:, asked] / unit[asked] + 1e-9)
+    result: IntArray = np.maximum(fits.min(axis=1), 0.0).astype(np.int64)
+    return result
+
+
+def units_wanted(deficit: FloatArray, unit: FloatArray) -> int:
+    """How many ``unit``-sized pieces ``deficit`` amounts to (the largest over dimensions).
+
+    ``unit`` is the need's ``min_unit``: the largest pod of the need in
+    every dimension, so a machine that holds ``n`` units holds any ``n`` of
+    its pods. A deficit in a dimension the unit does not ask for counts
+    nothing here (the aggregate bound covers it).
+    """
+    asked = (unit > 0) & (deficit > 0)
+    if not asked.any():
+        return 0
+    return math.ceil(float((deficit[asked] / unit[asked]).max()) - 1e-9)
+
+
+def cover_by_units(
+    *,
+    deficit: FloatArray,
+    aggregate: FloatArray,
+    unit: FloatArray,
+    available: IntArray,
+    alloc: FloatArray,
+    cost: FloatArray,
+    tolerance: float,
+) -> tuple[list[Pick], FloatArray]:
+    """Greedy cover of a need with a ``min_unit``, by cost per unit actually hosted.
+
+    A shape's worth to the need is how many of its units one machine holds
+    after every dimension binds (:func:`units_hosted`), not how much of one
+    resource it offers: for 4-core/16 GiB pods a 16-core, 58 GiB machine
+    holds three, an 8-core, 58 GiB one holds one. For each group ``k`` is
+    the larger of the machines its units take (``ceil(units ÷ hosted)``)
+    and the machines the aggregate takes (:func:`machines_needed`), capped by
+    what the group has; its score is ``k × cost ÷ min(k × hosted, units)``.
+    The best group is taken (up to ``k``), and the rest are re-scored. Ties
+    break on cost per hosted unit, then group position (deterministic).
+    Sizing by units is what makes the count survive packing: ceil(aggregate
+    ÷ machine) is the optimum only when pods pack perfectly (ADR 0127).
+    """
+    deficit = settle_deficit(deficit.copy(), aggregate, tolerance)
+    left = available.astype(np.int64).copy()
+    hosted = units_hosted(alloc, unit)
+    units = units_wanted(deficit, unit)
+    picks: list[Pick] = []
+    while units > 0 or deficit.any():
+        live = np.flatnonzero((left > 0) & (hosted > 0))
+        if len(live) == 0:
+            break
+        per = hosted[live]
+        by_units = -(-units // per) if units > 0 else np.zeros(len(live), dtype=np.int64)
+        by_aggregate = machines_needed(deficit, alloc[live])
+        k = np.minimum(left[live], np.maximum(np.maximum(by_units, by_aggregate), 1))
+        covered = np.minimum(k * per, units) if units > 0 else k * per
+        score = k * cost[live] / np.maximum(covered, 1)
+        order = np.lexsort((live, cost[live] / per, score))
+        best = int(order[0])
+        group = int(live[best])
+        take = int(k[best])
+        picks.append((group, take))
+        left[group] -= take
+        units = max(0, units - take * int(hosted[group]))
+        deficit = np.maximum(
+            settle_deficit(deficit - take * alloc[group], aggregate, tolerance), 0.0
+        )
+    return picks, deficit
 
 
 def cover_in_order(
