@@ -15,6 +15,7 @@ Service Quotas over real HTTP. What it does not do, and what that means:
 
 from __future__ import annotations
 
+import logging
 import socket
 from dataclasses import dataclass, replace
 from typing import Any
@@ -76,6 +77,7 @@ def start_local_ec2(
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"
