@@ -180,7 +180,9 @@ def decisions_of(
             },
         )
     if unmet:
+        reported: set[tuple[str, str]] = set()
         for shortfall in plan.shortfalls:
+            reported.add((shortfall.cluster_id, shortfall.need_key))
             yield row(
                 "unmet",
                 cluster_id=shortfall.cluster_id,
@@ -194,3 +196,7 @@ def decisions_of(
                     "age_cycles": shortfall.age_cycles,
                 },
             )
+        # Needs the plan explains without a shortfall: those a pause left unserved.
+        for (cluster_id, need_key), reason in plan.why_not.items():
+            if (cluster_id, need_key) not in reported:
+                yield row("unmet", cluster_id=cluster_id, need_key=need_key, reason=reason)
