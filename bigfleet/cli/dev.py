@@ -57,6 +57,14 @@ def dev(
             help="Mutual TLS on every gRPC edge, with dev certificates in DATA_DIR/certs.",
         ),
     ] = False,
+    ec2: Annotated[
+        bool,
+        typer.Option(
+            "--ec2",
+            help="The cloud is the EC2 provider against a local EC2 API server (moto) "
+            "instead of the simulated cloud.",
+        ),
+    ] = False,
     verbose: VerboseOption = False,
 ) -> None:
     """Run the full stack on embedded defaults with a demo fleet (Ctrl-C stops it)."""
@@ -79,6 +87,7 @@ def dev(
         metrics_listen=f"127.0.0.1:{metrics_port}" if metrics_port else None,
         drain_seconds=drain_seconds,
         stuck_drain=stuck_drain,
+        ec2=ec2,
         temporal_metrics_listen=(
             f"127.0.0.1:{temporal_metrics_port}" if temporal_metrics_port else None
         ),
