@@ -70,6 +70,8 @@ class InvalidMachine(ValueError):
 
 
 _MAX_RELEASE = 100_000
+# The extension do_not_disrupt_seconds: at most 30 days (a longer hold is a pin, not a need).
+MAX_DO_NOT_DISRUPT_SECONDS = 30 * 86400
 
 
 #: Quantity strings repeat across roll-ups ("4", "16Gi"): parse each once. Bounded;
@@ -162,6 +164,17 @@ def _need(need: capacity_pb2.CapacityNeed, i: int) -> Need:
         reclamation_penalty=_penalty_of(
             need.reclamation_penalty_bucket, f"{field}.reclamation_penalty_bucket"
         ),
+        do_not_disrupt_seconds=_do_not_disrupt(need.do_not_disrupt_seconds, field),
+    )
+
+
+def _do_not_disrupt(seconds: int, field: str) -> float:
+    """The extension ``do_not_disrupt_seconds`` (shard_engine.budgets), within its bounds."""
+    if 0 <= seconds <= MAX_DO_NOT_DISRUPT_SECONDS:
+        return float(seconds)
+    raise InvalidRollup(
+        f"{field}.do_not_disrupt_seconds",
+        f"{seconds} is outside 0 to {MAX_DO_NOT_DISRUPT_SECONDS} (30 days)",
     )
 
 

@@ -51,7 +51,7 @@ from workflows.contracts import RequirementSpec
 
 log = logging.getLogger(__name__)
 
-SESSION_EXTENSIONS = ("release",)
+SESSION_EXTENSIONS = ("release", "do-not-disrupt")
 """Wire extensions this shard honours, listed on the Hello acknowledgement (ADR 0070)."""
 
 __all__ = [

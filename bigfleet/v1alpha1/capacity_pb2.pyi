@@ -215,10 +215,19 @@ class CapacityNeed(_message.Message):
     INTERRUPTION_PENALTY_BUCKET_FIELD_NUMBER: _builtins.int
     RECLAMATION_PENALTY_BUCKET_FIELD_NUMBER: _builtins.int
     MIN_UNIT_FIELD_NUMBER: _builtins.int
+    DO_NOT_DISRUPT_SECONDS_FIELD_NUMBER: _builtins.int
     priority: _builtins.int
     """PriorityClass value; higher wins."""
     interruption_penalty_bucket: Global___PenaltyBucket.ValueType
     reclamation_penalty_bucket: Global___PenaltyBucket.ValueType
+    do_not_disrupt_seconds: _builtins.int
+    """BigFleet extension (not in the Go reference, whose shard ignores it):
+    machines able to serve this need are never reclaimed as excess within
+    this many seconds of being configured (0: no protection; at most 30
+    days). Preemption by a strictly higher priority is not restricted. A
+    shard that honours it lists "do-not-disrupt" in its Hello
+    acknowledgement (`extensions`).
+    """
     @_builtins.property
     def requirements(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeSelectorRequirement]: ...
     @_builtins.property
@@ -243,10 +252,11 @@ class CapacityNeed(_message.Message):
         interruption_penalty_bucket: Global___PenaltyBucket.ValueType = ...,
         reclamation_penalty_bucket: Global___PenaltyBucket.ValueType = ...,
         min_unit: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        do_not_disrupt_seconds: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["aggregate_resources", b"aggregate_resources", "interruption_penalty_bucket", b"interruption_penalty_bucket", "min_unit", b"min_unit", "priority", b"priority", "reclamation_penalty_bucket", b"reclamation_penalty_bucket", "requirements", b"requirements", "spread", b"spread"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["aggregate_resources", b"aggregate_resources", "do_not_disrupt_seconds", b"do_not_disrupt_seconds", "interruption_penalty_bucket", b"interruption_penalty_bucket", "min_unit", b"min_unit", "priority", b"priority", "reclamation_penalty_bucket", b"reclamation_penalty_bucket", "requirements", b"requirements", "spread", b"spread"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
