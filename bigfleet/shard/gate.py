@@ -131,6 +131,19 @@ class Adoption:
     def decisions(self) -> DecisionLog | None:
         return self._decisions
 
+    async def start(self) -> None:
+        """Say whether this process runs in shadow mode (for ``bigfleet shards``), then read
+        the controls before the first cycle. A failure is logged: the loop reads again."""
+        if self._controls is not None:
+            try:
+                await asyncio.wait_for(
+                    self._controls.publish_shadow(self.shard_id, shadow=self.modes.shadow),
+                    timeout=self._read_timeout_s,
+                )
+            except Exception:
+                log.warning("shard %s: could not publish its mode", self.shard_id, exc_info=True)
+        await self.refresh()
+
     async def refresh(self) -> Control:
         """Read the shard's control (its row with ``*``) and apply it; keeps the last on failure."""
         if self._controls is None:
@@ -196,4 +209,3 @@ class Adoption:
         if self._decisions is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._decisions.flush(), timeout=timeout_s)
-

@@ -196,7 +196,7 @@ class ShardProcess:
         await self.lease.publish_address(self.address)
         if self.active:
             self._start_worker()
-        await self.adoption.refresh()  # a paused shard stays paused from its first cycle
+        await self.adoption.start()  # a paused shard stays paused from its first cycle
         self._tasks = [
             asyncio.create_task(self.adoption.run(), name="decision-log"),
             self._every(self.options.observe_interval_s, self._observe, name="observe"),

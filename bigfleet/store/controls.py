@@ -34,6 +34,8 @@ class Control:
     changed_by: str = ""
     changed_at: datetime | None = None
     version: int = 0
+    #: The process holding the shard runs in shadow mode (it says so itself at start).
+    shadow: bool = False
 
     def combined(self, fleet: Control | None) -> Control:
         """This shard's control with the fleet-wide row applied on top."""
@@ -50,6 +52,7 @@ class Control:
                 (t for t in (self.changed_at, fleet.changed_at) if t is not None), default=None
             ),
             version=self.version + fleet.version,
+            shadow=self.shadow,
         )
 
 
@@ -91,7 +94,8 @@ class ControlStore:
                                dry_run = COALESCE(:dry, shard_controls.dry_run),
                                reason = :reason, changed_by = :by, changed_at = now(),
                                version = shard_controls.version + 1
-                     RETURNING shard_id, paused, dry_run, reason, changed_by, changed_at, version
+                     RETURNING shard_id, paused, dry_run, reason, changed_by, changed_at, version,
+                               shadow
                         """
                     ),
                     {
@@ -105,6 +109,19 @@ class ControlStore:
             ).one()
             return _control(row)
 
+    async def publish_shadow(self, shard_id: str, *, shadow: bool) -> None:
+        """Record whether the process now holding ``shard_id`` runs in shadow mode."""
+        async with self._engine.begin() as conn:
+            await conn.execute(
+                text(
+                    """
+                    INSERT INTO shard_controls (shard_id, shadow) VALUES (:sid, :shadow)
+                    ON CONFLICT (shard_id) DO UPDATE SET shadow = :shadow
+                    """
+                ),
+                {"sid": shard_id, "shadow": shadow},
+            )
+
     async def get(self, shard_id: str) -> Control:
         """The effective control of one shard (its row combined with ``*``)."""
         rows = await self._rows([shard_id, ALL_SHARDS])
@@ -117,7 +134,7 @@ class ControlStore:
 
     async def _rows(self, ids: list[str] | None) -> dict[str, Control]:
         query = (
-            "SELECT shard_id, paused, dry_run, reason, changed_by, changed_at, version "
+            "SELECT shard_id, paused, dry_run, reason, changed_by, changed_at, version, shadow "
             "FROM shard_controls"
         )
         params: dict[str, object] = {}
@@ -130,7 +147,7 @@ class ControlStore:
 
 
 def _control(row: Row[Any]) -> Control:
-    shard_id, paused, dry_run, reason, changed_by, changed_at, version = tuple(row)
+    shard_id, paused, dry_run, reason, changed_by, changed_at, version, shadow = tuple(row)
     return Control(
         shard_id=str(shard_id),
         paused=bool(paused),
@@ -139,4 +156,5 @@ def _control(row: Row[Any]) -> Control:
         changed_by=str(changed_by),
         changed_at=changed_at,
         version=int(version),
+        shadow=bool(shadow),
     )

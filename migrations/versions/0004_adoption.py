@@ -37,6 +37,8 @@ def upgrade() -> None:
             "changed_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
         ),
         sa.Column("version", sa.BigInteger, nullable=False, server_default="1"),
+        # Set by the shard process itself at start (BIGFLEET_MODE), for `bigfleet shards`.
+        sa.Column("shadow", sa.Boolean, nullable=False, server_default=sa.false()),
     )
     op.create_table(
         "decision_log",

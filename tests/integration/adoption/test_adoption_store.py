@@ -188,3 +188,15 @@ async def test_a_failed_write_keeps_the_rows_for_the_next_flush(database: Databa
     with pytest.raises(ConnectionError):
         await writer.flush()
     assert writer.pending == 1
+
+
+async def test_a_shard_process_says_it_runs_in_shadow_mode_without_touching_the_switches(
+    database: Database,
+) -> None:
+    store = ControlStore(database.engine)
+    await store.set("shard-0", paused=True, reason="freeze")
+
+    await store.publish_shadow("shard-0", shadow=True)
+    control = await store.get("shard-0")
+
+    assert control.shadow and control.paused and control.reason == "freeze"
