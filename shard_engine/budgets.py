@@ -74,6 +74,7 @@ __all__ = [
     "apply",
     "enforce",
     "parse_budgets",
+    "use_of",
 ]
 
 IntArray = npt.NDArray[np.int64]
@@ -816,3 +817,27 @@ def apply(
         in_scope=in_scope,
         draining=already,
     )
+
+
+def use_of(
+    budgets: Sequence[Budget],
+    *,
+    now: float,
+    machines: Sequence[Subject],
+    draining: Sequence[tuple[Subject, DrainReason]],
+) -> list[BudgetUse]:
+    """Each budget's use at ``now`` over a list of machines and the drains running among them.
+
+    For ``bigfleet budgets``: the same counting :func:`admit` does, read
+    from outside (the providers' machines and the running drain workflows).
+    """
+    result = []
+    for budget in budgets:
+        total = sum(1 for m in machines if budget.scope.matches(m))
+        used = sum(
+            1
+            for subject, reason in draining
+            if reason in budget.reasons and budget.scope.matches(subject)
+        )
+        result.append(BudgetUse(budget, budget.in_force(now), total, budget.cap(total), used))
+    return result

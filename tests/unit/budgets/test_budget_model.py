@@ -16,6 +16,7 @@ from shard_engine.budgets import (
     Window,
     admit,
     parse_budgets,
+    use_of,
 )
 
 
@@ -257,3 +258,22 @@ def test_a_bad_budget_names_the_field_and_the_reason(
 def test_budget_names_are_unique() -> None:
     with pytest.raises(BudgetError, match=r"budgets\[1\].name: 'a' is used twice"):
         parse_budgets([{"name": "a", "nodes": 1}, {"name": "a", "nodes": 2}])
+
+
+def test_use_counts_the_scope_and_the_drains_of_the_budgets_reasons() -> None:
+    budget = Budget("gpu", scope=Scope(resources=("nvidia.com/gpu",)), percent=50)
+    quiet = Budget("quiet", count=0, window=WEEKDAY_HOURS)
+
+    gpu, night = use_of(
+        [budget, quiet],
+        now=at("2026-12-01T20:00:00"),
+        machines=[GPU, GPU, GPU, CPU],
+        draining=[
+            (GPU, DrainReason.RECLAIM),
+            (GPU, DrainReason.PREEMPT),
+            (CPU, DrainReason.RECLAIM),
+        ],
+    )
+
+    assert (gpu.in_force, gpu.machines_in_scope, gpu.cap, gpu.draining) == (True, 3, 2, 1)
+    assert (night.in_force, night.machines_in_scope, night.draining) == (False, 4, 2)
