@@ -290,6 +290,7 @@ class IngestServer:
             sampler.cancel()
             self.hub.close_all()
             await server.stop(self._grace)
+            servicer.stop()
 
     async def stop(self, grace: float = 1.0) -> None:
         """Close every session and stop serving (in-flight calls get ``grace`` seconds)."""

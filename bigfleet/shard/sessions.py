@@ -58,6 +58,7 @@ __all__ = [
     "RETRY_AFTER_KEY",
     "SESSION_EXTENSIONS",
     "SHARD_SERVICE",
+    "SUPERSEDED",
     "ClusterElsewhere",
     "CountingSink",
     "OperatorSession",
@@ -210,6 +211,24 @@ class OperatorSession:
         # Set when the operator sent a frame that does not decode: the stream
         # ends with INVALID_ARGUMENT and this reason.
         self.undecodable: str | None = None
+        # The newest roll-up read and not yet checked, and how many older ones it
+        # replaced meanwhile (each is acknowledged ``rollup-superseded``).
+        self.latest: shard_pb2.OperatorMessage | None = None
+        self.skipped = 0
+
+    def hold(self, msg: shard_pb2.OperatorMessage) -> bool:
+        """Keep ``msg`` as the newest unchecked roll-up; True if the session was idle."""
+        idle = self.latest is None
+        if not idle:
+            self.skipped += 1
+        self.latest = msg
+        return idle
+
+    def take(self) -> tuple[shard_pb2.OperatorMessage | None, int]:
+        """The newest unchecked roll-up and how many it replaced; the session is idle after."""
+        msg, skipped = self.latest, self.skipped
+        self.latest, self.skipped = None, 0
+        return msg, skipped
 
     def resolve_bootstrap(self, resp: shard_pb2.BootstrapBlobResponse) -> bool:
         waiting = self.pending.pop(resp.request_id, None)
@@ -376,6 +395,9 @@ SHARD_SERVICE = "bigfleet.v1alpha1.Shard"
 #: Trailing metadata key of the retry hint sent with RESOURCE_EXHAUSTED.
 RETRY_AFTER_KEY = "bigfleet-retry-after-ms"
 
+#: The echo of a roll-up that a newer one from the same cluster replaced before it was checked.
+SUPERSEDED = "rollup-superseded"
+
 SHED = SESSIONS_SHED  # defined with every other metric in bigfleet.metrics
 
 
@@ -430,6 +452,11 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
         self._lag = lag
         # Share of the last second the sessions' loop was busy (see server.LoopLoad).
         self._busy = busy
+        # Sessions holding a roll-up read but not yet checked, oldest first, and the
+        # one task (on the sessions' loop) that checks them: see _check_rollups.
+        self._ready: OrderedDict[int, OperatorSession] = OrderedDict()
+        self._wake = asyncio.Event()
+        self._checker: asyncio.Task[None] | None = None
 
     async def _shed(self, context: Any, reason: str, detail: str) -> None:
         """End the call with RESOURCE_EXHAUSTED and a retry hint."""
@@ -493,6 +520,8 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
                 f"cannot look up the shard of cluster {cluster_id!r} now; "
                 f"retry after {retry_ms} ms",
             )
+        if self._checker is None or self._checker.done():
+            self._checker = asyncio.create_task(self._check_rollups(), name="session-rollups")
         session = self._hub.open(cluster_id, first.hello.protocol_version)
         session.rate = TokenBucket(self._limits.max_rollups_per_s, self._limits.rollup_burst)
         log.debug("session opened for cluster %s", cluster_id)
@@ -544,7 +573,11 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
                             f"{len(session.outbox)} frames are waiting to be read",
                         )
                         break
-                    session.outbox.put(self._ack(self._rollup(session, msg)))
+                    # Checked by _check_rollups; a newer roll-up read before that
+                    # replaces this one, which is then acknowledged as superseded.
+                    if session.hold(msg):
+                        self._ready[id(session)] = session
+                        self._wake.set()
                 elif kind == "bootstrap_response":
                     if not session.resolve_bootstrap(msg.bootstrap_response):
                         log.warning(
@@ -560,6 +593,8 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
                         shown(msg.reclaim_ack.instruction_id),
                     )
                 elif kind == "hello":
+                    self._ready.pop(id(session), None)
+                    self._answer(session)  # acks keep the order of what they answer
                     session.outbox.put(self._ack("hello-ignored: session already open"))
         except grpc.aio.AioRpcError:
             pass
@@ -567,7 +602,51 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
             session.undecodable = f"a frame does not decode: {err}"
             log.warning("cluster %s: session ended: %s", session.cluster_id, session.undecodable)
         finally:
+            # A roll-up read but not yet checked is answered before the stream ends.
+            self._ready.pop(id(session), None)
+            self._answer(session)
             session.outbox.close()
+
+    async def _check_rollups(self) -> None:
+        """Check the newest roll-up of each session that has one, oldest first, for ever.
+
+        Readers only keep each session's newest roll-up (``OperatorSession.hold``);
+        this one task translates, validates and acknowledges it, and acknowledges
+        the ones it replaced as ``rollup-superseded`` (counted as such) without
+        looking at them. While the shard keeps up, a session holds at most one
+        roll-up and nothing is superseded; under overload a cluster's backlog
+        is never worked through — only its newest roll-up is — so the work ends
+        when the load does, and memory is one frame per session (issue 20).
+        It yields to the readers after every roll-up so they read on meanwhile.
+        """
+        while True:
+            if not self._ready:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            _, session = self._ready.popitem(last=False)
+            self._answer(session)
+            await asyncio.sleep(0)
+
+    def _answer(self, session: OperatorSession) -> None:
+        """Acknowledge the session's held roll-up (checked) and those it replaced (superseded)."""
+        msg, skipped = session.take()
+        if session.outbox.closed:
+            return
+        if skipped:
+            for _ in range(skipped):
+                session.outbox.put(self._ack(f"{SUPERSEDED}: a newer roll-up replaced it"))
+            if isinstance(self._sink, CountingSink):
+                for _ in range(skipped):
+                    self._sink.settled("superseded")
+        if msg is not None:
+            session.outbox.put(self._ack(self._rollup(session, msg)))
+
+    def stop(self) -> None:
+        """Stop the roll-up checker (the server has stopped; call on the sessions' loop)."""
+        if self._checker is not None:
+            self._checker.cancel()
+            self._checker = None
 
     def _rollup(self, session: OperatorSession, msg: shard_pb2.OperatorMessage) -> str:
         try:
