@@ -36,7 +36,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import assert_never
+from typing import Protocol, assert_never
 
 from bigfleet.shard.choices import TransferProfile
 from bigfleet.shard.core import (
@@ -62,13 +62,13 @@ from shard_engine.coordination import (
 )
 from shard_engine.dealing import Dealable, deal, rack_of
 from shard_engine.engine import EngineConfig, ShardEngine
-from shard_engine.model import MachineRecord, MachineState, Need, Shortfall
+from shard_engine.model import Action, MachineRecord, MachineState, Need, Shortfall
 from simulator import engines as ops
 from simulator.cluster import ClusterModel
 from simulator.engines import Applied, Engines, LocalEngines, Result, WorkerEngines
 from simulator.fleet import Fleet
 
-__all__ = ["BigFleetOptions", "BigFleetPolicy"]
+__all__ = ["BigFleetOptions", "BigFleetPolicy", "CoreTap"]
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,14 @@ class BigFleetOptions:
     engine: EngineConfig = field(default_factory=EngineConfig)
     #: Worker processes holding the engines (1: in this process). Decisions do not depend on it.
     workers: int = 1
+
+
+class CoreTap(Protocol):
+    """Sees what each shard's core is given and what it issues (the recorded-ops golden)."""
+
+    def plan(self, shard_id: str, now: float, actions: Sequence[Action]) -> None: ...
+
+    def operation(self, shard_id: str, op: Operation) -> None: ...
 
 
 @dataclass(slots=True)
@@ -187,6 +195,8 @@ class _VirtualActuator:
 
     async def start(self, op: Operation) -> Started:
         shard, policy = self._shard, self._shard.policy
+        if policy.tap is not None:
+            policy.tap.operation(shard.shard_id, op)
         match op:
             case ProvisionOp():
                 kind = "provision" if op.create else "assign"
@@ -222,9 +232,15 @@ class BigFleetPolicy:
     name = "bigfleet"
 
     def __init__(
-        self, fleet: Fleet, clusters: Mapping[str, ClusterModel], options: BigFleetOptions
+        self,
+        fleet: Fleet,
+        clusters: Mapping[str, ClusterModel],
+        options: BigFleetOptions,
+        *,
+        tap: CoreTap | None = None,
     ) -> None:
         self.fleet = fleet
+        self.tap = tap
         self.clusters = clusters
         self.options = options
         self.shards: dict[str, _Shard] = {}
@@ -299,6 +315,8 @@ class BigFleetPolicy:
             self._next_cycle = now + self.options.cycle_interval_s
             plans = self.engines.call_each(self.shards, ops.cycle, now)
             for shard, actions in zip(self.shards.values(), plans, strict=True):
+                if self.tap is not None:
+                    self.tap.plan(shard.shard_id, now, actions)
                 run_now(shard.core.execute(actions))
         if now >= self._next_report:
             self._next_report = now + self.options.report_interval_s

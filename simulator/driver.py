@@ -25,7 +25,7 @@ from clusters.packing import DEFAULT_HEURISTIC, Heuristic
 from providers.clock import ManualScheduler
 from shard_engine.engine import EngineConfig
 from simulator.baseline import BaselineOptions, BaselinePolicy
-from simulator.bigfleet_policy import BigFleetOptions, BigFleetPolicy
+from simulator.bigfleet_policy import BigFleetOptions, BigFleetPolicy, CoreTap
 from simulator.cluster import ClusterModel
 from simulator.fleet import Fleet, FleetOptions
 from simulator.metrics import Recorder
@@ -88,7 +88,12 @@ def _gpu_clusters(trace: Trace) -> frozenset[str]:
 
 
 def _policy(
-    name: str, fleet: Fleet, clusters: dict[str, ClusterModel], o: RunOptions, trace: Trace
+    name: str,
+    fleet: Fleet,
+    clusters: dict[str, ClusterModel],
+    o: RunOptions,
+    trace: Trace,
+    tap: CoreTap | None = None,
 ) -> Policy:
     if name == "baseline":
         return BaselinePolicy(fleet, clusters, o.baseline, gpu_clusters=_gpu_clusters(trace))
@@ -99,15 +104,24 @@ def _policy(
         engine=o.engine,
         workers=o.workers,
     )
-    policy = BigFleetPolicy(fleet, clusters, options)
+    policy = BigFleetPolicy(fleet, clusters, options, tap=tap)
     policy.name = name
     return policy
 
 
 def run_policy(
-    trace: Trace, policy_name: str, options: RunOptions, *, progress: Progress | None = None
+    trace: Trace,
+    policy_name: str,
+    options: RunOptions,
+    *,
+    progress: Progress | None = None,
+    tap: CoreTap | None = None,
 ) -> PolicyResult:
-    """Replay ``trace`` under one policy on a fresh fleet; returns its result."""
+    """Replay ``trace`` under one policy on a fresh fleet; returns its result.
+
+    ``tap`` sees every plan the BigFleet shards' cores are given and every
+    operation they issue (ignored by the baseline).
+    """
     if policy_name not in POLICIES:
         raise ValueError(f"policy: unknown {policy_name!r}; choose from {', '.join(POLICIES)}")
     started = time.perf_counter()
@@ -127,7 +141,7 @@ def run_policy(
         c: ClusterModel(c, heuristic=options.heuristic, gap=gap, notify=touched)
         for c in trace.clusters
     }
-    policy = _policy(policy_name, fleet, clusters, options, trace)
+    policy = _policy(policy_name, fleet, clusters, options, trace, tap)
     try:
         policy.start(0.0)
         fleet.drain_changes()

@@ -56,12 +56,12 @@ def test_nodes_match_the_providers_and_no_machine_has_two_owners() -> None:
         policy.tick(now)
         fleet.scheduler.advance(1.0)
         now += 1.0
-    owned = [set(s.owned) for s in policy.shards.values()]
+    owned = [set(s.state.owned) for s in policy.shards.values()]
     assert sum(len(o) for o in owned) == len(set().union(*owned)), "a machine has two owners"
     nodes = 0
     for cluster in clusters.values():
         for mid in cluster.node_ids():
-            machine = fleet.providers[policy.shards[policy.owner[mid]].owned[mid]].get(mid)
+            machine = fleet.providers[policy.shards[policy.owner[mid]].state.owned[mid]].get(mid)
             assert machine.state is State.CONFIGURED
             assert machine.cluster == cluster.cluster_id
             nodes += 1
