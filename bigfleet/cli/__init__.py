@@ -10,6 +10,7 @@ module of its own (see bigfleet/README.md, "Adding a command"):
     mounts.py       provider, simulate, nanook (groups other packages define)
     dev.py  shard.py  coordinator.py  membership.py  deployment.py
     drains.py  needs.py  machines.py
+    adoption.py     pause, dry-run, resume, budgets, why, shadow (issue 19)
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 import typer
 
 from bigfleet.cli import (
+    adoption,
     coordinator,
     deployment,
     dev,
@@ -56,6 +58,12 @@ app.command("drains")(drains.drains_list)
 app.command("needs")(needs.needs_list)
 app.command("machines")(machines.machines_list)
 app.add_typer(machines.machine_app, name="machine")
+app.command("pause")(adoption.pause)
+app.command("dry-run")(adoption.dry_run)
+app.command("resume")(adoption.resume)
+app.command("budgets")(adoption.budgets_list)
+app.add_typer(adoption.why_app, name="why")
+app.add_typer(adoption.shadow_app, name="shadow")
 
 
 def main() -> None:

@@ -23,10 +23,15 @@ def shards_list(ctx: typer.Context, database_url: DatabaseOption = None) -> None
         return
 
     async def main() -> None:
+        from bigfleet.store.controls import ALL_SHARDS, Control, ControlStore
+
         async with connections.open_store(database_url) as store:
             rows = await store.shards()
+            controls = await ControlStore(store.engine).all()
+        fleet = controls.get(ALL_SHARDS)
         typer.echo(
-            f"{'shard':<12} {'state':<9} {'epoch':>5} {'clusters':>8} {'machines':>8}  lease"
+            f"{'shard':<12} {'state':<9} {'epoch':>5} {'clusters':>8} {'machines':>8}  "
+            f"{'acting':<16} lease"
         )
         for r in rows:
             lease = (
@@ -34,9 +39,23 @@ def shards_list(ctx: typer.Context, database_url: DatabaseOption = None) -> None
                 if r.lease_holder and r.lease_expires_at
                 else "free"
             )
-            typer.echo(
-                f"{r.id:<12} {r.state:<9} {r.epoch:>5} {r.clusters:>8} {r.machines:>8}  {lease}"
+            # Pause, dry run (bigfleet pause / dry-run, this shard's or --all's) and shadow.
+            control = controls.get(r.id, Control(r.id)).combined(fleet)
+            acting = (
+                "shadow"
+                if control.shadow
+                else "paused"
+                if control.paused
+                else "dry-run"
+                if control.dry_run
+                else "active"
             )
+            typer.echo(
+                f"{r.id:<12} {r.state:<9} {r.epoch:>5} {r.clusters:>8} {r.machines:>8}  "
+                f"{acting:<16} {lease}"
+            )
+            if control.reason:
+                typer.echo(f"{'':<12} {acting}: {control.reason} ({control.changed_by or '?'})")
 
     runtime.run(main())
 
