@@ -4,7 +4,9 @@ Suites: ``cycle`` (the shard engine), ``lifecycle`` (machine transitions
 through Temporal), ``packing`` (vector bin packing heuristics), ``simulate``
 (the simulator's speed at fleet scale), ``nanook`` (the Nanook adapter's
 answers), ``ingest`` (roll-up acks and sessions on one shard process),
-``churn`` (reclaims and flaps under changing demand), ``reconcile`` (one
+``churn`` (reclaims and flaps under changing demand), ``soak`` (minutes of
+fleet-rate ingestion on one shard: RSS, descriptors, ack latency and cycle
+time every 10 s, with a plot), ``reconcile`` (one
 comparison of providers, record and engine), ``probe`` (one container
 healthcheck, ``bigfleet health``), ``all`` (every suite in turn).
 Each line is
@@ -24,6 +26,7 @@ SUITES = {
     "nanook": "bench.nanook",
     "ingest": "bench.ingest",
     "churn": "bench.churn",
+    "soak": "bench.soak",
     "reconcile": "bench.reconcile",
     "probe": "bench.probe",
 }

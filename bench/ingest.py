@@ -42,6 +42,7 @@ import atexit
 import contextlib
 import gc
 import json
+import math
 import os
 import random
 import re
@@ -102,8 +103,15 @@ class LoadResult:
     acked: int = 0
     shed: int = 0
     latencies_ms: list[float] = field(default_factory=list)
+    # Beside each latency: when that roll-up was scheduled, seconds after the start.
+    sent_s: list[float] = field(default_factory=list)
+    # Every scheduled send, seconds after the start (acknowledged or not).
+    scheduled_s: list[float] = field(default_factory=list)
     seconds: float = 0.0
     hello_retries: int = 0
+    start: float = 0.0
+    # Hello round trips of the live sessions (``peers``).
+    hello_ms: list[float] = field(default_factory=list)
 
 
 _PLACEHOLDER_TS = 1 << 62  # encodes in 9 varint bytes, as every time.time_ns() until 2262
@@ -219,6 +227,7 @@ class Session:
                     if now <= until + 5:
                         result.acked += 1
                         result.latencies_ms.append((now - sent) * 1000)
+                        result.sent_s.append(sent - result.start)
                 self.answered.set()
         except grpc.aio.AioRpcError as err:
             if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
@@ -259,6 +268,9 @@ async def run_load(args: argparse.Namespace) -> LoadResult:
         for s in live:
             s.frames = Frames(s.cluster_id, args.needs, ring, unmet=args.unmet)
     start = time.monotonic() + args.delay
+    if args.start_at:  # a wall-clock instant shared with other load processes
+        start = time.monotonic() + max(0.0, args.start_at - time.time())
+    result.start = start
     until = start + args.seconds
     await asyncio.sleep(max(0.0, start - time.monotonic()))
     readers = [asyncio.create_task(s.read_acks(result, until)) for s in live]
@@ -294,11 +306,14 @@ async def run_load(args: argparse.Namespace) -> LoadResult:
             if s.open:
                 queues[i].put_nowait(due)
                 result.sent += 1
+                result.scheduled_s.append(due - start)
                 nxt = due + period
                 # keep the list sorted: the next slot of this session goes to the end
                 pending.append((nxt, i))
         for w in writers:
             w.cancel()
+    elif args.mode == "peers":
+        await _live_beside_silent_peers(args, result, until)
     else:  # idle: hold the sessions open
         await asyncio.sleep(max(0.0, until - time.monotonic()))
     await asyncio.sleep(1.0 if args.mode != "idle" else 0)
@@ -313,6 +328,47 @@ async def run_load(args: argparse.Namespace) -> LoadResult:
     return result
 
 
+async def _live_beside_silent_peers(
+    args: argparse.Namespace, result: LoadResult, until: float
+) -> None:
+    """``peers``: the sessions opened above stay silent; half-open connections are held
+    beside them (a TCP connect and half an HTTP/2 preface, then nothing); live clusters
+    then open sessions on their own channels, one Hello each (timed), and send a roll-up
+    every half second, waiting for each ack (timed)."""
+    host, _, port = args.address.rpartition(":")
+    half_open = []
+    for _ in range(args.half_open):
+        sock = socket.create_connection((host, int(port)))
+        sock.sendall(b"PRI * HTTP/2.0\r\n")  # and never the rest
+        half_open.append(sock)
+    channels = [grpc.aio.insecure_channel(args.address) for _ in range(args.live)]
+    live = [Session(c, f"{args.prefix}-live-{i}") for i, c in enumerate(channels)]
+
+    async def one(s: Session) -> None:
+        t0 = time.monotonic()
+        if await s.hello():
+            return
+        result.hello_ms.append((time.monotonic() - t0) * 1000)
+        s.frames = Frames(s.cluster_id, args.needs, max(1, args.needs), unmet=args.unmet)
+        reader = asyncio.create_task(s.read_acks(result, until))
+        while time.monotonic() < until and s.open:
+            s.answered.clear()
+            await s.send(time.monotonic())
+            result.sent += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(s.answered.wait(), timeout=30)
+            await asyncio.sleep(0.5)
+        await s.close()
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
+
+    await asyncio.gather(*(one(s) for s in live))
+    for c in channels:
+        await c.close(None)
+    for sock in half_open:
+        sock.close()
+
+
 def load_main(args: argparse.Namespace) -> int:
     result = asyncio.run(run_load(args))
     print(
@@ -325,6 +381,10 @@ def load_main(args: argparse.Namespace) -> int:
                 "acked": result.acked,
                 "shed": result.shed,
                 "latencies_ms": [round(x, 3) for x in result.latencies_ms],
+                "sent_s": [round(x, 3) for x in result.sent_s],
+                "scheduled_s": [round(x, 3) for x in result.scheduled_s],
+                "hello_ms": [round(x, 3) for x in result.hello_ms],
+                "start_monotonic": result.start,
             }
         ),
         flush=True,
@@ -411,6 +471,7 @@ async def serve_shard(args: argparse.Namespace) -> None:
     # Each decision cycle's wall and CPU time (the CPU of the shard's loop thread):
     # what the sessions thread's share of the GIL costs the cycle.
     cycle_times: list[tuple[float, float]] = []
+    cycle_ends: list[float] = []  # time.monotonic() (system-wide) as each cycle ended
     engine_cycle = process.engine.cycle
 
     def timed_cycle(*args: Any, **kwargs: Any) -> Any:
@@ -419,6 +480,7 @@ async def serve_shard(args: argparse.Namespace) -> None:
             return engine_cycle(*args, **kwargs)
         finally:
             cycle_times.append((time.perf_counter() - wall, time.thread_time() - cpu))
+            cycle_ends.append(time.monotonic())
 
     process.engine.cycle = timed_cycle  # type: ignore[method-assign]
     objects_at_start = len(gc.get_objects())
@@ -440,6 +502,7 @@ async def serve_shard(args: argparse.Namespace) -> None:
                 "loop_lag_max_ms": round(lag_max * 1000, 1),
                 "cycle_wall_ms": [round(1000 * w, 1) for w, _ in cycle_times],
                 "cycle_cpu_ms": [round(1000 * c, 1) for _, c in cycle_times],
+                "cycle_end_s": [round(t, 3) for t in cycle_ends],
                 "cycles": process.cycles - cycles_before,
                 "needs": summary.needs,
                 "sessions": len(process.hub.clusters()),
@@ -589,21 +652,8 @@ async def _json_line(stream: asyncio.StreamReader, within: float) -> dict[str, A
             return data
 
 
-async def _scenario(
-    stack: Stack,
-    name: str,
-    *,
-    sessions: int,
-    loaders: int,
-    connections: int,
-    mode: str,
-    seconds: float,
-    needs: int,
-    rate: float = 0.0,
-    period: float = 10.0,
-    unmet: bool = False,
-    child: str = "shard",
-) -> None:
+async def _start_shard(stack: Stack, child: str = "shard") -> tuple[Any, Any]:
+    """The process under test (a real shard on a fresh database, or the floor's echo server)."""
     if child == "echo":  # the floor: no shard, no database
         shard = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "bench.ingest", "--child", "echo", stdout=asyncio.subprocess.PIPE
@@ -636,6 +686,25 @@ async def _scenario(
             *(["--plain-gc"] if stack.plain_gc else []),
             stdout=asyncio.subprocess.PIPE,
         )
+    return shard, drop
+
+
+async def _scenario(
+    stack: Stack,
+    name: str,
+    *,
+    sessions: int,
+    loaders: int,
+    connections: int,
+    mode: str,
+    seconds: float,
+    needs: int,
+    rate: float = 0.0,
+    period: float = 10.0,
+    unmet: bool = False,
+    child: str = "shard",
+) -> None:
+    shard, drop = await _start_shard(stack, child)
     assert shard.stdout is not None
     try:
         ready = await _json_line(shard.stdout, 120)
@@ -732,6 +801,10 @@ async def _scenario(
         hellos_retried_after_hint=retried,
         **common,
     )
+    hellos = [x for r in results for x in r.get("hello_ms", [])]
+    if hellos:
+        _emit(name, "hello_p99", _percentile(hellos, 99), "ms", hellos=len(hellos), **common)
+        _emit(name, "hello_max", max(hellos), "ms", **common)
     if mode != "idle":
         _emit(name, "rate", acked / seconds, "1/s", offered=rate or None, **common)
         _emit(name, "ack_p50", _percentile(latencies, 50), "ms", **common)
@@ -782,6 +855,203 @@ async def _scenario(
             cpu_max_ms=max(cpus),
             **common,
         )
+
+
+async def _load(
+    address: str, prefix: str, *, sessions: int, mode: str, seconds: float, **opts: Any
+) -> Any:
+    """One load process (``--child load``) against ``address``; its stdout is piped."""
+    flags: list[str] = []
+    for key, value in opts.items():
+        if value is True:
+            flags.append(f"--{key.replace('_', '-')}")
+        elif value is not False and value is not None:
+            flags += [f"--{key.replace('_', '-')}", str(value)]
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.ingest",
+        "--child",
+        "load",
+        "--address",
+        address,
+        "--prefix",
+        prefix,
+        "--sessions",
+        str(sessions),
+        "--mode",
+        mode,
+        "--seconds",
+        str(seconds),
+        *flags,
+        stdout=asyncio.subprocess.PIPE,
+        limit=1 << 26,
+    )
+
+
+async def _recovery(stack: Stack, args: argparse.Namespace) -> None:
+    """``recovery``: the normal cadence, a burst of overload on top, the cadence again — one shard.
+
+    ``--clusters`` clusters send one 5-need roll-up every 10 s throughout
+    (``warm`` + ``burst`` + ``after`` seconds); during the burst 200 more
+    clusters offer ``--burst-rate`` roll-ups/s open loop (about twice what one
+    shard process acknowledges here). What issue 20 asks of it: the cadence
+    is acknowledged within its 10 s again soon after the burst ends (its
+    staged and queued roll-ups superseded, not worked through), and the
+    shard's memory returns to its level before the burst. The cadence's ack
+    latency is reported per 5-s window of send time, and the shard's RSS
+    each second.
+    """
+    name = "recovery"
+    warm, burst, after = args.warm_seconds, args.burst_seconds, args.after_seconds
+    period = 10.0
+    shard, drop = await _start_shard(stack)
+    assert shard.stdout is not None
+    rss: list[tuple[float, int]] = []
+    try:
+        ready = await _json_line(shard.stdout, 120)
+        address, pid = ready["address"], int(ready["pid"])
+        await asyncio.sleep(1.0)
+        rss_start = _rss_kib(pid)
+        start_at = time.time() + 10.0 + args.clusters / 400
+        total = warm + burst + after
+        halves = [args.clusters // 2, args.clusters - args.clusters // 2]
+        steady = [
+            await _load(
+                address,
+                f"steady-{i}",
+                sessions=n,
+                connections=n,
+                mode="cadence",
+                seconds=total,
+                needs=5,
+                period=period,
+                unmet=True,
+                start_at=start_at,
+            )
+            for i, n in enumerate(halves)
+        ]
+        flood = await _load(
+            address,
+            "burst",
+            sessions=200,
+            connections=200,
+            mode="open",
+            seconds=burst,
+            needs=20,
+            rate=args.burst_rate,
+            start_at=start_at + warm,
+        )
+        for proc in (*steady, flood):
+            await _json_line(proc.stdout, 300)  # sessions opened
+        t0 = time.monotonic() + max(0.0, start_at - time.time())
+
+        async def sample() -> None:
+            while True:
+                rss.append((time.monotonic() - t0, _rss_kib(pid)))
+                await asyncio.sleep(1.0)
+
+        sampler = asyncio.create_task(sample())
+        results = [await _json_line(proc.stdout, total + 300) for proc in steady]
+        burst_result = await _json_line(flood.stdout, total + 300)
+        for proc in (*steady, flood):
+            await proc.wait()
+        sampler.cancel()
+        shard.send_signal(signal.SIGTERM)
+        stats = await _json_line(shard.stdout, 60)
+    finally:
+        if shard.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                shard.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(shard.wait(), 20)
+            except TimeoutError:
+                shard.kill()
+        await drop()
+    pairs = [
+        (sent, ms) for r in results for sent, ms in zip(r["sent_s"], r["latencies_ms"], strict=True)
+    ]
+    scheduled = [t for r in results for t in r["scheduled_s"]]
+    end_burst = warm + burst
+    windows = []
+    for w in range(math.ceil(total / 5)):
+        lo, hi = 5.0 * w, 5.0 * (w + 1)
+        lat = [ms for sent, ms in pairs if lo <= sent < hi]
+        due = sum(1 for t in scheduled if lo <= t < hi)
+        within = sum(1 for ms in lat if ms <= period * 1000)
+        windows.append((lo, due, within, _percentile(lat, 99)))
+
+    def settled_from(k: int) -> bool:
+        """Every window from ``k`` on has (nearly) every roll-up acked within its 10 s."""
+        return all(
+            due == 0 or (within / due >= 0.99 and p99 <= period * 1000)
+            for _, due, within, p99 in windows[k:]
+        )
+
+    recovered = next(
+        (
+            lo - end_burst
+            for k, (lo, *_r) in enumerate(windows)
+            if lo >= end_burst and settled_from(k)
+        ),
+        float("nan"),
+    )
+    common = {"clusters": args.clusters, "burst_rate": args.burst_rate, "burst_s": burst}
+
+    def phase(lo: float, hi: float) -> list[float]:
+        return [ms for sent, ms in pairs if lo <= sent < hi]
+
+    _emit(name, "cadence_p99_before", _percentile(phase(5.0, warm), 99), "ms", **common)
+    _emit(name, "cadence_p99_burst", _percentile(phase(warm, end_burst), 99), "ms", **common)
+    settled = phase(end_burst + 30.0, total)
+    _emit(name, "cadence_p99_after_30s", _percentile(settled, 99), "ms", **common)
+    _emit(name, "cadence_p50_after_30s", _percentile(settled, 50), "ms", **common)
+    _emit(
+        name,
+        "recovered_after",
+        recovered,
+        "s",
+        note="from the burst's end until every later 5-s window has >= 99 % acked within 10 s",
+        **common,
+    )
+    _emit(
+        name,
+        "burst_acked_rate",
+        burst_result["acked"] / max(burst, 1e-9),
+        "1/s",
+        offered=args.burst_rate,
+        shed=burst_result["shed"],
+        **common,
+    )
+
+    def rss_at(t: float) -> float:
+        before = [kib for when, kib in rss if when <= t]
+        return (before[-1] if before else rss_start) / 1024
+
+    peak = max((kib for _, kib in rss), default=rss_start) / 1024
+    _emit(
+        name,
+        "rss",
+        rss_at(end_burst + after),
+        "MiB",
+        start_mib=round(rss_start / 1024, 1),
+        before_burst_mib=round(rss_at(warm), 1),
+        peak_mib=round(peak, 1),
+        after_30s_mib=round(rss_at(end_burst + 30.0), 1),
+        **common,
+    )
+    _emit(
+        name,
+        "windows",
+        len(windows),
+        "windows",
+        p99_ms=[round(p, 1) for *_r, p in windows],
+        acked_within_share=[round(wi / d, 3) if d else None for _, d, wi, _p in windows],
+        **common,
+    )
+    walls = stats.get("cycle_wall_ms", [])
+    if walls:
+        _emit(name, "cycle_wall_max", max(walls), "ms", cycles=len(walls), **common)
 
 
 def _cpu_seconds(pid: int, tid: int | None = None) -> float:
@@ -843,8 +1113,11 @@ async def run(args: argparse.Namespace) -> int:
         "overload": closed
         | dict(sessions=40, connections=40, mode="open", rate=args.overload_rate),
         "floor": closed | dict(child="echo"),
+        # 200 silent sessions and 50 half-open connections held while 20 live clusters
+        # open sessions and send roll-ups: their Hello and ack latencies.
+        "peers": closed | dict(sessions=200, loaders=1, connections=200, mode="peers"),
     }
-    unknown = [s for s in wanted if s not in shapes]
+    unknown = [s for s in wanted if s not in shapes and s != "recovery"]
     if unknown:
         print(f"unknown scenario {unknown[0]!r} (known: {', '.join(shapes)})", file=sys.stderr)
         await provider.stop(grace=None)
@@ -852,7 +1125,10 @@ async def run(args: argparse.Namespace) -> int:
         return 2
     try:
         for scenario in wanted:
-            await _scenario(stack, scenario, **shapes[scenario])
+            if scenario == "recovery":
+                await _recovery(stack, args)
+            else:
+                await _scenario(stack, scenario, **shapes[scenario])
     finally:
         await provider.stop(grace=None)
         await env.shutdown()
@@ -871,6 +1147,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--open-rate", type=float, default=2000.0, help="roll-ups/s offered")
     parser.add_argument("--overload-rate", type=float, default=12000.0, help="roll-ups/s")
     parser.add_argument("--clusters", type=int, default=2000, help="cadence scenario clusters")
+    parser.add_argument("--burst-rate", type=float, default=4000.0, help="recovery: roll-ups/s")
+    parser.add_argument("--warm-seconds", type=float, default=30.0, help="recovery: before")
+    parser.add_argument("--burst-seconds", type=float, default=60.0, help="recovery: the burst")
+    parser.add_argument("--after-seconds", type=float, default=60.0, help="recovery: after it")
     parser.add_argument("--idle-sessions", type=int, default=20000)
     parser.add_argument(
         "--idle-connections",
@@ -906,7 +1186,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rate", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--period", type=float, default=10.0, help=argparse.SUPPRESS)
     parser.add_argument("--delay", type=float, default=2.0, help=argparse.SUPPRESS)
+    parser.add_argument("--start-at", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--unmet", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--half-open", type=int, default=50, help=argparse.SUPPRESS)
+    parser.add_argument("--live", type=int, default=20, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child == "shard":
         status = shard_main(args)

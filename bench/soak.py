@@ -1,0 +1,248 @@
+"""A long run of fleet-rate ingestion on one shard: does anything grow?
+
+``python -m bench soak [--minutes N] [--rate R] [--clusters C] [--plot PATH]``
+
+    Temporal dev server · PostgreSQL · simulated cloud (some quota, so
+    machines are created, configured and released as demand moves)
+    one real shard process (``bench ingest``'s shard child)
+    two load processes: C clusters, together R roll-ups/s, open loop, each
+    roll-up a changed 5-need demand
+
+Every 10 s the shard's resident memory and open descriptors are sampled;
+ack latency (p50, p99, from the scheduled send) and decision-cycle wall
+time are binned into the same 10-s windows afterwards (both processes use
+the system-wide monotonic clock). Prints one JSON line per window and a
+summary; writes a PNG plot. ``memory_growth`` compares the last window's
+RSS with the RSS when warm-up ends (the first fifth of the run, at least
+one minute): issue 20 asks at most 5 % over an hour. ``make bench`` runs
+the 5-minute version; the hour is ``--minutes 60`` on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.ingest import (
+    Stack,
+    _free_port,
+    _json_line,
+    _load,
+    _percentile,
+    _rss_kib,
+    _start_shard,
+)
+
+WINDOW_S = 10.0
+
+
+def _fds(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return -1
+
+
+def _loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def _emit(metric: str, value: Any, unit: str, **extra: Any) -> None:
+    line = {"bench": "soak", "metric": metric, "value": value, "unit": unit, **extra}
+    line["loadavg"] = _loadavg()
+    print(json.dumps(line), flush=True)
+
+
+async def soak(args: argparse.Namespace) -> int:
+    from bigfleet.temporal import start_dev_server
+    from providers.config import ProviderConfig
+    from providers.server import start_provider_server
+
+    env = await start_dev_server(port=_free_port(), ui=False)
+    provider = await start_provider_server(
+        ProviderConfig(
+            kind="sim-cloud", time_factor=0.001, quota_scale=0.2, interruption_scale=0.0
+        ),
+        "127.0.0.1:0",
+    )
+    stack = Stack(env.client.service_client.config.target_host, provider.address, args.pg)
+    seconds = args.minutes * 60.0
+    samples: list[tuple[float, int, int, str]] = []
+    try:
+        shard, drop = await _start_shard(stack)
+        assert shard.stdout is not None
+        try:
+            ready = await _json_line(shard.stdout, 120)
+            address, pid = ready["address"], int(ready["pid"])
+            start_at = time.time() + 10.0 + args.clusters / 400
+            halves = [args.clusters // 2, args.clusters - args.clusters // 2]
+            loads = [
+                await _load(
+                    address,
+                    f"soak-{i}",
+                    sessions=n,
+                    connections=n,
+                    mode="open",
+                    seconds=seconds,
+                    needs=5,
+                    rate=args.rate * n / args.clusters,
+                    start_at=start_at,
+                )
+                for i, n in enumerate(halves)
+            ]
+            for proc in loads:
+                await _json_line(proc.stdout, 300)
+            t0 = time.monotonic() + max(0.0, start_at - time.time())
+            await asyncio.sleep(max(0.0, t0 - time.monotonic()))
+
+            async def sample() -> None:
+                while True:
+                    samples.append((time.monotonic() - t0, _rss_kib(pid), _fds(pid), _loadavg()))
+                    await asyncio.sleep(WINDOW_S)
+
+            sampler = asyncio.create_task(sample())
+            results = [await _json_line(proc.stdout, seconds + 300) for proc in loads]
+            for proc in loads:
+                await proc.wait()
+            sampler.cancel()
+            shard.send_signal(signal.SIGTERM)
+            stats = await _json_line(shard.stdout, 60)
+        finally:
+            if shard.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    shard.send_signal(signal.SIGTERM)
+                try:
+                    await asyncio.wait_for(shard.wait(), 20)
+                except TimeoutError:
+                    shard.kill()
+            await drop()
+    finally:
+        await provider.stop(grace=None)
+        await env.shutdown()
+    return _report(args, seconds, t0, samples, results, stats)
+
+
+def _report(
+    args: argparse.Namespace,
+    seconds: float,
+    t0: float,
+    samples: list[tuple[float, int, int, str]],
+    results: list[dict[str, Any]],
+    stats: dict[str, Any],
+) -> int:
+    acks = [
+        (r["start_monotonic"] - t0 + sent, ms)
+        for r in results
+        for sent, ms in zip(r["sent_s"], r["latencies_ms"], strict=True)
+    ]
+    scheduled = [r["start_monotonic"] - t0 + t for r in results for t in r["scheduled_s"]]
+    cycles = [
+        (end - t0, wall)
+        for end, wall in zip(
+            stats.get("cycle_end_s", []), stats.get("cycle_wall_ms", []), strict=False
+        )
+    ]
+    rows: list[dict[str, Any]] = []
+    for t, rss, fds, load in samples:
+        lo, hi = t - WINDOW_S, t
+        lat = [ms for when, ms in acks if lo <= when < hi]
+        cyc = [ms for when, ms in cycles if lo <= when < hi]
+        due = sum(1 for when in scheduled if lo <= when < hi)
+        rows.append(
+            {
+                "t_s": round(t, 1),
+                "rss_mib": round(rss / 1024, 1),
+                "fds": fds,
+                "acked": len(lat),
+                "due": due,
+                "ack_p50_ms": round(_percentile(lat, 50), 1),
+                "ack_p99_ms": round(_percentile(lat, 99), 1),
+                "cycle_mean_ms": round(sum(cyc) / len(cyc), 1) if cyc else None,
+                "cycle_max_ms": max(cyc) if cyc else None,
+                "loadavg": load,
+            }
+        )
+        _emit("window", rows[-1]["t_s"], "s", **rows[-1])
+    warm = max(60.0, seconds / 5)
+    after = [r for r in rows if r["t_s"] >= warm]
+    growth = float("nan")
+    if len(after) >= 2:
+        growth = 100.0 * (after[-1]["rss_mib"] - after[0]["rss_mib"]) / after[0]["rss_mib"]
+    all_lat = [ms for _, ms in acks]
+    _emit(
+        "memory_growth",
+        round(growth, 2),
+        "%",
+        after_warmup_s=warm,
+        rss_first_mib=after[0]["rss_mib"] if after else None,
+        rss_last_mib=after[-1]["rss_mib"] if after else None,
+        minutes=args.minutes,
+    )
+    _emit("fds_max", max((r["fds"] for r in rows), default=0), "fds")
+    _emit(
+        "acked",
+        len(all_lat),
+        "rollups",
+        scheduled=len(scheduled),
+        ack_p50_ms=round(_percentile(all_lat, 50), 1),
+        ack_p99_ms=round(_percentile(all_lat, 99), 1),
+        rate=args.rate,
+        clusters=args.clusters,
+    )
+    walls = [w for _, w in cycles]
+    if walls:
+        _emit("cycle_wall_mean", round(sum(walls) / len(walls), 1), "ms", max_ms=max(walls))
+    if args.plot:
+        _plot(rows, Path(args.plot), title=f"soak: {args.minutes:g} min, {args.rate:g} roll-ups/s")
+        _emit("plot", args.plot, "png")
+    return 0
+
+
+def _plot(rows: list[dict[str, Any]], path: Path, *, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    minutes = [r["t_s"] / 60 for r in rows]
+    fig, axes = plt.subplots(4, 1, figsize=(8, 10), sharex=True)
+    axes[0].plot(minutes, [r["rss_mib"] for r in rows])
+    axes[0].set_ylabel("shard RSS (MiB)")
+    axes[1].plot(minutes, [r["fds"] for r in rows])
+    axes[1].set_ylabel("open fds")
+    axes[2].plot(minutes, [r["ack_p50_ms"] for r in rows], label="p50")
+    axes[2].plot(minutes, [r["ack_p99_ms"] for r in rows], label="p99")
+    axes[2].set_ylabel("ack latency (ms)")
+    axes[2].set_yscale("log")
+    axes[2].legend()
+    axes[3].plot(minutes, [r["cycle_mean_ms"] or float("nan") for r in rows], label="mean")
+    axes[3].plot(minutes, [r["cycle_max_ms"] or float("nan") for r in rows], label="max")
+    axes[3].set_ylabel("cycle wall (ms)")
+    axes[3].set_xlabel("minutes")
+    axes[3].legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench soak", description=__doc__)
+    parser.add_argument("--minutes", type=float, default=5.0, help="length of the run")
+    parser.add_argument("--rate", type=float, default=2000.0, help="roll-ups/s offered")
+    parser.add_argument("--clusters", type=int, default=2000, help="clusters (sessions)")
+    parser.add_argument("--plot", default=".bigfleet/soak.png", help="PNG to write ('' for none)")
+    parser.add_argument("--pg", default=None, help="PostgreSQL admin URL (default: machine's)")
+    args = parser.parse_args(argv)
+    status = asyncio.run(soak(args))
+    sys.stdout.flush()
+    return status
