@@ -48,7 +48,7 @@ class DecisionSink(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class LogLimits:
-    """The log's bounds (documented in ``docs/decisions.md``)."""
+    """The log's bounds (ADR 0143: a week, a million rows per shard)."""
 
     retention_seconds: float = 7 * 24 * 3600.0
     max_rows_per_shard: int = 1_000_000
