@@ -3,31 +3,29 @@
 It behaves as a real operator would on the wire: Hello first, full-replacement
 roll-ups with increasing timestamps, a ``BootstrapBlobResponse`` echoing each
 ``request_id``, a ``ReclaimAck`` for each reclaim instruction, and it keeps the
-latest ``NodeStateUpdate`` per machine as its view of upcoming nodes.
+latest ``NodeStateUpdate`` per machine as its view of upcoming nodes. Dialling,
+reconnecting and following redirects are ``clusters.session.OperatorSession``'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import math
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import cast
 
 import grpc
 
-from bigfleet.v1alpha1 import capacity_pb2, provider_pb2, shard_pb2, shard_pb2_grpc
+from bigfleet.v1alpha1 import capacity_pb2, provider_pb2, shard_pb2
+from clusters.session import OperatorSession, insecure_channel
 
 log = logging.getLogger(__name__)
 
 __all__ = ["ClusterNode", "DemandPattern", "SimulatedCluster"]
-
-PROTOCOL_VERSION = "bigfleet.v1alpha1"
 
 
 @dataclass(frozen=True)
@@ -88,13 +86,11 @@ class SimulatedCluster:
         standbys: Sequence[str] = (),
     ) -> None:
         self.cluster_id = cluster_id
-        # Addresses of the shard's other processes (a standby for its lease): a
-        # session ending UNAVAILABLE (the process stopped acting, or is gone) tries
-        # the next one, as an operator behind a service address would reach them.
-        self._addresses = [shard_address, *[a for a in standbys if a != shard_address]]
         # Mutual TLS: called on every (re)connect, so a rotated certificate is picked up.
         self.credentials = credentials
-        self.shard_address = shard_address
+        self.session = OperatorSession(
+            cluster_id, shard_address, self, channel_factory=self._channel, standbys=standbys
+        )
         self.demand = demand
         self.rollup_interval_s = rollup_interval_s
         self.clock = clock
@@ -104,24 +100,30 @@ class SimulatedCluster:
         self.bootstrap_requests = 0
         self.reclaims: list[shard_pb2.ReclaimInstruction] = []
         self.connected = asyncio.Event()
-        # Shard addresses this operator was redirected to (its cluster moved shard).
-        self.redirects: list[str] = []
-        # How each session ended (gRPC status code names), oldest first.
-        self.endings: list[str] = []
         self._started = clock()
-        self._outbox: asyncio.Queue[shard_pb2.OperatorMessage | None] = asyncio.Queue()
-        self._task: asyncio.Task[None] | None = None
 
     # ----------------------------------------------------------- running
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run_forever(), name=f"cluster-{self.cluster_id}")
+        self.session.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self.session.stop()
+
+    @property
+    def shard_address(self) -> str:
+        """Where the operator's session dials now (after redirects and standby rotation)."""
+        return self.session.shard_address
+
+    @property
+    def redirects(self) -> list[str]:
+        """Shard addresses this operator was redirected to (its cluster moved shard)."""
+        return self.session.redirects
+
+    @property
+    def endings(self) -> list[str]:
+        """How each session ended (gRPC status code names), oldest first."""
+        return self.session.endings
 
     def configured_nodes(self) -> list[ClusterNode]:
         configured = provider_pb2.MACHINE_STATE_CONFIGURED
@@ -164,91 +166,46 @@ class SimulatedCluster:
             out["nvidia.com/gpu"] = f"{round(d.min_unit_gpus)}"
         return out
 
-    async def _run_forever(self) -> None:
-        backoff = 0.2
-        while True:
-            try:
-                await self._session()
-                backoff = 0.2
-            except grpc.aio.AioRpcError as err:
-                log.info("cluster %s: session ended: %s", self.cluster_id, err.code().name)
-                self.endings.append(err.code().name)
-                if (
-                    err.code() == grpc.StatusCode.UNAVAILABLE
-                    and self.shard_address in self._addresses
-                ):
-                    at = self._addresses.index(self.shard_address)
-                    self.shard_address = self._addresses[(at + 1) % len(self._addresses)]
-                moved_to = _redirect(err)
-                if moved_to and moved_to != self.shard_address:
-                    log.info(
-                        "cluster %s: now served at %s; reconnecting", self.cluster_id, moved_to
-                    )
-                    self.shard_address = moved_to
-                    self.redirects.append(moved_to)
-                    backoff = 0.2
-            self.connected.clear()
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 5.0)
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        if self.credentials is None:
+            return insecure_channel(address)
+        return grpc.aio.secure_channel(address, self.credentials())
 
-    async def _requests(self) -> AsyncIterator[shard_pb2.OperatorMessage]:
-        yield shard_pb2.OperatorMessage(
-            hello=shard_pb2.Hello(cluster_id=self.cluster_id, protocol_version=PROTOCOL_VERSION)
-        )
-        while True:
-            msg = await self._outbox.get()
-            if msg is None:
-                return
-            yield msg
+    # ------------------------------------------------- clusters.session.SessionHandler
 
-    async def _rollups(self) -> None:
+    def opened(self, ack: shard_pb2.Acknowledgement) -> None:
+        self.acks.append(ack.echo)
+        self.connected.set()
+
+    async def sending(self) -> None:
+        """A full roll-up every ``rollup_interval_s`` while the session lasts."""
         while True:
-            await self._outbox.put(shard_pb2.OperatorMessage(rollup=self.rollup()))
+            await self.session.send(shard_pb2.OperatorMessage(rollup=self.rollup()))
             await asyncio.sleep(self.rollup_interval_s)
 
-    async def _session(self) -> None:
-        self._outbox = asyncio.Queue()
-        async with (
-            grpc.aio.secure_channel(self.shard_address, self.credentials())
-            if self.credentials is not None
-            else grpc.aio.insecure_channel(self.shard_address)
-        ) as channel:
-            stub = shard_pb2_grpc.ShardStub(channel)
-            call = stub.Session(self._requests())
-            sender: asyncio.Task[None] | None = None
-            try:
-                async for frame in call:
-                    kind = frame.WhichOneof("payload")
-                    if kind == "ack":
-                        self.acks.append(frame.ack.echo)
-                        if frame.ack.echo == "hello":
-                            self.connected.set()
-                            sender = asyncio.create_task(self._rollups())
-                        elif frame.ack.echo.startswith("rollup-rejected"):
-                            log.warning("cluster %s: %s", self.cluster_id, frame.ack.echo)
-                    elif kind == "bootstrap_request":
-                        await self._outbox.put(self._bootstrap(frame.bootstrap_request))
-                    elif kind == "node_state_update":
-                        self._node_update(frame.node_state_update)
-                    elif kind == "reclaim_instruction":
-                        self.reclaims.append(frame.reclaim_instruction)
-                        await self._outbox.put(
-                            shard_pb2.OperatorMessage(
-                                reclaim_ack=shard_pb2.ReclaimAck(
-                                    instruction_id=frame.reclaim_instruction.instruction_id,
-                                    nodes_started=len(frame.reclaim_instruction.nodes),
-                                )
-                            )
-                        )
-            finally:
-                if sender is not None:
-                    sender.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await sender
-                # End this session's request stream. A call the shard ended is not
-                # cancelled by closing the channel, so gRPC's task that feeds it from
-                # _requests() would wait on this queue for ever (one task per session).
-                self._outbox.put_nowait(None)
+    async def received(self, frame: shard_pb2.ShardMessage) -> None:
+        kind = frame.WhichOneof("payload")
+        if kind == "ack":
+            self.acks.append(frame.ack.echo)
+            if frame.ack.echo.startswith("rollup-rejected"):
+                log.warning("cluster %s: %s", self.cluster_id, frame.ack.echo)
+        elif kind == "bootstrap_request":
+            await self.session.send(self._bootstrap(frame.bootstrap_request))
+        elif kind == "node_state_update":
+            self._node_update(frame.node_state_update)
+        elif kind == "reclaim_instruction":
+            self.reclaims.append(frame.reclaim_instruction)
+            await self.session.send(
+                shard_pb2.OperatorMessage(
+                    reclaim_ack=shard_pb2.ReclaimAck(
+                        instruction_id=frame.reclaim_instruction.instruction_id,
+                        nodes_started=len(frame.reclaim_instruction.nodes),
+                    )
+                )
+            )
+
+    def closed(self, ending: str) -> None:
+        self.connected.clear()
 
     def _bootstrap(self, req: shard_pb2.BootstrapRequest) -> shard_pb2.OperatorMessage:
         self.bootstrap_requests += 1
@@ -277,12 +234,3 @@ class SimulatedCluster:
         self.nodes[upd.machine_id] = ClusterNode(
             upd.machine_id, int(upd.state), upd.node_name, upd.last_error, dict(upd.labels)
         )
-
-
-def _redirect(err: grpc.aio.AioRpcError) -> str:
-    """The address a shard told us to reconnect to (trailing metadata), or ''."""
-    if err.code() != grpc.StatusCode.ABORTED:
-        return ""
-    pairs = cast("Iterable[tuple[str, str | bytes]]", err.trailing_metadata() or ())
-    value = dict(pairs).get("bigfleet-shard-address", "")
-    return value if isinstance(value, str) else ""

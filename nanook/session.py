@@ -4,9 +4,10 @@ It dials the shard, sends Hello with the cluster id, then full-replacement
 roll-ups whenever the pool's demand changes (and on a cadence, so a
 restarted shard hears from it soon). It answers BootstrapRequests from the
 pool's template, acknowledges ReclaimInstructions, and feeds node states and
-capacity hints into the :class:`~nanook.pool.WorkerPool`. A lost session is
-redialled with back-off; an ``ABORTED`` end naming another shard's address
-(the cluster moved) is followed.
+capacity hints into the :class:`~nanook.pool.WorkerPool`. Dialling, Hello,
+redialling with back-off and following an ``ABORTED`` end that names another
+shard's address (the cluster moved) are ``clusters.session.OperatorSession``'s,
+the client every operator shares; this module is its handler.
 
 Channels are made in one place, :data:`ChannelFactory`, so transport
 security (mTLS with the cluster's certificate) plugs in there.
@@ -18,12 +19,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
-from typing import cast
+from collections.abc import Callable
 
-import grpc
-
-from bigfleet.v1alpha1 import capacity_pb2, shard_pb2, shard_pb2_grpc
+from bigfleet.v1alpha1 import capacity_pb2, shard_pb2
+from clusters.session import ChannelFactory, OperatorSession, insecure_channel
 from nanook.pool import Demand, SupplyHint, WorkerPool
 from shard_engine.quantity import InvalidQuantity, format_quantity, parse_quantity
 
@@ -31,16 +30,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["ChannelFactory", "ShardSession", "insecure_channel", "rollup_message"]
 
-PROTOCOL_VERSION = "bigfleet.v1alpha1"
 RELEASE_EXTENSION = "release"
-
-ChannelFactory = Callable[[str], grpc.aio.Channel]
-"""Opens the channel to a shard address (the one place credentials will go)."""
-
-
-def insecure_channel(address: str) -> grpc.aio.Channel:
-    """A plaintext channel (loopback, tests, and deployments before mTLS)."""
-    return grpc.aio.insecure_channel(address)
 
 
 def rollup_message(
@@ -98,32 +88,33 @@ class ShardSession:
         clock_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         self.cluster_id = cluster_id
-        self.shard_address = shard_address
         self.pool = pool
         self.on_change = on_change
-        self.channel_factory = channel_factory
         self.clock_ns = clock_ns
         self.rollups_sent = 0
         self.last_ack = ""
         self.last_rejection = ""
-        self.sessions = 0
         self._last_ts = 0
         self._kick = asyncio.Event()
-        self._outbox: asyncio.Queue[shard_pb2.OperatorMessage | None] = asyncio.Queue()
-        self._task: asyncio.Task[None] | None = None
-        self._call: (
-            grpc.aio.StreamStreamCall[shard_pb2.OperatorMessage, shard_pb2.ShardMessage] | None
-        ) = None
+        self.session = OperatorSession(
+            cluster_id, shard_address, self, channel_factory=channel_factory, label="nanook"
+        )
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run_forever(), name=f"nanook-{self.cluster_id}")
+        self.session.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self.session.stop()
+
+    @property
+    def shard_address(self) -> str:
+        """Where the session dials now (the redirect's address once the cluster moved)."""
+        return self.session.shard_address
+
+    @property
+    def sessions(self) -> int:
+        """Sessions the shard acknowledged so far."""
+        return self.session.sessions
 
     def kick(self) -> None:
         """Send a roll-up now (the demand changed)."""
@@ -131,8 +122,7 @@ class ShardSession:
 
     def drop(self) -> None:
         """End the current session (tests and operators simulate a broken stream)."""
-        if self._call is not None:
-            self._call.cancel()
+        self.session.drop()
 
     # ----------------------------------------------------------------- internals
 
@@ -141,42 +131,18 @@ class ShardSession:
             self.pool.connected = connected
             self.on_change()
 
-    async def _run_forever(self) -> None:
-        backoff = 0.2
-        while True:
-            try:
-                await self._session()
-                backoff = 0.2
-            except grpc.aio.AioRpcError as err:
-                log.info("nanook %s: session ended: %s", self.cluster_id, err.code().name)
-                moved_to = _redirect(err)
-                if moved_to and moved_to != self.shard_address:
-                    log.info("nanook %s: now served at %s", self.cluster_id, moved_to)
-                    self.shard_address = moved_to
-                    backoff = 0.2
-            except (OSError, asyncio.InvalidStateError) as err:
-                log.warning("nanook %s: session failed: %s", self.cluster_id, err)
-            finally:
-                self._call = None
-                self._set_connected(False)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 5.0)
-
-    async def _requests(self) -> AsyncIterator[shard_pb2.OperatorMessage]:
-        yield shard_pb2.OperatorMessage(
-            hello=shard_pb2.Hello(cluster_id=self.cluster_id, protocol_version=PROTOCOL_VERSION)
-        )
-        while True:
-            msg = await self._outbox.get()
-            if msg is None:
-                return
-            yield msg
-
     def _timestamp(self) -> int:
         self._last_ts = max(self.clock_ns(), self._last_ts + 1)
         return self._last_ts
 
-    async def _rollups(self) -> None:
+    # ------------------------------------------------- clusters.session.SessionHandler
+
+    def opened(self, ack: shard_pb2.Acknowledgement) -> None:
+        self.last_ack = ack.echo
+        self.pool.shard_honours_release = RELEASE_EXTENSION in ack.extensions
+        self._set_connected(True)
+
+    async def sending(self) -> None:
         """Send the demand when it changes, and at least every ``rollup_interval_s``."""
         sent: tuple[int, frozenset[str]] | None = None
         last = 0.0
@@ -187,7 +153,7 @@ class ShardSession:
             current = (demand.workers, demand.release)
             if current != sent or now - last >= self.pool.config.rollup_interval_s:
                 msg = rollup_message(self.cluster_id, self.pool, demand, self._timestamp())
-                await self._outbox.put(shard_pb2.OperatorMessage(rollup=msg))
+                await self.session.send(shard_pb2.OperatorMessage(rollup=msg))
                 self.rollups_sent += 1
                 sent, last = current, now
             self._kick.clear()
@@ -195,51 +161,26 @@ class ShardSession:
                 async with asyncio.timeout(self.pool.config.rollup_interval_s):
                     await self._kick.wait()
 
-    async def _session(self) -> None:
-        self._outbox = asyncio.Queue()
-        async with self.channel_factory(self.shard_address) as channel:
-            stub = shard_pb2_grpc.ShardStub(channel)
-            call = stub.Session(self._requests())
-            self._call = call
-            sender: asyncio.Task[None] | None = None
-            try:
-                async for frame in call:
-                    kind = frame.WhichOneof("payload")
-                    if kind == "ack":
-                        sender = self._on_ack(frame.ack, sender)
-                    elif kind == "bootstrap_request":
-                        await self._outbox.put(self._bootstrap(frame.bootstrap_request))
-                    elif kind == "node_state_update":
-                        self._on_node(frame.node_state_update)
-                    elif kind == "reclaim_instruction":
-                        await self._on_reclaim(frame.reclaim_instruction)
-                    elif kind == "available_capacity":
-                        update = frame.available_capacity
-                        self.pool.supply_hint(update.supersedes_key, _hint(update))
-                        self.on_change()
-            finally:
-                if sender is not None:
-                    sender.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await sender
-                # End this session's request stream. A call the shard ended is not
-                # cancelled by closing the channel, so gRPC's task that feeds it from
-                # _requests() would wait on this queue for ever (one task per session).
-                self._outbox.put_nowait(None)
+    async def received(self, frame: shard_pb2.ShardMessage) -> None:
+        kind = frame.WhichOneof("payload")
+        if kind == "ack":
+            self.last_ack = frame.ack.echo
+            if frame.ack.echo.startswith("rollup-") and frame.ack.echo != "rollup":
+                self.last_rejection = frame.ack.echo
+                log.warning("nanook %s: shard answered %s", self.cluster_id, frame.ack.echo)
+        elif kind == "bootstrap_request":
+            await self.session.send(self._bootstrap(frame.bootstrap_request))
+        elif kind == "node_state_update":
+            self._on_node(frame.node_state_update)
+        elif kind == "reclaim_instruction":
+            await self._on_reclaim(frame.reclaim_instruction)
+        elif kind == "available_capacity":
+            update = frame.available_capacity
+            self.pool.supply_hint(update.supersedes_key, _hint(update))
+            self.on_change()
 
-    def _on_ack(
-        self, ack: shard_pb2.Acknowledgement, sender: asyncio.Task[None] | None
-    ) -> asyncio.Task[None] | None:
-        self.last_ack = ack.echo
-        if ack.echo == "hello" and sender is None:
-            self.sessions += 1
-            self.pool.shard_honours_release = RELEASE_EXTENSION in ack.extensions
-            self._set_connected(True)
-            return asyncio.create_task(self._rollups(), name=f"nanook-rollups-{self.cluster_id}")
-        if ack.echo.startswith("rollup-") and ack.echo != "rollup":
-            self.last_rejection = ack.echo
-            log.warning("nanook %s: shard answered %s", self.cluster_id, ack.echo)
-        return sender
+    def closed(self, ending: str) -> None:
+        self._set_connected(False)
 
     def _on_node(self, update: shard_pb2.NodeStateUpdate) -> None:
         if update.cluster_id and update.cluster_id != self.cluster_id:
@@ -272,7 +213,7 @@ class ShardSession:
             instruction.instruction_id,
             instruction.preemptor_priority,
         )
-        await self._outbox.put(
+        await self.session.send(
             shard_pb2.OperatorMessage(
                 reclaim_ack=shard_pb2.ReclaimAck(
                     instruction_id=instruction.instruction_id, nodes_started=ours
@@ -296,12 +237,3 @@ class ShardSession:
                 ttl_seconds=self.pool.config.bootstrap_ttl_s,
             )
         return shard_pb2.OperatorMessage(bootstrap_response=resp)
-
-
-def _redirect(err: grpc.aio.AioRpcError) -> str:
-    """The address a shard told us to reconnect to (trailing metadata), or ''."""
-    if err.code() != grpc.StatusCode.ABORTED:
-        return ""
-    pairs = cast("Iterable[tuple[str, str | bytes]]", err.trailing_metadata() or ())
-    value = dict(pairs).get("bigfleet-shard-address", "")
-    return value if isinstance(value, str) else ""
