@@ -190,8 +190,8 @@ def rollup_from_wire(
     result; see the module docstring. ``known`` maps the wire bytes of the
     needs of the session's previous roll-up to their converted values. A
     need sent again unchanged (most of them, every ten seconds) is then
-    reused instead of converted again; the engine also recognises a reused
-    value at once. The map is replaced, in
+    reused instead of converted again, and validation recognises the very
+    object at once (``ValidatedRollup.check``, ADR 0145). The map is replaced, in
     place, by this roll-up's needs — so it never holds more than one roll-up.
     """
     if msg.cluster_id and msg.cluster_id != session_cluster:
