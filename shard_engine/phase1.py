@@ -31,8 +31,8 @@ import numpy.typing as npt
 
 from shard_engine.actions import ActionKind
 from shard_engine.catalog import ProfileCatalog
+from shard_engine.claims import claim
 from shard_engine.costs import dominant_dimension, effective_cost
-from shard_engine.gangs import gang_rows, gang_supply
 from shard_engine.needs import Demand, NeedsTable
 from shard_engine.pending import PendingNeed
 from shard_engine.pools import TIER_IDLE, TIER_SPECULATIVE, PoolKey
@@ -81,8 +81,9 @@ def cluster_have(
             return cached[1], cached[2]
     supply = sheet.supply_row(cluster)
     have = demand_supply(demand, supply, alloc)
-    if any(demand.gang_keys):
-        _gang_have(have, demand, supply, alloc, tolerance)
+    claims = claim(demand.matrix, demand.aggregate, supply, alloc)
+    if claims is not None:  # machines shared by several needs count for one each
+        have = (claims.own * claims.sub) @ claims.shapes
     deficit = demand.aggregate - have
     slack = demand.slack(tolerance)
     short: list[int] = np.flatnonzero((deficit > slack).any(axis=1)).tolist()
@@ -91,29 +92,13 @@ def cluster_have(
     return have, short
 
 
-def _gang_have(
-    have: FloatArray,
-    demand: Demand,
-    supply: npt.NDArray[np.int64],
-    alloc: FloatArray,
-    tolerance: float,
-) -> None:
-    """Overwrite the gang rows of ``have``: each gang counts only its own machines (``gangs``)."""
-    rows = gang_rows(demand.gang_keys, len(demand.needs))
-    own = gang_supply(demand.matrix, demand.aggregate, rows, supply, alloc, demand.slack(tolerance))
-    width = min(len(supply), demand.matrix.shape[1])
-    for i, held in own.items():
-        have[i] = (held[:width] * demand.matrix[i, :width]) @ alloc[:width]
-
-
-def own_supply(
-    sheet: Worksheet, demand: Demand, index: int, alloc: FloatArray, tolerance: float
-) -> npt.NDArray[np.int64]:
-    """The cluster's supply as gang ``index`` may count it: less what its other gangs claimed."""
+def own_supply(sheet: Worksheet, demand: Demand, index: int, alloc: FloatArray) -> FloatArray:
+    """The cluster's supply as need ``index`` may count it: less what its other needs claimed."""
     supply = sheet.supply_row(demand.cluster)
-    rows = gang_rows(demand.gang_keys, len(demand.needs))
-    own = gang_supply(demand.matrix, demand.aggregate, rows, supply, alloc, demand.slack(tolerance))
-    return own.get(index, supply)
+    claims = claim(demand.matrix, demand.aggregate, supply, alloc)
+    if claims is None:
+        return supply.astype(np.float64)
+    return claims.supply(index, len(supply))
 
 
 def shortages(
@@ -137,11 +122,11 @@ def _need_have(
     mask: BoolArray,
     sheet: Worksheet,
     alloc: FloatArray,
-    row: npt.NDArray[np.int64] | None = None,
+    row: FloatArray | None = None,
 ) -> FloatArray:
-    row = sheet.supply_row(demand.cluster) if row is None else row
-    held = np.flatnonzero(row * mask)
-    result: FloatArray = row[held] @ alloc[held] if len(held) else np.zeros(alloc.shape[1])
+    supply: FloatArray = sheet.supply_row(demand.cluster).astype(np.float64) if row is None else row
+    held = np.flatnonzero(supply * mask)
+    result: FloatArray = supply[held] @ alloc[held] if len(held) else np.zeros(alloc.shape[1])
     return result
 
 
@@ -183,9 +168,9 @@ def assign(
         have: FloatArray | None = None
         if not gang and untouched:
             have = cluster_have(sheet, demand, alloc, tolerance)[0][index]
-        own: npt.NDArray[np.int64] | None = None
+        own: FloatArray | None = None
         if gang:
-            own = own_supply(sheet, demand, index, alloc, tolerance)
+            own = own_supply(sheet, demand, index, alloc)
             base = masks.mask(demand.mask_keys[index])
             codes = domain_codes(catalog, gang)
             free = (sheet.free[TIER_IDLE] + sheet.free[TIER_SPECULATIVE]).astype(np.float64)
@@ -194,7 +179,7 @@ def assign(
             choice = choose_gang_domain(
                 codes=codes,
                 mask=base,
-                held=own.astype(np.float64),
+                held=own,
                 available=free,
                 aggregate=aggregate,
                 alloc=alloc,
@@ -209,6 +194,8 @@ def assign(
                 if choice.domain != previous:
                     sheet.gang_choices[(demand.cluster, demand.keys[index])] = choice.domain
         if have is None:
+            if own is None:
+                own = own_supply(sheet, demand, index, alloc)
             have = _need_have(demand, index, mask, sheet, alloc, own)
         deficit = aggregate - have
         deficit = np.where(deficit > demand.slack(tolerance)[index], deficit, 0.0)

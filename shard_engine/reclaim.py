@@ -68,10 +68,10 @@ import numpy.typing as npt
 
 from shard_engine.actions import ActionKind
 from shard_engine.catalog import ProfileCatalog
+from shard_engine.claims import claim
 from shard_engine.clusters import NO_CLUSTER
 from shard_engine.config import EngineConfig
 from shard_engine.demand_history import DemandHistory, Peaks
-from shard_engine.gangs import gang_rows, gang_supply
 from shard_engine.model import CapacityType
 from shard_engine.needs import Demand
 from shard_engine.phase1 import memo_key
@@ -276,13 +276,9 @@ def reclaim_excess(
         settled = np.zeros(len(supply), dtype=np.int64)
         settled[profiles] = available
         have = _settled_have(peaks.matrix, settled, alloc)
-        if any(demand.gang_keys):  # each gang counts only its own machines (``gangs``)
-            gangs = gang_rows(demand.gang_keys, peaks.current)
-            slack = tolerance * np.maximum(peaks.aggregate, 1.0)
-            own = gang_supply(peaks.matrix, peaks.aggregate, gangs, settled, alloc, slack)
-            width = min(len(settled), peaks.matrix.shape[1])
-            for i, held in own.items():
-                have[i] = (held[:width] * peaks.matrix[i, :width]) @ alloc[:width]
+        claims = claim(peaks.matrix, peaks.aggregate, settled, alloc)
+        if claims is not None:  # machines shared by several needs count for one each
+            have = (claims.own * claims.sub) @ claims.shapes
         surplus = have - peaks.aggregate
         surplus -= config.reclaim_swing_margin * peaks.swing
         surplus += tolerance * np.maximum(peaks.aggregate, 1.0)
