@@ -20,7 +20,7 @@ does. The fleet is dealt to the shards by production's dealing
 
 What is the simulator's own is only the glue to virtual time: the actuator
 follows each transition on the provider core (what production's workflows do
-over Temporal), the engines may live in worker processes (:class:`_EngineHandle`),
+over Temporal), the engines may live in worker processes (``engines.EngineHandle``),
 and the coordinator's report is read from the engines. Differences from
 production, on purpose: no Temporal, no PostgreSQL (ownership lives in the
 states), a roll-up equal to the one the engine last applied is not re-sent
@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Protocol, assert_never
@@ -65,7 +65,14 @@ from shard_engine.engine import EngineConfig, ShardEngine
 from shard_engine.model import Action, MachineRecord, MachineState, Need, Shortfall
 from simulator import engines as ops
 from simulator.cluster import ClusterModel
-from simulator.engines import Applied, Engines, LocalEngines, Result, WorkerEngines
+from simulator.engines import (
+    Applied,
+    EngineHandle,
+    Engines,
+    LocalEngines,
+    Result,
+    WorkerEngines,
+)
 from simulator.fleet import Fleet
 
 __all__ = ["BigFleetOptions", "BigFleetPolicy", "CoreTap"]
@@ -111,57 +118,6 @@ class _Op:
     receiver: str = ""
 
 
-class _EngineHandle:
-    """One shard's engine as :class:`ShardState` sees it, wherever it lives.
-
-    Changes are posted (the engine sees them in order before its next call);
-    a machine's record is read from its provider core, which is what the
-    engine last observed (the simulator folds every settled state change into
-    the engine before the next cycle). The other reads are round trips, made
-    only by the rare coordinator instruction.
-    """
-
-    def __init__(
-        self,
-        engines: Callable[[], Engines],
-        shard_id: str,
-        fleet: Fleet,
-        owner: Callable[[str], str | None],
-    ) -> None:
-        self._engines = engines
-        self._shard_id = shard_id
-        self._fleet = fleet
-        self._owner = owner
-
-    def machine(self, machine_id: str) -> MachineRecord | None:
-        provider = self._owner(machine_id)
-        return None if provider is None else self._fleet.machine(provider, machine_id)
-
-    def machines(self) -> Iterator[MachineRecord]:
-        return iter(self._engines().call(self._shard_id, ops.machines))
-
-    def needs_of(self, cluster_id: str) -> tuple[Need, ...]:
-        needs: tuple[Need, ...] = self._engines().call(self._shard_id, ops.needs_of, cluster_id)
-        return needs
-
-    def in_flight(self) -> Mapping[str, str]:
-        flights: dict[str, str] = self._engines().call(self._shard_id, ops.in_flight)
-        return flights
-
-    def promised(self) -> Mapping[str, str]:
-        promises: dict[str, str] = self._engines().call(self._shard_id, ops.promised)
-        return promises
-
-    def upsert_machine(self, record: MachineRecord, *, now: float) -> None:
-        self._engines().post(self._shard_id, ops.upsert, record, now)
-
-    def settle(self, machine_id: str, record: MachineRecord | None, *, now: float) -> None:
-        self._engines().post(self._shard_id, ops.settle, machine_id, record, now)
-
-    def remove_machine(self, machine_id: str) -> None:
-        self._engines().post(self._shard_id, ops.remove, machine_id)
-
-
 class _Shard:
     """One simulated shard: production's state and core, the virtual actuator."""
 
@@ -171,8 +127,8 @@ class _Shard:
         self.clusters: set[str] = set()
         self.ops: dict[str, _Op] = {}
         self.seq = 0
-        self.state: ShardState[_EngineHandle] = ShardState(
-            _EngineHandle(lambda: policy.engines, shard_id, policy.fleet, self.provider_of),
+        self.state: ShardState[EngineHandle] = ShardState(
+            EngineHandle(lambda: policy.engines, shard_id, policy.fleet.machine, self.provider_of),
             clock=lambda: policy.now,
         )
         self.core = ShardCore(self.state, _VirtualActuator(self), shard_id=shard_id)

@@ -59,6 +59,7 @@ from shard_engine.model import Action, MachineRecord, MachineState, Need, Shortf
 
 __all__ = [
     "Applied",
+    "EngineHandle",
     "Engines",
     "Loader",
     "LocalEngines",
@@ -408,6 +409,57 @@ class WorkerEngines(Engines):
                 worker.process.join()
             worker.conn.close()
         self._workers = []
+
+
+class EngineHandle:
+    """One shard's engine as :class:`ShardState` sees it, wherever it lives.
+
+    Changes are posted (the engine sees them in order before its next call);
+    a machine's record is read from its provider core, which is what the
+    engine last observed (the simulator folds every settled state change into
+    the engine before the next cycle). The other reads are round trips, made
+    only by the rare coordinator instruction.
+    """
+
+    def __init__(
+        self,
+        engines: Callable[[], Engines],
+        shard_id: str,
+        record: Callable[[str, str], MachineRecord],
+        owner: Callable[[str], str | None],
+    ) -> None:
+        self._engines = engines
+        self._shard_id = shard_id
+        self._record = record  # (provider, machine) -> the provider core's record
+        self._owner = owner
+
+    def machine(self, machine_id: str) -> MachineRecord | None:
+        provider = self._owner(machine_id)
+        return None if provider is None else self._record(provider, machine_id)
+
+    def machines(self) -> Iterator[MachineRecord]:
+        return iter(self._engines().call(self._shard_id, machines))
+
+    def needs_of(self, cluster_id: str) -> tuple[Need, ...]:
+        needs: tuple[Need, ...] = self._engines().call(self._shard_id, needs_of, cluster_id)
+        return needs
+
+    def in_flight(self) -> Mapping[str, str]:
+        flights: dict[str, str] = self._engines().call(self._shard_id, in_flight)
+        return flights
+
+    def promised(self) -> Mapping[str, str]:
+        promises: dict[str, str] = self._engines().call(self._shard_id, promised)
+        return promises
+
+    def upsert_machine(self, record: MachineRecord, *, now: float) -> None:
+        self._engines().post(self._shard_id, upsert, record, now)
+
+    def settle(self, machine_id: str, record: MachineRecord | None, *, now: float) -> None:
+        self._engines().post(self._shard_id, settle, machine_id, record, now)
+
+    def remove_machine(self, machine_id: str) -> None:
+        self._engines().post(self._shard_id, remove, machine_id)
 
 
 def _cpu_seconds(engine: ShardEngine) -> float:
