@@ -32,7 +32,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from enum import StrEnum
 
 from shard_engine.model import Operator, Requirement
 
@@ -50,7 +50,15 @@ __all__ = [
     "units_needed",
 ]
 
-TransferKind = Literal["idle", "speculative", "preempt"]
+
+class TransferKind(StrEnum):
+    """What an instruction moves. The values are carried in workflow histories and the
+    instruction log (``workflows.coordinator_contracts`` carries :class:`Instruction`
+    itself), so a value never changes."""
+
+    IDLE = "idle"  # idle machines, handed over as they are
+    SPECULATIVE = "speculative"  # quota: speculative slots not yet created
+    PREEMPT = "preempt"  # strictly lower-priority machines, drained on the donor first
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +110,13 @@ class ShardView:
 
 @dataclass(frozen=True, slots=True)
 class Instruction:
-    """Move ``count`` machines of one profile from ``donor`` to ``receiver``."""
+    """Move ``count`` machines of one profile from ``donor`` to ``receiver``.
+
+    The coordinator's workflows carry this very type (``TransferSpec`` in
+    ``workflows.coordinator_contracts``), so it is also a workflow contract:
+    recorded histories hold its fields by name. Add a field only at the end
+    and with a default; never rename or retype one (ADR 0136).
+    """
 
     kind: TransferKind
     donor: str
@@ -160,7 +174,10 @@ def plan_transfers(views: Mapping[str, ShardView], *, max_share: float = 0.05) -
     left: dict[tuple[str, tuple[str, str, str, int]], dict[str, int]] = {}
     for sid, view in views.items():
         for s in view.supply:
-            left[(sid, s.key)] = {"idle": s.idle, "speculative": s.speculative}
+            left[(sid, s.key)] = {
+                TransferKind.IDLE.value: s.idle,
+                TransferKind.SPECULATIVE.value: s.speculative,
+            }
             for prio, n in s.configured_by_priority.items():
                 left[(sid, s.key)][f"p{prio}"] = n
     shortfalls = sorted(
@@ -169,9 +186,8 @@ def plan_transfers(views: Mapping[str, ShardView], *, max_share: float = 0.05) -
     )
     out: list[Instruction] = []
     for receiver, sf in shortfalls:
-        kinds: tuple[TransferKind, ...] = ("idle", "speculative", "preempt")
-        for kind in kinds:
-            if kind == "preempt" and not sf.escalated:
+        for kind in (TransferKind.IDLE, TransferKind.SPECULATIVE, TransferKind.PREEMPT):
+            if kind is TransferKind.PREEMPT and not sf.escalated:
                 break
             donations = _resolve(views, receiver, sf, kind, left, budget)
             if donations:
@@ -211,7 +227,7 @@ def _offers(
             if units_needed(sf.deficit, supply.allocatable) <= 0:
                 continue
             pool = left[(donor, supply.key)]
-            if kind == "preempt":
+            if kind is TransferKind.PREEMPT:
                 buckets = tuple(
                     sorted(
                         (k for k in pool if k.startswith("p") and int(k[1:]) < sf.priority),
@@ -219,7 +235,7 @@ def _offers(
                     )
                 )
             else:
-                buckets = (kind,)
+                buckets = (kind.value,)
             available = sum(pool.get(k, 0) for k in buckets)
             if available > 0:
                 offers.append(_Offer(donor, supply, buckets, available))
@@ -314,7 +330,7 @@ def _resolve(
                 cluster_id=sf.cluster_id,
                 need_key=sf.need_key,
                 priority=sf.priority,
-                below_priority=sf.priority if kind == "preempt" else 0,
+                below_priority=sf.priority if kind is TransferKind.PREEMPT else 0,
             )
         )
     return out
