@@ -6,6 +6,7 @@ shard-side halves of an instruction (release, adopt) run in the shards.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import defaultdict
 from collections.abc import Mapping
@@ -182,25 +183,7 @@ class CoordinatorActivities:
         }
         planned = plan_transfers(views, max_share=inp.max_share)
         COORDINATOR_ROUNDS.labels("planned" if planned else "nothing-to-do").inc()
-        return co.PlanResult(
-            transfers=[
-                co.TransferSpec(
-                    kind=co.TransferKind(i.kind),
-                    donor=i.donor,
-                    receiver=i.receiver,
-                    provider=i.provider,
-                    instance_type=i.instance_type,
-                    zone=i.zone,
-                    capacity_type=i.capacity_type,
-                    count=i.count,
-                    cluster_id=i.cluster_id,
-                    need_key=i.need_key,
-                    priority=i.priority,
-                    below_priority=i.below_priority,
-                )
-                for i in planned
-            ]
-        )
+        return co.PlanResult(transfers=planned)
 
     @activity.defn(name=co.PLAN_DECOMMISSION)
     async def plan_decommission(self, inp: co.DecommissionInput) -> co.DecommissionPlan:
@@ -226,7 +209,7 @@ class CoordinatorActivities:
             kind=inp.kind,
             donor=inp.donor,
             receiver=inp.receiver,
-            payload=vars(inp.spec),
+            payload=dataclasses.asdict(inp.spec),
         )
 
     @activity.defn(name=co.FINISH_INSTRUCTION)

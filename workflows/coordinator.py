@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import Coroutine
 from datetime import timedelta
 from typing import Any
@@ -180,7 +181,7 @@ class TransferWorkflow:
 
 def _describe(spec: TransferSpec | ms.ClusterMoveSpec | ms.HandoverSpec) -> dict[str, object]:
     if isinstance(spec, ms.ClusterMoveSpec):
-        return {"kind": "cluster-move", **vars(spec)}
+        return {"kind": "cluster-move", **dataclasses.asdict(spec)}
     if isinstance(spec, ms.HandoverSpec):
         return {
             "kind": "handover",
@@ -188,7 +189,7 @@ def _describe(spec: TransferSpec | ms.ClusterMoveSpec | ms.HandoverSpec) -> dict
             "receiver": spec.receiver,
             "count": len(spec.machines),
         }
-    return vars(spec)
+    return dataclasses.asdict(spec)
 
 
 @workflow.defn(name="DecommissionWorkflow")

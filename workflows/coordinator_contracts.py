@@ -10,8 +10,11 @@ them are in ``workflows.coordinator``; the activities in
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 
+# The engine's instruction is the one definition of a transfer: the coordinator
+# plans it (pure, stdlib only) and the workflows carry it as it is (ADR 0136).
+from shard_engine.coordination import Instruction
+from shard_engine.coordination import TransferKind as TransferKind
 from workflows.contracts import DrainInput, MachineTarget, RequirementSpec
 
 COORDINATOR_ID = "bigfleet-coordinator"
@@ -73,34 +76,8 @@ class ShardReport:
     highest_term_seen: int = 0
 
 
-class TransferKind(StrEnum):
-    """What a transfer moves; the values are ``shard_engine.coordination.TransferKind``'s.
-
-    Recorded histories and the instruction log carry the value, so a value never
-    changes (a test checks the engine's names and these agree).
-    """
-
-    IDLE = "idle"  # idle machines, handed over as they are
-    SPECULATIVE = "speculative"  # quota for machines not yet created
-    PREEMPT = "preempt"  # strictly lower-priority machines, drained first on the donor
-
-
-@dataclass
-class TransferSpec:
-    """One planned instruction (see ``shard_engine.coordination.Instruction``)."""
-
-    kind: TransferKind
-    donor: str
-    receiver: str
-    provider: str
-    instance_type: str
-    zone: str
-    capacity_type: int
-    count: int
-    cluster_id: str
-    need_key: str
-    priority: int
-    below_priority: int = 0
+TransferSpec = Instruction
+"""One planned instruction, as the coordinator's workflows carry it."""
 
 
 @dataclass

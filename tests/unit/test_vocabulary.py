@@ -46,13 +46,10 @@ def test_the_attribution_keys_are_namespaced_and_distinct() -> None:
     assert all(k.startswith("bigfleet.io/") for k in keys) and len(keys) == 2
 
 
-def test_the_engine_and_the_coordinator_workflows_name_the_same_transfer_kinds() -> None:
-    from typing import get_args
-
-    from shard_engine.coordination import TransferKind as EngineKind
+def test_transfer_kinds_keep_the_names_recorded_histories_and_the_instruction_log_hold() -> None:
     from workflows.coordinator_contracts import TransferKind
 
-    assert set(get_args(EngineKind)) == {k.value for k in TransferKind}
+    assert [k.value for k in TransferKind] == ["idle", "speculative", "preempt"]
 
 
 def test_every_operator_signal_is_a_signal_of_every_per_machine_workflow() -> None:
@@ -67,3 +64,18 @@ def test_every_operator_signal_is_a_signal_of_every_per_machine_workflow() -> No
         definition = _Definition.must_from_class(workflow_class)
         assert {s.value for s in c.OperatorSignal} <= set(definition.signals), workflow_class
         assert c.WorkflowQuery.VIEW.value in definition.queries, workflow_class
+
+
+def test_the_coordinator_workflows_carry_the_engines_instruction_without_loading_numpy() -> None:
+    import subprocess
+    import sys
+
+    from shard_engine.coordination import Instruction
+    from workflows.coordinator_contracts import TransferSpec
+
+    assert TransferSpec is Instruction
+    probe = "import sys, workflows.registry; print('numpy' in sys.modules)"
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert loaded == "False"
