@@ -122,7 +122,7 @@ class RegionApi:
         config = botocore.config.Config(
             # The provider backs off itself (and counts it); the SDK's own
             # retries would hide throttling from it.
-            retries={"max_attempts": 1, "mode": "standard"},
+            retries={"total_max_attempts": 1, "mode": "standard"},
             connect_timeout=5,
             read_timeout=max(30, settings.queue_wait_s + 10),
         )
