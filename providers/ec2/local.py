@@ -22,6 +22,7 @@ from typing import Any
 
 import boto3
 
+from bigfleet.extras import MissingExtra
 from providers.ec2.notices import event_body
 from providers.ec2.settings import AccountSettings, Ec2Settings, RegionSettings
 
@@ -66,13 +67,16 @@ class LocalEc2:
         self.server.stop()
 
 
-def start_local_ec2(
-    *, quota_vcpus: int = 400, queue: bool = True, **changes: Any
-) -> LocalEc2:
+def start_local_ec2(*, quota_vcpus: int = 400, queue: bool = True, **changes: Any) -> LocalEc2:
     """Start moto on a free loopback port, create an interruption queue and
     return settings for one account and region there; ``changes`` replace
     top-level settings (``poll_s``, ``watch_s``, ...)."""
-    from moto.server import ThreadedMotoServer
+    try:
+        from moto.server import ThreadedMotoServer
+    except ImportError:
+        raise MissingExtra(
+            "a local EC2 (bigfleet dev --ec2)", package="moto", extra="dev"
+        ) from None
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -85,9 +89,7 @@ def start_local_ec2(
     image = local.client("ec2").describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
     queue_url = ""
     if queue:
-        queue_url = local.client("sqs").create_queue(QueueName="bigfleet-interruptions")[
-            "QueueUrl"
-        ]
+        queue_url = local.client("sqs").create_queue(QueueName="bigfleet-interruptions")["QueueUrl"]
     local.queue_url = queue_url
     local.settings = replace(_settings(endpoint, queue_url, quota_vcpus, image), **changes)
     return local
