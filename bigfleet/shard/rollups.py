@@ -27,7 +27,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from bigfleet.metrics import ROLLUPS as SHARD_ROLLUPS
+from bigfleet.metrics import ROLLUPS
 from bigfleet.shard.admissions import Admissions
 from bigfleet.shard.intake import DEFERRED, STALE, Intake
 from bigfleet.shard.lease import LeaseKeeper
@@ -40,9 +40,7 @@ from shard_engine.needs import ValidatedRollup
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ROLLUPS", "SessionSink"]
-
-ROLLUPS = SHARD_ROLLUPS  # defined with every other metric in bigfleet.metrics
+__all__ = ["SessionSink"]
 
 
 class SessionSink:

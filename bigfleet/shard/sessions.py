@@ -398,8 +398,6 @@ RETRY_AFTER_KEY = "bigfleet-retry-after-ms"
 #: The echo of a roll-up that a newer one from the same cluster replaced before it was checked.
 SUPERSEDED = "rollup-superseded"
 
-SHED = SESSIONS_SHED  # defined with every other metric in bigfleet.metrics
-
 
 @dataclass(frozen=True)
 class SessionLimits:
@@ -460,7 +458,7 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
 
     async def _shed(self, context: Any, reason: str, detail: str) -> None:
         """End the call with RESOURCE_EXHAUSTED and a retry hint."""
-        SHED.labels(reason).inc()
+        SESSIONS_SHED.labels(reason).inc()
         retry_ms = self._limits.retry_after_ms()
         context.set_trailing_metadata(((RETRY_AFTER_KEY, str(retry_ms)),))
         await context.abort(
