@@ -35,6 +35,9 @@ import yaml
 
 #: Capacity types EC2 sells that this provider can launch.
 CAPACITY_TYPES = ("on-demand", "spot")
+#: First letters of the instance families whose vCPUs count against EC2's
+#: "standard" on-demand and spot quotas (the two quotas this provider reads).
+STANDARD_FAMILIES = "acdhimrtz"
 
 _ALIAS = re.compile(r"[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?\Z")
 _REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-\d\Z")
@@ -126,6 +129,12 @@ class Ec2Settings:
         for index, name in enumerate(self.instance_types):
             if not re.fullmatch(r"[a-z0-9-]+\.[a-z0-9]+", name):
                 raise SettingsError(f"instance_types[{index}]", f"{name!r} is not an instance type")
+            if name[0] not in STANDARD_FAMILIES:
+                raise SettingsError(
+                    f"instance_types[{index}]",
+                    f"{name} is not of a standard family ({', '.join(STANDARD_FAMILIES.upper())}):"
+                    " its vCPU quota is another one, which this provider does not read yet",
+                )
         for index, capacity in enumerate(self.capacity_types):
             if capacity not in CAPACITY_TYPES:
                 raise SettingsError(
@@ -303,6 +312,7 @@ def dump_settings(settings: Ec2Settings) -> str:
 
 __all__ = [
     "CAPACITY_TYPES",
+    "STANDARD_FAMILIES",
     "AccountSettings",
     "Ec2Settings",
     "RegionSettings",

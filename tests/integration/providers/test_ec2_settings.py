@@ -94,6 +94,7 @@ def broken(path: str, value: Any) -> dict[str, Any]:
         ("accounts.0.regions.us-east-1.colour", "blue", "accounts[0].regions.us-east-1.colour"),
         ("accounts.0.role", "x", "accounts[0].role"),
         ("instance_types", ["large"], "instance_types[0]"),
+        ("instance_types", ["m6i.large", "p4d.24xlarge"], "instance_types[1]"),
         ("capacity_types", ["reserved"], "capacity_types[0]"),
         ("poll_s", 0, "poll_s"),
         ("queue_wait_s", 25, "queue_wait_s"),
