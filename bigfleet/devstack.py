@@ -54,7 +54,13 @@ from workflows.contracts import Deadlines, PollPolicy
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DEMO_CLUSTERS", "DevStack", "DevStackOptions"]
+__all__ = [
+    "DEMO_CLUSTERS",
+    "DEMO_SHADOW_CLUSTERS",
+    "SHADOW_SHARD",
+    "DevStack",
+    "DevStackOptions",
+]
 
 # The demo fleet: three clusters with different sizes, priorities and rhythms.
 DEMO_CLUSTERS: tuple[tuple[str, DemandPattern], ...] = (
@@ -68,6 +74,17 @@ DEMO_CLUSTERS: tuple[tuple[str, DemandPattern], ...] = (
     ),
     ("demo-ml", DemandPattern(cpu=16, memory_gib=64, priority=900_000)),
 )
+
+# `bigfleet dev --shadow`: one more cluster, served by a shard in shadow mode beside the
+# active ones (it decides and records, never acts; docs/shadow-mode.md).
+DEMO_SHADOW_CLUSTERS: tuple[tuple[str, DemandPattern], ...] = (
+    (
+        "demo-shadow",
+        DemandPattern(cpu=16, memory_gib=32, priority=300_000, amplitude=0.4, period_s=180),
+    ),
+)
+SHADOW_SHARD = "shadow-0"
+"""The shard id of the dev stack's shadow shard."""
 
 
 @dataclass
@@ -92,6 +109,8 @@ class DevStackOptions:
     observe_interval_s: float = 0.5
     rollup_interval_s: float = 2.0
     clusters: tuple[tuple[str, DemandPattern], ...] = DEMO_CLUSTERS
+    # Clusters served by one more shard, SHADOW_SHARD, in shadow mode (none: no such shard).
+    shadow_clusters: tuple[tuple[str, DemandPattern], ...] = ()
     quota_scale: float = 1.0
     # A provider catalog file (instance types, zones, quotas); None = the built-in one.
     catalog_path: Path | None = None
@@ -306,6 +325,8 @@ class DevStack:
             await process.start()
             self.shards.append(process)
         self.shard = self.shards[0]
+        if o.shadow_clusters:
+            await self._start_shadow_shard(f"{host}:{int(port) + o.shards if int(port) else 0}")
 
         if o.coordinator:
             self.coordinator = bootstrap.coordinator_process(
@@ -318,7 +339,7 @@ class DevStack:
             await self.coordinator.start()
 
         by_id = {p.shard_id: p for p in self.shards}
-        for cluster_id, demand in o.clusters:
+        for cluster_id, demand in o.clusters + o.shadow_clusters:
             # Clusters are assigned to the least-loaded shard on first contact;
             # the demo operator asks the store where to dial (a gateway's job).
             owner = await self.store.assign_cluster(cluster_id)
@@ -335,6 +356,43 @@ class DevStack:
         self.endpoints().write(o.data_dir)
         if o.stuck_drain:
             self._injector = asyncio.create_task(self._inject_quietly(), name="stuck-drain")
+
+    async def _start_shadow_shard(self, listen: str) -> None:
+        """One more shard, in shadow mode, and the shadow demo clusters assigned to it.
+
+        The active demo clusters are assigned first, so first contact can only send
+        them to active shards; the shadow clusters then go to the shadow shard, the
+        least loaded. It is dealt quota like any shard: it decides with real capacity.
+        """
+        o = self.options
+        store, client = self.store, self.client
+        assert store is not None and client is not None  # start() opened them
+        for cluster_id, _ in o.clusters:
+            await store.assign_cluster(cluster_id)
+        process = bootstrap.shard_process(
+            ShardOptions(
+                shard_id=SHADOW_SHARD,
+                listen=listen,
+                holder=f"devstack:{socket.gethostname()}",
+                cycle_interval_s=o.cycle_interval_s,
+                observe_interval_s=o.observe_interval_s,
+                report_interval_s=o.report_interval_s,
+                deadlines=o.deadlines,
+                poll=o.poll,
+                engine=o.engine,
+                shadow=True,
+            ),
+            store=store,
+            temporal=client,
+            providers=self._clients(Identity(Role.SHARD, SHADOW_SHARD)),
+            tls=self._tls(Identity(Role.SHARD, SHADOW_SHARD)),
+        )
+        await process.start()
+        self.shards.append(process)
+        for cluster_id, _ in o.shadow_clusters:
+            owner = await store.assign_cluster(cluster_id)
+            if owner != SHADOW_SHARD:
+                log.warning("%s went to %s, not the shadow shard", cluster_id, owner)
 
     async def _inject_quietly(self) -> None:
         try:

@@ -65,10 +65,18 @@ def dev(
             "instead of the simulated cloud.",
         ),
     ] = False,
+    shadow: Annotated[
+        bool,
+        typer.Option(
+            "--shadow",
+            help="One more shard in shadow mode, serving a demo cluster of its own beside "
+            "the active ones: it decides and records, never acts (bigfleet why, shadow report).",
+        ),
+    ] = False,
     verbose: VerboseOption = False,
 ) -> None:
     """Run the full stack on embedded defaults with a demo fleet (Ctrl-C stops it)."""
-    from bigfleet.devstack import DevStack, DevStackOptions
+    from bigfleet.devstack import DEMO_SHADOW_CLUSTERS, DevStack, DevStackOptions
 
     runtime.configure_logging(verbose)
     if fresh and data_dir.exists():
@@ -88,6 +96,7 @@ def dev(
         drain_seconds=drain_seconds,
         stuck_drain=stuck_drain,
         ec2=ec2,
+        shadow_clusters=DEMO_SHADOW_CLUSTERS if shadow else (),
         temporal_metrics_listen=(
             f"127.0.0.1:{temporal_metrics_port}" if temporal_metrics_port else None
         ),
