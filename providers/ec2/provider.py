@@ -149,6 +149,11 @@ class Ec2Provider(ProviderCore):
         self._jitter = random.Random(config.seed)
         super().__init__(config, scheduler=scheduler or AsyncioScheduler())
 
+    @property
+    def lineage(self) -> str:
+        """This state's lineage, tagged on every instance it launches."""
+        return self._lineage
+
     # ------------------------------------------------------------------ catalog
 
     def _read_catalog(self, key: RegionKey, previous: RegionCatalog | None) -> RegionCatalog:

@@ -88,7 +88,7 @@ class Ec2Harness(Harness):
         providers of this module share the server and the machine ids)."""
         filters = [
             {"Name": "tag:bigfleet.io/machine", "Values": [machine_id]},
-            {"Name": "tag:bigfleet.io/lineage", "Values": [self.ec2._lineage]},
+            {"Name": "tag:bigfleet.io/lineage", "Values": [self.ec2.lineage]},
         ]
         reservations = self.local.client("ec2").describe_instances(Filters=filters)
         return sum(len(r["Instances"]) for r in reservations["Reservations"])
@@ -429,7 +429,7 @@ async def test_an_instance_no_machine_holds_is_terminated_by_the_sweep(local: Lo
         image = local.settings.accounts[0].regions[0].image_id
         tags = {
             "bigfleet.io/provider": h.ec2.name,
-            "bigfleet.io/lineage": h.ec2._lineage,
+            "bigfleet.io/lineage": h.ec2.lineage,
             "bigfleet.io/machine": slot.id,
         }
         orphan = ec2.run_instances(
