@@ -117,7 +117,6 @@ class Ec2Provider(ProviderCore):
         config: ProviderConfig,
         *,
         scheduler: Scheduler | None = None,
-        apis: Mapping[RegionKey, RegionApi] | None = None,
     ) -> None:
         if config.ec2 is None:
             raise SettingsError("ec2", "the ec2 provider needs its settings file (--ec2-config)")
@@ -128,13 +127,11 @@ class Ec2Provider(ProviderCore):
         quiet_sdk_loggers()
         self.settings: Ec2Settings = config.ec2
         self._prices = PriceTable.load(self.settings.prices_path)
-        self._apis: dict[RegionKey, RegionApi] = dict(apis or {})
-        if not self._apis:
-            for account in self.settings.accounts:
-                for region in account.regions:
-                    self._apis[(account.alias, region.region)] = RegionApi(
-                        self.settings, account, region
-                    )
+        self._apis: dict[RegionKey, RegionApi] = {
+            (account.alias, region.region): RegionApi(self.settings, account, region)
+            for account in self.settings.accounts
+            for region in account.regions
+        }
         self._buckets = {
             key: TokenBucket(self.settings.launches_per_second, self.settings.launch_burst)
             for key in self._apis
