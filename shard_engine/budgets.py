@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -65,12 +65,14 @@ __all__ = [
     "BudgetError",
     "BudgetUse",
     "CronSchedule",
+    "DrainGroup",
     "DrainReason",
     "Hold",
     "Scope",
     "Subject",
     "Window",
     "admit",
+    "admit_counts",
     "apply",
     "enforce",
     "parse_budgets",
@@ -405,20 +407,46 @@ def admit(
     in_scope: Callable[[Budget], int],
     draining: Callable[[Budget], int],
 ) -> tuple[list[bool], list[tuple[int, BudgetUse]]]:
-    """Admit drain requests in order while every budget that applies has room.
+    """Admit drain requests of one machine each, in order (see :func:`admit_counts`).
+
+    Returns one flag per request and, for each refused request, its index
+    and the use of the budget with the least room (the one to name).
+    """
+    admitted, refused = admit_counts(
+        budgets,
+        now=now,
+        requests=[(subject, reason, 1) for subject, reason in requests],
+        in_scope=in_scope,
+        draining=draining,
+    )
+    flags = [n == 1 for n in admitted]
+    return flags, [(i, refused[i]) for i, ok in enumerate(flags) if not ok]
+
+
+def admit_counts(
+    budgets: Sequence[Budget],
+    *,
+    now: float,
+    requests: Sequence[tuple[Subject, DrainReason, int]],
+    in_scope: Callable[[Budget], int],
+    draining: Callable[[Budget], int],
+) -> tuple[list[int], dict[int, BudgetUse]]:
+    """Admit drain requests (machines alike to a scope, and how many) in order.
 
     ``in_scope(b)`` counts the machines of budget ``b``'s scope; ``draining(b)``
-    those in its scope already draining for one of its reasons. Returns one
-    flag per request and, for each refused request, its index and the use
-    of the budget with the least room (the one to name).
+    those in its scope already draining for one of its reasons; both are
+    asked once per budget that applies. Each request gets as many machines
+    as every budget that applies has room for. Returns the count admitted
+    per request and, for each request cut short, the use of the budget with
+    the least room (the one to name).
     """
     live = [b for b in budgets if b.in_force(now)]
     caps: dict[int, int] = {}
     totals: dict[int, int] = {}
     used: dict[int, int] = {}
-    admitted: list[bool] = []
-    refused: list[tuple[int, BudgetUse]] = []
-    for index, (subject, reason) in enumerate(requests):
+    admitted: list[int] = []
+    refused: dict[int, BudgetUse] = {}
+    for index, (subject, reason, count) in enumerate(requests):
         applying = [
             i for i, b in enumerate(live) if reason in b.reasons and b.scope.matches(subject)
         ]
@@ -428,19 +456,16 @@ def admit(
                 totals[i] = in_scope(live[i])
                 caps[i] = live[i].cap(totals[i])
                 used[i] = draining(live[i])
-            room = caps[i] - used[i]
-            if room <= 0 and (tightest is None or room < caps[tightest] - used[tightest]):
+            if tightest is None or caps[i] - used[i] < caps[tightest] - used[tightest]:
                 tightest = i
-        if tightest is not None:
-            admitted.append(False)
-            b = live[tightest]
-            refused.append(
-                (index, BudgetUse(b, True, totals[tightest], caps[tightest], used[tightest]))
-            )
-            continue
+        room = count if tightest is None else caps[tightest] - used[tightest]
+        taken = max(0, min(count, room))
         for i in applying:
-            used[i] += 1
-        admitted.append(True)
+            used[i] += taken
+        admitted.append(taken)
+        if taken < count and tightest is not None:
+            b = live[tightest]
+            refused[index] = BudgetUse(b, True, totals[tightest], caps[tightest], used[tightest])
     return admitted, refused
 
 
@@ -588,15 +613,18 @@ def parse_budgets(data: object) -> tuple[Budget, ...]:
 
 
 @dataclass(frozen=True, slots=True)
-class Candidate:
-    """One machine of a drain segment, as enforcement sees it."""
+class DrainGroup:
+    """Machines of one drain segment that a scope cannot tell apart (one shape, one cluster).
+
+    ``rows`` are in plan order; ``protected`` maps a row to (until, need key)
+    when a need's do-not-disrupt covers it.
+    """
 
     segment: int
-    row: int
+    rows: tuple[int, ...]
     subject: Subject
     reason: DrainReason
-    protected_until: float = 0.0
-    protecting_need: str = ""
+    protected: Mapping[int, tuple[float, str]] = field(default_factory=dict)
 
 
 def drain_reason(kind: int) -> DrainReason | None:
@@ -649,57 +677,68 @@ def enforce(
     *,
     budgets: Sequence[Budget],
     now: float,
-    candidates: Iterable[Candidate],
+    groups: Sequence[DrainGroup],
     machine_id: Callable[[int], str],
     in_scope: Callable[[Budget], int],
     draining: Callable[[Budget], int],
 ) -> tuple[ActionLog, tuple[Hold, ...]]:
     """Apply do-not-disrupt, then the budgets, to the drains of ``log``.
 
-    ``candidates`` are the machines of the log's drain segments in plan
-    order. Returns the log to commit (``log`` itself when nothing was held)
-    and the holds.
+    ``groups`` are the log's drain segments split by shape and cluster, in
+    plan order. Within a group the first machines are admitted and the
+    rest held. Returns the log to commit (``log`` itself when nothing was
+    held) and the holds, one per machine held.
     """
     holds: list[Hold] = []
     refused: dict[int, set[int]] = {}
-    requests: list[Candidate] = []
-    for candidate in candidates:
-        if candidate.reason is DrainReason.RECLAIM and candidate.protected_until > now:
-            refused.setdefault(candidate.segment, set()).add(candidate.row)
-            holds.append(
-                Hold(
-                    machine_id=machine_id(candidate.row),
-                    cluster_id=candidate.subject.cluster_id,
-                    reason=candidate.reason,
-                    cause="do-not-disrupt",
-                    need_key=candidate.protecting_need,
-                    until=candidate.protected_until,
-                )
-            )
-        else:
-            requests.append(candidate)
-    if budgets and requests:
-        _, refusals = admit(
+    open_rows: list[list[int]] = []
+    for group in groups:
+        rows = list(group.rows)
+        if group.reason is DrainReason.RECLAIM and group.protected:
+            kept = []
+            for row in rows:
+                guard = group.protected.get(row)
+                if guard is not None and guard[0] > now:
+                    refused.setdefault(group.segment, set()).add(row)
+                    holds.append(
+                        Hold(
+                            machine_id=machine_id(row),
+                            cluster_id=group.subject.cluster_id,
+                            reason=group.reason,
+                            cause="do-not-disrupt",
+                            need_key=guard[1],
+                            until=guard[0],
+                        )
+                    )
+                else:
+                    kept.append(row)
+            rows = kept
+        open_rows.append(rows)
+    if budgets:
+        admitted, cut = admit_counts(
             budgets,
             now=now,
-            requests=[(c.subject, c.reason) for c in requests],
+            requests=[
+                (g.subject, g.reason, len(rows)) for g, rows in zip(groups, open_rows, strict=True)
+            ],
             in_scope=in_scope,
             draining=draining,
         )
-        for index, use in refusals:
-            candidate = requests[index]
-            refused.setdefault(candidate.segment, set()).add(candidate.row)
-            holds.append(
-                Hold(
-                    machine_id=machine_id(candidate.row),
-                    cluster_id=candidate.subject.cluster_id,
-                    reason=candidate.reason,
-                    cause="budget",
-                    budget=use.budget.name,
-                    cap=use.cap,
-                    draining=use.draining,
+        for index, use in cut.items():
+            group, rows = groups[index], open_rows[index]
+            for row in rows[admitted[index] :]:
+                refused.setdefault(group.segment, set()).add(row)
+                holds.append(
+                    Hold(
+                        machine_id=machine_id(row),
+                        cluster_id=group.subject.cluster_id,
+                        reason=group.reason,
+                        cause="budget",
+                        budget=use.budget.name,
+                        cap=use.cap,
+                        draining=use.draining,
+                    )
                 )
-            )
     if not refused:
         return log, ()
     return filter_log(log, {s: frozenset(r) for s, r in refused.items()}), tuple(holds)
@@ -720,8 +759,10 @@ def apply(
     do-not-disrupt), ``names`` names a cluster index, ``draining`` maps the
     rows already in flight for a drain to its reason. Costs nothing when no
     budget is configured and no reclaimed machine's cluster asks for
-    do-not-disrupt; otherwise it is linear in the machines of the drain
-    segments, plus one pass over the inventory per budget that applies.
+    do-not-disrupt; otherwise it works per drain segment (a segment's
+    machines share a pool, so a shape and a cluster), plus one count per
+    budget that applies over the inventory's (profile, cluster) pairs, and
+    per machine only where do-not-disrupt is asked or a machine is held.
     """
     log = sheet.log
     drains = [s for s in range(len(log)) if drain_reason(log.kind[s]) is not None]
@@ -750,31 +791,44 @@ def apply(
             shapes[profile] = known
         return known
 
-    def subject(row: int) -> Subject:
-        instance_type, capacity_type, resources = shape(int(inventory.profile[row]))
-        return Subject(instance_type, capacity_type, resources, names(int(inventory.cluster[row])))
+    def subject(profile: int, cluster: int) -> Subject:
+        instance_type, capacity_type, resources = shape(profile)
+        return Subject(instance_type, capacity_type, resources, names(cluster))
 
-    def protection(cluster: int, row: int) -> tuple[float, str]:
+    def protection(cluster: int, rows: Sequence[int]) -> dict[int, tuple[float, str]]:
         demand = demands[cluster]
-        profile = int(inventory.profile[row])
-        configured_at = now - (now_s - int(inventory.since[row]))
-        best, key = 0.0, ""
-        for i, need in enumerate(demand.needs):
-            seconds = need.do_not_disrupt_seconds
-            if seconds <= 0 or profile >= demand.matrix.shape[1] or not demand.matrix[i, profile]:
-                continue
-            if configured_at + seconds > best:
-                best, key = configured_at + seconds, demand.keys[i]
-        return best, key
+        guards: dict[int, tuple[float, str]] = {}
+        for row in rows:
+            profile = int(inventory.profile[row])
+            configured_at = now - (now_s - int(inventory.since[row]))
+            for i, need in enumerate(demand.needs):
+                seconds = need.do_not_disrupt_seconds
+                if seconds <= 0 or profile >= demand.matrix.shape[1]:
+                    continue
+                if (
+                    demand.matrix[i, profile]
+                    and configured_at + seconds > guards.get(row, (0.0, ""))[0]
+                ):
+                    guards[row] = (configured_at + seconds, demand.keys[i])
+        return guards
 
-    candidates: list[Candidate] = []
+    groups: list[DrainGroup] = []
     for s in drains:
         reason = drain_reason(log.kind[s])
         assert reason is not None
-        guard = log.cluster[s] in protected
-        for row in log.rows[s].tolist():
-            until, key = protection(log.cluster[s], row) if guard else (0.0, "")
-            candidates.append(Candidate(s, row, subject(row), reason, until, key))
+        rows = log.rows[s]
+        profiles = inventory.profile[rows].astype(np.int64)
+        clusters = inventory.cluster[rows].astype(np.int64)
+        if (profiles == profiles[0]).all() and (clusters == clusters[0]).all():
+            parts = [(int(profiles[0]), int(clusters[0]), rows.tolist())]
+        else:
+            by_key: dict[tuple[int, int], list[int]] = {}
+            for row, p, c in zip(rows.tolist(), profiles.tolist(), clusters.tolist(), strict=True):
+                by_key.setdefault((p, c), []).append(row)
+            parts = [(p, c, members) for (p, c), members in by_key.items()]
+        for profile, cluster, members in parts:
+            guard = protection(log.cluster[s], members) if log.cluster[s] in protected else {}
+            groups.append(DrainGroup(s, tuple(members), subject(profile, cluster), reason, guard))
 
     pairs: list[tuple[int, int, int]] = []
 
@@ -793,26 +847,24 @@ def apply(
                 (int(k) // width, int(k) % width - 1, int(n))
                 for k, n in zip(unique.tolist(), counts.tolist(), strict=True)
             )
-        total = 0
-        for profile, cluster, n in pairs:
-            instance_type, capacity_type, resources = shape(profile)
-            cluster_id = names(cluster) if cluster >= 0 else ""
-            if budget.scope.matches(Subject(instance_type, capacity_type, resources, cluster_id)):
-                total += n
-        return total
+        return sum(n for p, c, n in pairs if budget.scope.matches(subject(p, c)))
 
     def already(budget: Budget) -> int:
+        alike: dict[tuple[int, int, DrainReason], int] = {}
+        for row, reason in draining.items():
+            key = (int(inventory.profile[row]), int(inventory.cluster[row]), reason)
+            alike[key] = alike.get(key, 0) + 1
         return sum(
-            1
-            for row, reason in draining.items()
-            if reason in budget.reasons and budget.scope.matches(subject(row))
+            n
+            for (p, c, reason), n in alike.items()
+            if reason in budget.reasons and budget.scope.matches(subject(p, c))
         )
 
     return enforce(
         log,
         budgets=budgets,
         now=now,
-        candidates=candidates,
+        groups=groups,
         machine_id=inventory.ids.id_of,
         in_scope=in_scope,
         draining=already,
