@@ -6,7 +6,8 @@
     machines are created, configured and released as demand moves)
     one real shard process (``bench ingest``'s shard child)
     two load processes: C clusters, together R roll-ups/s, open loop, each
-    roll-up a changed 5-need demand
+    roll-up a changed 5-need demand; a stream shed with RESOURCE_EXHAUSTED
+    comes back after the retry hint, as an operator does
 
 Every 10 s the shard's resident memory and open descriptors are sampled;
 ack latency (p50, p99, from the scheduled send) and decision-cycle wall
@@ -95,6 +96,7 @@ async def soak(args: argparse.Namespace) -> int:
                     needs=5,
                     rate=args.rate * n / args.clusters,
                     start_at=start_at,
+                    reconnect=True,  # a shed stream comes back after its hint
                 )
                 for i, n in enumerate(halves)
             ]
