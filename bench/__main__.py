@@ -8,7 +8,8 @@ answers), ``ingest`` (roll-up acks and sessions on one shard process),
 fleet-rate ingestion on one shard: RSS, descriptors, ack latency and cycle
 time every 10 s, with a plot), ``reconcile`` (one
 comparison of providers, record and engine), ``probe`` (one container
-healthcheck, ``bigfleet health``), ``all`` (every suite in turn).
+healthcheck, ``bigfleet health``), ``adoption`` (what budgets and the
+decision log cost a burst cycle), ``all`` (every suite in turn).
 Each line is
 ``{"bench": ..., "metric": ..., "value": ..., "unit": ...}``.
 """
@@ -29,6 +30,7 @@ SUITES = {
     "soak": "bench.soak",
     "reconcile": "bench.reconcile",
     "probe": "bench.probe",
+    "adoption": "bench.adoption",
 }
 
 

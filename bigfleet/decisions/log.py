@@ -1,9 +1,12 @@
 """The decision log as a shard writes it: bounded in memory, flushed to PostgreSQL off the cycle.
 
-Writing must never slow the cycle (issue 19): the cycle loop only turns a
-plan into rows and appends them to a bounded buffer (``record``); a
-separate task (``run``) writes batches with one statement each and prunes
-the shard's rows past retention. If PostgreSQL is slow or down, the buffer
+Writing must never slow the cycle (issue 19): the cycle loop only hands
+over the cycle's rows, not yet built (``defer``: a lazy iterator over the
+immutable plan); a separate task (``run``) builds them a few hundred at a
+time between other work on the loop, buffers them (``record``), writes
+batches with one statement each and prunes the shard's rows past
+retention. At most ``pending_cycles`` cycles wait to be built; beyond
+that the oldest is dropped whole and counted. If PostgreSQL is slow or down, the buffer
 fills and the *oldest* unwritten rows are dropped and counted
 (``bigfleet_decisions_dropped_total``) — the log is evidence, not state,
 and a shard that stops deciding because its log is slow would be worse.
@@ -20,9 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -57,6 +61,8 @@ class LogLimits:
     flush_interval_s: float = 1.0
     prune_every_s: float = 300.0
     repeat_seconds: float = 600.0
+    pending_cycles: int = 120
+    build_slice_rows: int = 500
 
 
 class DecisionLog:
@@ -75,10 +81,33 @@ class DecisionLog:
         self._sink = sink
         self._clock = clock
         self._buffer: deque[Decision] = deque(maxlen=self.limits.buffer_rows)
+        self._deferred: deque[Iterator[Decision]] = deque()
+        self.dropped_cycles = 0
         self._last_said: dict[tuple[str, str, str, str], tuple[str, float]] = {}
         self.written = 0
         self.dropped = 0
         self._wake = asyncio.Event()
+
+    def defer(self, rows: Iterable[Decision]) -> None:
+        """Queue a cycle's rows to be built and buffered by the writer task. O(1)."""
+        if len(self._deferred) >= self.limits.pending_cycles:
+            self._deferred.popleft()
+            self.dropped_cycles += 1
+            log.warning("shard %s: decision log behind; a cycle's rows dropped", self.shard_id)
+        self._deferred.append(iter(rows))
+        self._wake.set()
+
+    async def build(self) -> int:
+        """Build and buffer every deferred cycle's rows, yielding to the loop between slices."""
+        built = 0
+        size = self.limits.build_slice_rows
+        while self._deferred:
+            rows = list(itertools.islice(self._deferred[0], size))
+            if len(rows) < size:
+                self._deferred.popleft()
+            built += self.record(rows)
+            await asyncio.sleep(0)
+        return built
 
     def record(self, rows: Iterable[Decision]) -> int:
         """Buffer a cycle's rows (repeats of ``unmet``/``held`` suppressed). Never blocks.
@@ -119,8 +148,9 @@ class DecisionLog:
         return len(self._buffer)
 
     async def flush(self) -> int:
-        """Write everything buffered, in batches. Returns rows written; raises on failure,
-        leaving the unwritten rows buffered."""
+        """Build what was deferred, then write everything buffered, in batches. Returns rows
+        written; raises on failure, leaving the unwritten rows buffered."""
+        await self.build()
         total = 0
         while self._buffer:
             batch = [self._buffer[i] for i in range(min(self.limits.batch_rows, len(self._buffer)))]

@@ -181,14 +181,15 @@ class Adoption:
         metrics.SHARD_PAUSED.labels(self.shard_id).set(1 if self.modes.paused else 0)
         metrics.SHARD_DRY_RUN.labels(self.shard_id).set(1 if self.modes.dry_run else 0)
 
-    def after_cycle(self, plan: Plan, *, cycle: int) -> int:
-        """Record a cycle's decisions (actions, holds, unmet needs); returns rows buffered."""
+    def after_cycle(self, plan: Plan, *, cycle: int) -> None:
+        """Hand a cycle's decisions (actions, holds, unmet needs) to the decision log."""
         holds = self._engine.holds
         for cause, count in Counter(h.cause for h in holds).items():
             metrics.DRAINS_HELD.labels(self.shard_id, cause).inc(count)
         if self._decisions is None:
-            return 0
-        return self._decisions.record(
+            return
+        # Built by the writer task, off the cycle: the plan and the holds are immutable.
+        self._decisions.defer(
             decisions_of(
                 plan,
                 shard_id=self.shard_id,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
@@ -200,3 +201,31 @@ async def test_a_shard_process_says_it_runs_in_shadow_mode_without_touching_the_
     control = await store.get("shard-0")
 
     assert control.shadow and control.paused and control.reason == "freeze"
+
+
+async def test_deferred_cycles_are_built_by_the_writer_and_a_backlog_drops_the_oldest(
+    database: Database,
+) -> None:
+    store = DecisionStore(database.engine)
+    writer = DecisionLog(
+        "shard-0", store, limits=LogLimits(pending_cycles=2, build_slice_rows=2), clock=lambda: T0
+    )
+    built: list[int] = []
+
+    def cycle(n: int) -> Iterator[Decision]:
+        built.append(n)  # rows are made when the writer iterates, not when handed over
+        for i in range(3):
+            yield row(T0 + n, "release", f"c{n}-m{i}")
+
+    for n in range(3):
+        writer.defer(cycle(n))
+    assert built == []
+
+    await writer.flush()
+
+    assert writer.dropped_cycles == 1
+    assert built == [1, 2]
+    kept = await store.window(
+        since=datetime.fromtimestamp(T0, UTC), until=datetime.fromtimestamp(T0 + 9, UTC)
+    )
+    assert [d.machine_id for d in kept] == [f"c{n}-m{i}" for n in (1, 2) for i in range(3)]
