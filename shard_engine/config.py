@@ -91,6 +91,10 @@ class EngineConfig:
     demand_window_seconds: float = 600.0
     max_releases_per_cycle: int = 100
 
+    # Fleet-wide idle: how long a need waits for another shard's idle machine
+    # (handed over by the coordinator) before it creates or claims one (ADR 0129).
+    fleet_idle_wait_seconds: float = 60.0
+
     # Shortfalls.
     max_shortfalls: int = 100
     escalate_after_cycles: int = 5
@@ -127,6 +131,8 @@ class EngineConfig:
             raise ValueError("reclaim_swing_margin: must not be negative")
         if not self.reclaim_window_seconds >= 0:
             raise ValueError("reclaim_window_seconds: must not be negative")
+        if not self.fleet_idle_wait_seconds >= 0:
+            raise ValueError("fleet_idle_wait_seconds: must not be negative")
         if self.health_miss_threshold < 1:
             raise ValueError("health_miss_threshold: must be at least 1")
         thresholds = [t for t, _ in self.grace_thresholds]

@@ -15,7 +15,7 @@ and the next cycle assigns it there before anything else.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain, repeat
 from types import MappingProxyType
@@ -28,6 +28,7 @@ from shard_engine.catalog import ProfileCatalog
 from shard_engine.clusters import NO_CLUSTER, ClusterIndex
 from shard_engine.config import EngineConfig, VictimWeights
 from shard_engine.demand_history import DemandHistory
+from shard_engine.fleet_idle import FleetIdle, RemoteIdle
 from shard_engine.inventory import (
     FLAG_IN_FLIGHT,
     FLAG_PROMISED,
@@ -193,8 +194,19 @@ class ShardEngine:
         self._arrivals = verdicts.Arrivals()
         self._last: verdicts.LastCycle | None = None
         self._cycles = 0
+        self._fleet_idle = FleetIdle(self.config.fleet_idle_wait_seconds)
 
     # -- observations ------------------------------------------------------------
+    def set_fleet_idle(self, offers: Sequence[RemoteIdle]) -> None:
+        """The idle machines the *other* shards hold, as the coordinator last saw them.
+
+        Replaces the previous set. A need one of them fits waits for it
+        (``fleet_idle``, ADR 0129) rather than creating or claiming capacity,
+        for at most ``fleet_idle_wait_seconds``. Never called: the shard buys
+        as a lone shard would.
+        """
+        self._fleet_idle.update(offers)
+
     def upsert_machine(self, record: MachineRecord, *, now: float) -> None:
         """Record a new or changed observation of a machine.
 
@@ -328,6 +340,7 @@ class ShardEngine:
         lap("prepare")
         self._assign_promises(sheet, by_cluster)
         lap("promises")
+        self._fleet_idle.begin_cycle()
         pending = phase1.assign(
             sheet=sheet,
             table=self._table,
@@ -336,6 +349,7 @@ class ShardEngine:
             masks=self._masks,
             tolerance=RELATIVE_TOLERANCE,
             max_spread_steps=config.max_spread_steps,
+            fleet=self._fleet_idle if self._fleet_idle.offers else None,
         )
         lap("phase1")
         pending = preemption.preempt(

@@ -17,6 +17,7 @@ from shard_engine.model import Need
 from shard_engine.needs import Demand
 
 __all__ = [
+    "REASON_AWAITING_TRANSFER",
     "REASON_NO_SUPPLY",
     "REASON_PAUSED",
     "REASON_PREEMPTION_EXHAUSTED",
@@ -30,6 +31,7 @@ REASON_NO_SUPPLY = "no matching supply"
 REASON_TOPOLOGY = "topology unsatisfiable"
 REASON_PREEMPTION_EXHAUSTED = "preemption exhausted"
 REASON_PAUSED = "actuation paused"
+REASON_AWAITING_TRANSFER = "awaiting another shard's idle machine"
 
 
 @dataclass(slots=True)
@@ -43,6 +45,9 @@ class PendingNeed:
     topology_block: str = ""
     victims_available: int = 0
     victims_taken: int = 0
+    # Phase 1 left it for an idle machine another shard holds (``fleet_idle``):
+    # Phase 2 does not preempt for it and the coordinator is asked for a transfer.
+    awaiting_transfer: bool = False
 
     @property
     def cluster(self) -> int:

@@ -33,6 +33,7 @@ from shard_engine.actions import ActionKind
 from shard_engine.catalog import ProfileCatalog
 from shard_engine.claims import claim
 from shard_engine.costs import dominant_dimension, effective_cost
+from shard_engine.fleet_idle import FleetIdle
 from shard_engine.needs import Demand, NeedsTable
 from shard_engine.pending import PendingNeed
 from shard_engine.pools import TIER_IDLE, TIER_SPECULATIVE, PoolKey
@@ -139,8 +140,14 @@ def assign(
     masks: RequirementMasks,
     tolerance: float,
     max_spread_steps: int,
+    fleet: FleetIdle | None = None,
 ) -> list[PendingNeed]:
-    """Run Phase 1 over every short need; return those still short, in cycle order."""
+    """Run Phase 1 over every short need; return those still short, in cycle order.
+
+    ``fleet`` holds the idle machines other shards reported: a need one of
+    them fits waits for it (a shortfall the coordinator answers with an idle
+    transfer) instead of drawing on speculative capacity, for a while.
+    """
     alloc = catalog.alloc
     names = catalog.dims.names
     pending: list[PendingNeed] = []
@@ -209,8 +216,11 @@ def assign(
             continue
         if block or not deficit.any():
             sheet.memo.starved.pop(starved_key, None)
+            if fleet is not None and not deficit.any():
+                fleet.met(demand.cluster, demand.keys[index])
             continue
         spread = None
+        awaiting = False
         if need.spread:
             spread = SpreadState(
                 catalog=catalog,
@@ -224,6 +234,19 @@ def assign(
             unit = demand.min_unit[index] if demand.min_unit[index].any() else None
             for tier in (TIER_IDLE, TIER_SPECULATIVE):
                 if not deficit.any():
+                    break
+                if (
+                    tier == TIER_SPECULATIVE
+                    and fleet is not None
+                    and fleet.wait(
+                        cluster=demand.cluster,
+                        key=demand.keys[index],
+                        need=need,
+                        deficit={names[d]: float(deficit[d]) for d in np.flatnonzero(deficit)},
+                        now=sheet.now,
+                    )
+                ):
+                    awaiting = True
                     break
                 candidates = np.flatnonzero(mask & (sheet.free[tier] > 0))
                 if len(candidates) == 0:
@@ -260,8 +283,10 @@ def assign(
             if blocked and deficit.any():
                 block = "hard topology spread leaves no allowed domain with free capacity"
         if deficit.any():
-            pending.append(PendingNeed(demand, index, deficit, mask, block))
-        if untouched and not took and deficit.any():
+            pending.append(
+                PendingNeed(demand, index, deficit, mask, block, awaiting_transfer=awaiting)
+            )
+        if untouched and not took and deficit.any() and not awaiting:
             sheet.memo.starved[starved_key] = Starved(
                 before, arrivals, deficit.copy(), mask, block, scope
             )

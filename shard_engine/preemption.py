@@ -251,8 +251,8 @@ def preempt(
         config.victim_weights_normal, config.victim_weights_saturated, saturation(sheet)
     )
     for item in pending:
-        if not item.unsatisfied:
-            continue
+        if not item.unsatisfied or item.awaiting_transfer:
+            continue  # a need waiting for another shard's idle machine does not preempt
         _preempt_for(sheet, item, groups, catalog, alloc, weights, config, tolerance)
     return pending
 

@@ -22,6 +22,7 @@ from shard_engine.config import EngineConfig
 from shard_engine.inventory import Inventory
 from shard_engine.model import Shortfall
 from shard_engine.pending import (
+    REASON_AWAITING_TRANSFER,
     REASON_NO_SUPPLY,
     REASON_PREEMPTION_EXHAUSTED,
     REASON_PRIORITY_STARVED,
@@ -42,6 +43,8 @@ def explain(pending: PendingNeed, inventory: Inventory) -> str:
     priority-starved (every matching machine is held at equal or higher
     priority, or already in motion).
     """
+    if pending.awaiting_transfer:
+        return f"{REASON_AWAITING_TRANSFER}: a matching idle machine is held by another shard"
     if pending.topology_block:
         return f"{REASON_TOPOLOGY}: {pending.topology_block}"
     members = inventory.members

@@ -1,0 +1,135 @@
+"""The fleet's idle machines as one shard sees them: idle first means fleet-wide.
+
+Phase 1 takes a shard's own idle machines before creating or claiming new
+ones. With several shards that stopped at the shard's border: shard B
+created (or claimed bare metal) while shard A held matching idle machines,
+and paid for both (issue 18: two clusters in sequence cost $21.60 on two
+shards against $14.40 on one). The coordinator already moves idle machines
+between shards first (its step 1), but only for a *shortfall*, and a shard
+that can still buy never reports one.
+
+So the coordinator (or whatever runs its rounds) hands each shard the idle
+machines the *other* shards reported (:class:`RemoteIdle`), and before a
+need draws on speculative capacity Phase 1 asks :class:`FleetIdle`: if
+another shard holds an idle machine that fits the need, the need waits for
+it — reported as a shortfall, so the coordinator's idle transfer brings
+the machine — for at most ``fleet_idle_wait_seconds``. A transfer of an
+idle machine is bookkeeping plus a configure; a create is a launch plus a
+configure; bare metal claimed is paid for as long as the run. If the
+transfer has not come within the wait, the need buys as before. Gangs do
+not wait (a transfer is one profile at a time and racks are dealt whole).
+
+Pure and clock-free: the caller passes ``now``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from shard_engine.model import Need, Operator, Requirement
+
+__all__ = ["FleetIdle", "RemoteIdle", "labels_fit"]
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteIdle:
+    """Idle machines of one shape that another shard holds (its last report)."""
+
+    shard_id: str
+    labels: Mapping[str, str]
+    allocatable: Mapping[str, float]
+    count: int
+
+
+def labels_fit(requirements: Sequence[Requirement], labels: Mapping[str, str]) -> bool:
+    """Do a machine's labels satisfy every requirement? (Same: the key exists, in its values.)"""
+    for req in requirements:
+        value = labels.get(req.key)
+        op = req.operator
+        if op is Operator.IN and value not in req.values:
+            return False
+        if op is Operator.NOT_IN and value in req.values:
+            return False
+        if op is Operator.EXISTS and value is None:
+            return False
+        if op is Operator.DOES_NOT_EXIST and value is not None:
+            return False
+        if op is Operator.SAME and (value is None or (req.values and value not in req.values)):
+            return False
+    return True
+
+
+@dataclass(slots=True)
+class FleetIdle:
+    """Other shards' idle machines, and since when each need has waited for one.
+
+    ``offers`` is replaced whole by :meth:`update` each coordinator round;
+    within a cycle :meth:`wait` spends them, so two needs do not wait for
+    the same machine.
+    """
+
+    wait_seconds: float = 60.0
+    offers: tuple[RemoteIdle, ...] = ()
+    waiting_since: dict[tuple[int, str], float] = field(default_factory=dict)
+    _left: list[int] = field(default_factory=list)
+
+    def update(self, offers: Sequence[RemoteIdle]) -> None:
+        """Replace what the other shards hold idle (an empty sequence: nothing)."""
+        self.offers = tuple(o for o in offers if o.count > 0)
+        self._left = [o.count for o in self.offers]
+
+    def begin_cycle(self) -> None:
+        """Every offer is whole again at the start of a cycle."""
+        self._left = [o.count for o in self.offers]
+
+    def wait(
+        self,
+        *,
+        cluster: int,
+        key: str,
+        need: Need,
+        deficit: Mapping[str, float],
+        now: float,
+    ) -> bool:
+        """Should this need wait for another shard's idle machine instead of buying now?
+
+        True when an offer fits the need (requirements, ``min_unit``, and it
+        offers something the deficit lacks) and the need has waited less
+        than ``wait_seconds`` since it first did; the offer's machines are
+        then spent for this cycle. False otherwise, and the wait is over.
+        """
+        since_key = (cluster, key)
+        if not self.offers or any(r.operator is Operator.SAME for r in need.requirements):
+            self.waiting_since.pop(since_key, None)
+            return False
+        started = self.waiting_since.get(since_key, now)
+        if now - started >= self.wait_seconds:
+            return False  # waited long enough: buy (the entry stays until the need is met)
+        for i, offer in enumerate(self.offers):
+            if self._left[i] <= 0 or not labels_fit(need.requirements, offer.labels):
+                continue
+            if any(offer.allocatable.get(k, 0.0) < v for k, v in need.min_unit.items() if v > 0):
+                continue
+            machines = _machines_for(deficit, offer.allocatable)
+            if machines <= 0:
+                continue
+            self._left[i] -= min(machines, self._left[i])
+            self.waiting_since[since_key] = started
+            return True
+        self.waiting_since.pop(since_key, None)
+        return False
+
+    def met(self, cluster: int, key: str) -> None:
+        """The need is covered: a later shortage waits afresh."""
+        self.waiting_since.pop((cluster, key), None)
+
+
+def _machines_for(deficit: Mapping[str, float], allocatable: Mapping[str, float]) -> int:
+    """Machines of this shape the deficit takes, counting only what the shape offers; 0 if none."""
+    count = 0
+    for name, amount in deficit.items():
+        per = allocatable.get(name, 0.0)
+        if amount > 0 and per > 0:
+            count = max(count, -int(-amount // per))
+    return count

@@ -1,0 +1,107 @@
+"""Idle first, fleet-wide (issue 18 item 3, ADR 0129).
+
+A shard told that another shard holds a matching idle machine does not
+create one: the need waits for the coordinator's idle transfer, reported as
+a shortfall, for at most ``fleet_idle_wait_seconds``, then buys as before.
+"""
+
+from __future__ import annotations
+
+from shard_engine.config import EngineConfig
+from shard_engine.coordination import ProfileSupply, ShardShortfall, ShardView, plan_transfers
+from shard_engine.engine import ShardEngine
+from shard_engine.fleet_idle import RemoteIdle
+from shard_engine.model import MachineState, Provision
+from tests.unit.engine.engine_fleet import GI, fleet, need, of_kind, rollup, same, zone_in
+
+LABELS = {"topology.kubernetes.io/zone": "zone-a", "rack": "r1"}
+ALLOC = {"cpu": 4.0, "memory": 16 * GI}
+
+
+def shard_b(wait: float = 60.0) -> ShardEngine:
+    engine = ShardEngine(EngineConfig(fleet_idle_wait_seconds=wait))
+    fleet(engine, 4, prefix="b-spec", state=MachineState.SPECULATIVE, labels=LABELS)
+    return engine
+
+
+def offer(count: int = 1) -> RemoteIdle:
+    return RemoteIdle(shard_id="a", labels=LABELS, allocatable=ALLOC, count=count)
+
+
+def test_a_need_another_shards_idle_machine_fits_waits_for_it_and_reports_it() -> None:
+    engine = shard_b()
+    engine.set_fleet_idle([offer()])
+    engine.apply_rollup(rollup("web", 1, need(cpu=4)), now=0)
+
+    plan = engine.cycle(now=1)
+
+    assert of_kind(plan, Provision) == []
+    [shortfall] = plan.shortfalls
+    assert shortfall.cluster_id == "web"
+    assert engine.why_not("web")[shortfall.need_key].startswith("awaiting another shard")
+
+
+def test_the_coordinator_answers_the_wait_with_an_idle_transfer() -> None:
+    engine = shard_b()
+    engine.set_fleet_idle([offer()])
+    engine.apply_rollup(rollup("web", 1, need(cpu=4)), now=0)
+    plan = engine.cycle(now=1)
+    donor = ShardView(
+        "a",
+        total_machines=10,
+        supply=(ProfileSupply("sim", "m.xlarge", "zone-a", 0, LABELS, ALLOC, idle=1),),
+    )
+    reported = tuple(
+        ShardShortfall(s.cluster_id, s.need_key, s.priority, dict(s.deficit))
+        for s in plan.shortfalls
+    )
+    receiver = ShardView("b", total_machines=4, shortfalls=reported)
+
+    [instruction] = plan_transfers({"a": donor, "b": receiver})
+
+    assert (instruction.kind, instruction.donor, instruction.receiver) == ("idle", "a", "b")
+    assert instruction.count == 1
+
+
+def test_after_the_wait_the_need_buys_as_before() -> None:
+    engine = shard_b(wait=30)
+    engine.set_fleet_idle([offer()])
+    engine.apply_rollup(rollup("web", 1, need(cpu=4)), now=0)
+
+    waited = [len(of_kind(engine.cycle(now=t), Provision)) for t in (1, 11, 21)]
+    bought = engine.cycle(now=31)
+
+    assert waited == [0, 0, 0]
+    assert len(of_kind(bought, Provision)) == 1
+
+
+def test_without_the_fleet_index_or_with_nothing_that_fits_the_shard_buys_at_once() -> None:
+    lone = shard_b()
+    lone.apply_rollup(rollup("web", 1, need(cpu=4)), now=0)
+    other_zone = shard_b()
+    other_zone.set_fleet_idle(
+        [RemoteIdle("a", {"topology.kubernetes.io/zone": "zone-b"}, ALLOC, 3)]
+    )
+    other_zone.apply_rollup(rollup("web", 1, need(cpu=4, requirements=[zone_in("zone-a")])), now=0)
+
+    assert len(of_kind(lone.cycle(now=1), Provision)) == 1
+    assert len(of_kind(other_zone.cycle(now=1), Provision)) == 1
+
+
+def test_one_idle_machine_elsewhere_holds_back_only_what_it_can_serve() -> None:
+    engine = shard_b()
+    engine.set_fleet_idle([offer(1)])
+    engine.apply_rollup(rollup("web", 1, need(cpu=4)), now=0)
+    engine.apply_rollup(rollup("api", 1, need(cpu=4)), now=0)
+
+    plan = engine.cycle(now=1)
+
+    assert len(of_kind(plan, Provision)) == 1  # one waits for the remote machine, one buys
+
+
+def test_a_gang_does_not_wait_for_single_machines_of_another_shard() -> None:
+    engine = shard_b()
+    engine.set_fleet_idle([offer(4)])
+    engine.apply_rollup(rollup("train", 1, need(cpu=8, requirements=[same("rack")])), now=0)
+
+    assert len(of_kind(engine.cycle(now=1), Provision)) == 1
