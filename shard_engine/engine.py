@@ -16,7 +16,7 @@ and the next cycle assigns it there before anything else.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import chain, repeat
 from types import MappingProxyType
 
@@ -723,7 +723,7 @@ class ShardEngine:
         the list (``total`` still counts every need). Raises ``ValueError``
         for a negative limit.
         """
-        return verdicts.inspect(
+        found = verdicts.inspect(
             last=self._last,
             cluster_id=cluster_id or None,
             limit=limit,
@@ -733,6 +733,25 @@ class ShardEngine:
             reasons=self._memory.why_not,
             ages=self._memory.ages,
             arrivals=self._arrivals,
+        )
+        if not self.paused:
+            return found
+        # A paused cycle plans what it would do but starts none of it: a need it would
+        # have served is not satisfied, and the why-not says so (ADR 0142).
+        paused = {
+            (self._clusters.name(c), key)
+            for c, reasons in self._memory.why_not.items()
+            for key, reason in reasons.items()
+            if reason == REASON_PAUSED
+        }
+        return replace(
+            found,
+            verdicts=tuple(
+                replace(v, satisfied=False, detail=REASON_PAUSED)
+                if (v.cluster_id, v.need_key) in paused
+                else v
+                for v in found.verdicts
+            ),
         )
 
     def why_not(self, cluster_id: str) -> Mapping[str, str]:

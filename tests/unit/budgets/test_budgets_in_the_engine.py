@@ -186,3 +186,20 @@ def test_without_budgets_or_do_not_disrupt_the_plan_is_unchanged() -> None:
     assert machine_ids(plain.cycle(now=TUESDAY_MORNING + 1).actions) == machine_ids(
         budgeted.cycle(now=TUESDAY_MORNING + 1).actions
     )
+
+
+def test_while_paused_the_why_not_of_a_need_it_would_serve_says_actuation_paused() -> None:
+    engine = ShardEngine(EAGER)
+    fleet(engine, 4, state=MachineState.IDLE, now=TUESDAY_MORNING)
+    engine.apply_rollup(rollup("c1", 1, need(cpu=8)), now=TUESDAY_MORNING)
+    engine.paused = True
+
+    plan = engine.cycle(now=TUESDAY_MORNING + 1)
+    [verdict] = engine.inspect_needs("c1").verdicts
+
+    assert plan.actions == ()
+    assert set(plan.why_not.values()) == {"actuation paused"}
+    assert (verdict.satisfied, verdict.detail) == (False, "actuation paused")
+    engine.paused = False
+    engine.cycle(now=TUESDAY_MORNING + 2)
+    assert engine.inspect_needs("c1").verdicts[0].detail != "actuation paused"
