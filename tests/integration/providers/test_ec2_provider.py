@@ -121,14 +121,15 @@ async def h(local: LocalEc2) -> AsyncIterator[Ec2Harness]:
 
 
 class FaultProxy:
-    """Forwards every request to moto, except that the next RunInstances
-    calls are answered with the EC2 error codes queued in ``faults``. Runs on
+    """Forwards every request to moto, except that the next calls of an
+    action are answered with the EC2 error codes queued for it in
+    ``faults`` (``faults["RunInstances"] = ["RequestLimitExceeded"]``). Runs on
     its own loop in its own thread: the provider's constructor reads its
     catalog through it with blocking calls."""
 
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream
-        self.faults: list[str] = []
+        self.faults: collections.defaultdict[str, list[str]] = collections.defaultdict(list)
         self.seen: collections.Counter[str] = collections.Counter()
         self.url = ""
         self._loop = asyncio.new_event_loop()
@@ -166,8 +167,8 @@ class FaultProxy:
         body = await request.read()
         action = parse_qs(body.decode(errors="replace")).get("Action", [""])[0]
         self.seen[action] += 1
-        if action == "RunInstances" and self.faults:
-            code = self.faults.pop(0)
+        if self.faults[action]:
+            code = self.faults[action].pop(0)
             xml = (
                 "<Response><Errors><Error><Code>"
                 f"{code}</Code><Message>injected by the test</Message></Error></Errors>"
@@ -369,7 +370,7 @@ async def test_throttled_launches_back_off_and_land_once(
     proxied: tuple[Ec2Harness, FaultProxy],
 ) -> None:
     h, proxy = proxied
-    proxy.faults = ["RequestLimitExceeded", "RequestLimitExceeded"]
+    proxy.faults["RunInstances"] = ["RequestLimitExceeded", "RequestLimitExceeded"]
     before = proxy.seen["RunInstances"]
     idle = await h.idle()
     assert proxy.seen["RunInstances"] == before + 3
@@ -381,7 +382,7 @@ async def test_insufficient_capacity_fails_the_create_and_cools_the_pool_down(
     proxied: tuple[Ec2Harness, FaultProxy],
 ) -> None:
     h, proxy = proxied
-    proxy.faults = ["InsufficientInstanceCapacity"]
+    proxy.faults["RunInstances"] = ["InsufficientInstanceCapacity"]
     first = await h.machine(spot)
     await h.client.create(first.id, h.shard().token())
     failed = await h.wait_state(first.id, pb.MACHINE_STATE_FAILED)
@@ -460,3 +461,46 @@ async def test_an_instance_ec2_ends_under_an_on_demand_machine_fails_it(h: Ec2Ha
     h.local.client("ec2").terminate_instances(InstanceIds=[idle.host.ref])
     failed = await h.wait_state(idle.id, pb.MACHINE_STATE_FAILED)
     assert failed.last_error.startswith(f"instance {idle.host.ref} is terminated outside BigFleet")
+
+
+async def test_an_instance_launched_before_a_restart_is_terminated_when_its_machine_is_cleaned_up(
+    local: LocalEc2, tmp_path: Path
+) -> None:
+    proxy = FaultProxy(local.endpoint_url)
+    proxy.start()
+    settings = replace(local.settings, endpoint_url=proxy.url)
+    state = tmp_path / "ec2.json"
+    try:
+        first = await harness_for(local, settings, state_path=state)
+        machine = await first.machine()
+        # EC2 launches the instance, then stops answering DescribeInstances:
+        # the machine is CREATING when the provider dies.
+        proxy.faults["DescribeInstances"] = ["RequestLimitExceeded"] * 10_000
+        await first.client.create(machine.id, first.shard().token())
+        await first.wait_until(
+            lambda: proxy.seen["RunInstances"] >= 1 and first.ec2.stats["throttled"] > 0
+        )
+        await first.client.close()
+        assert first.running is not None
+        await first.running.stop(grace=None)
+        proxy.faults.clear()
+
+        second = await harness_for(local, settings, state_path=state)
+        try:
+            failed = await second.client.get(machine.id)
+            assert failed.state == pb.MACHINE_STATE_FAILED
+            assert "restart" in failed.last_error
+            instance_id = failed.host.ref
+            assert instance_id.startswith("i-")
+            assert second.instance(instance_id)["State"]["Name"] == "running"
+            second.ec2.clear_failed(machine.id)
+            await second.wait_until(
+                lambda: second.instance(instance_id)["State"]["Name"] == "terminated"
+            )
+            assert (await second.client.get(machine.id)).state == pb.MACHINE_STATE_SPECULATIVE
+        finally:
+            await second.client.close()
+            assert second.running is not None
+            await second.running.stop(grace=None)
+    finally:
+        proxy.stop()
