@@ -290,8 +290,10 @@ async def run_load(args: argparse.Namespace) -> LoadResult:
                 return
             await asyncio.sleep(s.retry_after)
             s.waiting.clear()  # roll-ups sent on the shed stream are never answered
-            if await s.hello():
-                return
+            # An operator keeps trying (each refusal's hint is waited for in hello()).
+            while await s.hello():
+                if time.monotonic() >= until:
+                    return
             result.reconnected += 1
 
     readers = [asyncio.create_task(keep(s)) for s in live]
