@@ -294,6 +294,7 @@ async def run_load(args: argparse.Namespace) -> LoadResult:
             while await s.hello():
                 if time.monotonic() >= until:
                     return
+                await asyncio.sleep(1.0)  # a refusal without a hint: back off a little
             result.reconnected += 1
 
     readers = [asyncio.create_task(keep(s)) for s in live]
