@@ -25,19 +25,31 @@ Two extensions beyond the Go reference, both within its wire:
 model asks once more for a pod its nodes hold in total but cannot fit
 because of fragmentation, so the shard brings a machine it fits on), and
 every need's ``min_unit`` and aggregate name only resources some pod asked for.
+A re-ask must not overshoot: :func:`reasks` drops the re-ask of a pod that a
+machine on its way to the cluster will hold (issue 18: the last pods of a
+burst were re-asked while their machine was still launching, and the extra
+machine stayed).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bigfleet.v1alpha1 import capacity_pb2
 from clusters.pods import DIMENSIONS, PodSpec, Vector
+from shard_engine.fleet_idle import labels_fit
 from shard_engine.model import Operator, Requirement, TopologySpread, WhenUnsatisfiable
 from shard_engine.quantity import format_quantity
 
-__all__ = ["AggregationKey", "bucket_for_dollars", "build_rollup", "need_key_of"]
+__all__ = [
+    "AggregationKey",
+    "Upcoming",
+    "bucket_for_dollars",
+    "build_rollup",
+    "need_key_of",
+    "reasks",
+]
 
 AggregationKey = tuple[
     tuple[tuple[str, int, tuple[str, ...]], ...],
@@ -191,3 +203,41 @@ def build_rollup(
     return capacity_pb2.ClusterCapacityNeeds(
         cluster_id=cluster_id, timestamp_unix_nanos=timestamp_ns, needs=needs
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Upcoming:
+    """A machine on its way to the cluster (creating or configuring for it): what it will offer."""
+
+    allocatable: Vector
+    labels: Mapping[str, str]
+
+
+def reasks(
+    pending: Sequence[tuple[PodSpec, bool]], upcoming: Sequence[Upcoming], *, gap: bool = True
+) -> dict[str, int]:
+    """The fragmentation re-asks (``extra``) that machines on their way do not already cover.
+
+    ``pending`` is the cluster's pending pods in scheduling order (highest
+    priority, then oldest, first), each with whether it is fragmented;
+    ``upcoming`` the machines on their way. Every pending pod is placed
+    first-fit on the upcoming machines whose labels satisfy its
+    requirements, because those machines were bought for pending pods; a
+    fragmented pod that finds room asks for nothing more, one that does not
+    is re-asked once. With nothing on its way, every fragmented pod is.
+    """
+    room = [list(u.allocatable) for u in upcoming]
+    out: dict[str, int] = {}
+    for pod, fragmented in pending:
+        request = pod.placement(gap=False) if pod.in_gap else pod.placement(gap=gap)
+        for i, machine in enumerate(upcoming):
+            left = room[i]
+            if all(r <= f + 1e-9 for r, f in zip(request, left, strict=True)) and labels_fit(
+                _requirements(pod), machine.labels
+            ):
+                room[i] = [f - r for f, r in zip(left, request, strict=True)]
+                break
+        else:
+            if fragmented:
+                out[pod.name] = 1
+    return out

@@ -7,7 +7,7 @@ import pytest
 from bigfleet.shard.convert import rollup_from_wire
 from bigfleet.v1alpha1 import capacity_pb2
 from clusters.pods import PodSpec
-from clusters.rollup import bucket_for_dollars, build_rollup
+from clusters.rollup import Upcoming, bucket_for_dollars, build_rollup, reasks
 from shard_engine.model import (
     AppClass,
     Operator,
@@ -159,3 +159,35 @@ def test_bad_pods_are_refused_naming_the_field() -> None:
         PodSpec.build("x", {"cpu": 1.0}, colocation="g")
     with pytest.raises(ValueError, match="interruption_penalty"):
         PodSpec.build("x", {"cpu": 1.0}, interruption_penalty=float("nan"))
+
+
+M6I_4XL = Upcoming(allocatable=(15.89, 59824 * 2.0**20, 0.0), labels={})
+
+
+def test_a_re_ask_that_a_machine_on_its_way_holds_asks_for_nothing() -> None:
+    # Nine pods of 4 cores/16 GiB, three m6i.4xlarge bought: two have joined with
+    # three pods each, the last three pods are pending and count as fragmented
+    # (the two nodes hold them in total). The third machine, still configuring,
+    # holds all three: nothing more is asked.
+    pending = [(_pod(f"web-{i}", 4, 16), True) for i in range(6, 9)]
+
+    assert reasks(pending, [M6I_4XL]) == {}
+    assert reasks(pending, []) == {"web-6": 1, "web-7": 1, "web-8": 1}
+
+
+def test_machines_on_their_way_serve_the_pending_pods_they_were_bought_for_first() -> None:
+    # The machine on its way holds three pods; four are pending, the first three
+    # not fragmented (it was bought for them): the fragmented fourth is re-asked.
+    pending = [(_pod(f"new-{i}", 4, 16), False) for i in range(3)]
+    pending.append((_pod("late", 4, 16), True))
+
+    assert reasks(pending, [M6I_4XL]) == {"late": 1}
+
+
+def test_a_machine_on_its_way_that_the_pod_cannot_use_does_not_cover_it() -> None:
+    pod = _pod("zonal", 4, 16, requirements=(ZONE_A,))
+    elsewhere = Upcoming(M6I_4XL.allocatable, {"topology.kubernetes.io/zone": "us-east-1b"})
+    there = Upcoming(M6I_4XL.allocatable, {"topology.kubernetes.io/zone": "us-east-1a"})
+
+    assert reasks([(pod, True)], [elsewhere]) == {"zonal": 1}
+    assert reasks([(pod, True)], [there]) == {}
