@@ -32,7 +32,7 @@ checks.
 from __future__ import annotations
 
 import logging
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -50,12 +50,12 @@ from bigfleet.shard.core import (
     run_now,
 )
 from bigfleet.shard.state import ShardState, Workload
+from bigfleet.shard.supply import Held, profile_supply
 from providers.errors import ProviderError
 from providers.model import FencingToken
 from shard_engine.catalog import LABEL_RACK
 from shard_engine.coordination import (
     Instruction,
-    ProfileSupply,
     ShardShortfall,
     ShardView,
     plan_transfers,
@@ -442,38 +442,19 @@ class BigFleetPolicy:
         busy: frozenset[str],
         lacking: tuple[tuple[Shortfall, Need | None], ...],
     ) -> ShardView:
-        """What the shard reports: supply per profile (not busy) and its shortfalls."""
-        idle: Counter[ProfileKey] = Counter()
-        speculative: Counter[ProfileKey] = Counter()
-        configured: dict[ProfileKey, Counter[int]] = defaultdict(Counter)
-        priorities = shard.state.priorities()
-        for mid in shard.state.owned:
-            if mid in busy or mid in shard.ops or shard.state.is_leaving(mid):
-                continue
-            state = self.state_of.get(mid)
-            key = self.profile_of[mid]
-            if state is MachineState.IDLE:
-                idle[key] += 1
-            elif state is MachineState.SPECULATIVE:
-                speculative[key] += 1
-            elif state is MachineState.CONFIGURED and mid in priorities:
-                configured[key][priorities[mid]] += 1
-        supply = []
-        for key in set(idle) | set(speculative) | set(configured):
-            sample = self.profiles[key]
-            supply.append(
-                ProfileSupply(
-                    provider=key[0],
-                    instance_type=key[1],
-                    zone=key[2],
-                    capacity_type=key[3],
-                    labels=sample.labels,
-                    allocatable=sample.allocatable,
-                    idle=idle[key],
-                    speculative=speculative[key],
-                    configured_by_priority=dict(configured.get(key, {})),
-                )
+        """What the shard reports: supply per profile and its shortfalls (production's rule)."""
+        state = shard.state
+        supply = profile_supply(
+            Held(
+                sample=self.profiles[self.profile_of[mid]],
+                state=self.state_of[mid],
+                # The mirror keeps states only: a settled machine is bound iff configured.
+                bound=self.state_of[mid] is MachineState.CONFIGURED,
+                priority=state.priority(mid),
+                busy=mid in busy or mid in shard.ops or state.is_leaving(mid),
             )
+            for mid in state.owned
+        )
         shortfalls = [
             ShardShortfall(
                 cluster_id=sf.cluster_id,
@@ -490,7 +471,7 @@ class BigFleetPolicy:
         return ShardView(
             shard_id=shard.shard_id,
             total_machines=len(shard.state.owned),
-            supply=tuple(sorted(supply, key=lambda s: s.key)),
+            supply=supply,
             shortfalls=tuple(shortfalls),
         )
 

@@ -2,6 +2,7 @@
 
     engine machines (not in flight, not promised) -> ProfileReport per (provider,
         instance type, zone, capacity type): idle, speculative, configured by priority
+        (bigfleet.shard.supply, the rule the simulator's coordinator reads too)
     blocked preemption drains + the engine's shortfalls -> up to 100 ShortfallReports
         (with the need's requirements and min_unit, from the needs in force)
     -> signal CoordinatorWorkflow.report
@@ -20,9 +21,10 @@ from temporalio.service import RPCError
 from bigfleet.shard.convert import requirement_specs
 from bigfleet.shard.lease import LeaseKeeper
 from bigfleet.shard.state import ShardState
+from bigfleet.shard.supply import Held, profile_supply
 from bigfleet.shard.terms import CoordinatorTerms
 from shard_engine.engine import ShardEngine
-from shard_engine.model import MachineState, Shortfall
+from shard_engine.model import Shortfall
 from workflows import coordinator as co
 
 log = logging.getLogger(__name__)
@@ -62,31 +64,33 @@ class CoordinatorReporter:
 
     def build_report(self) -> co.ShardReport:
         """Summary + up to 100 shortfalls for the coordinator."""
-        busy = set(self._state.engine.in_flight()) | set(self._state.engine.promised())
-        profiles: dict[tuple[str, str, str, int], co.ProfileReport] = {}
-        total = 0
-        for record in self._state.engine.machines():
-            total += 1
-            key = (record.provider, record.instance_type, record.zone, int(record.capacity_type))
-            prof = profiles.get(key)
-            if prof is None:
-                prof = profiles[key] = co.ProfileReport(
-                    provider=record.provider,
-                    instance_type=record.instance_type,
-                    zone=record.zone,
-                    capacity_type=int(record.capacity_type),
-                    labels=dict(record.labels),
-                    allocatable=dict(record.allocatable),
-                )
-            if record.id in busy:
-                continue
-            if record.state == MachineState.IDLE and not record.cluster:
-                prof.idle += 1
-            elif record.state == MachineState.SPECULATIVE:
-                prof.speculative += 1
-            elif record.state == MachineState.CONFIGURED:
-                prio = str(self._state.priority(record.id))
-                prof.configured_by_priority[prio] = prof.configured_by_priority.get(prio, 0) + 1
+        engine = self._state.engine
+        busy = self._state.busy()
+        records = list(engine.machines())
+        supply = profile_supply(
+            Held(
+                sample=r,
+                state=r.state,
+                bound=bool(r.cluster),
+                priority=self._state.priority(r.id),
+                busy=r.id in busy,
+            )
+            for r in records
+        )
+        profiles = [
+            co.ProfileReport(
+                provider=p.provider,
+                instance_type=p.instance_type,
+                zone=p.zone,
+                capacity_type=p.capacity_type,
+                labels=dict(p.labels),
+                allocatable=dict(p.allocatable),
+                idle=p.idle,
+                speculative=p.speculative,
+                configured_by_priority={str(k): v for k, v in p.configured_by_priority.items()},
+            )
+            for p in supply
+        ]
         shortfalls = []
         for sf in self.shortfalls()[:MAX_REPORTED_SHORTFALLS]:
             need = self._state.need(sf.cluster_id, sf.need_key)
@@ -107,8 +111,8 @@ class CoordinatorReporter:
             shard_id=self._lease.shard_id,
             epoch=self._lease.epoch,
             sent_at=self._clock(),
-            total_machines=total,
-            profiles=list(profiles.values()),
+            total_machines=len(records),
+            profiles=profiles,
             shortfalls=shortfalls,
             highest_term_seen=self._terms.highest,
         )

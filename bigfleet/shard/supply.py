@@ -1,0 +1,74 @@
+"""What a shard tells the coordinator it holds: supply per machine profile.
+
+    per machine (a sample record of its profile, its state, bound?, the priority it
+    serves, busy?) ──profile_supply──▶ ProfileSupply per (provider, instance type,
+                                       zone, capacity type)
+        idle         IDLE and bound to no cluster
+        speculative  SPECULATIVE
+        configured   CONFIGURED, counted by the priority it serves (0 when none echoed)
+        busy machines (in flight, promised, leaving) are counted in no column, but
+        their profile is still reported
+
+One rule for production's ``CoordinatorReporter`` (over the engine's records)
+and the simulator (over its mirror of the provider cores), so the
+coordinator plans from the same picture in both.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from shard_engine.coordination import ProfileSupply
+from shard_engine.model import MachineRecord, MachineState
+
+__all__ = ["Held", "profile_supply"]
+
+
+class Held(NamedTuple):
+    """One machine as the report counts it (a tuple: a report counts every machine)."""
+
+    #: A record of the machine's profile (its labels and allocatable are reported).
+    sample: MachineRecord
+    state: MachineState
+    bound: bool
+    priority: int
+    busy: bool
+
+
+def profile_supply(machines: Iterable[Held]) -> tuple[ProfileSupply, ...]:
+    """Supply per profile, sorted by profile key (see the module docstring)."""
+    samples: dict[tuple[str, str, str, int], MachineRecord] = {}
+    idle: Counter[tuple[str, str, str, int]] = Counter()
+    speculative: Counter[tuple[str, str, str, int]] = Counter()
+    configured: dict[tuple[str, str, str, int], Counter[int]] = {}
+    keys: dict[int, tuple[str, str, str, int]] = {}  # id(sample) -> its profile key
+    for sample, state, bound, priority, busy in machines:
+        key = keys.get(id(sample))
+        if key is None:
+            key = (sample.provider, sample.instance_type, sample.zone, int(sample.capacity_type))
+            keys[id(sample)] = key
+            samples.setdefault(key, sample)
+        if busy:
+            continue
+        if state is MachineState.IDLE and not bound:
+            idle[key] += 1
+        elif state is MachineState.SPECULATIVE:
+            speculative[key] += 1
+        elif state is MachineState.CONFIGURED:
+            configured.setdefault(key, Counter())[priority] += 1
+    return tuple(
+        ProfileSupply(
+            provider=key[0],
+            instance_type=key[1],
+            zone=key[2],
+            capacity_type=key[3],
+            labels=dict(sample.labels),
+            allocatable=dict(sample.allocatable),
+            idle=idle[key],
+            speculative=speculative[key],
+            configured_by_priority=dict(configured.get(key, {})),
+        )
+        for key, sample in sorted(samples.items())
+    )
