@@ -46,7 +46,7 @@ SCALE = 0.2
 @pytest.fixture(scope="module")
 def local() -> Iterator[LocalEc2]:
     """A moto server of this module's own, with an interruption queue."""
-    server = start_local_ec2(quota_vcpus=QUOTA, poll_s=0.02, watch_s=0.2, queue_wait_s=1)
+    server = start_local_ec2(quota_vcpus=QUOTA, poll_s=0.05, watch_s=0.5, queue_wait_s=1)
     try:
         yield server
     finally:
@@ -58,7 +58,9 @@ async def serve(settings: Ec2Settings, **overrides: Any) -> RunningProvider:
         kind="ec2",
         time_factor=0.001,
         quota_scale=SCALE,
-        deadlines_s=dict(EC2_DEADLINES),
+        # About 9 real seconds: no test here waits for a deadline, and a busy
+        # machine must not turn a slow answer into one.
+        deadlines_s={op: 9000.0 for op in EC2_DEADLINES},
         ec2=settings,
     )
     return await start_provider_server(replace(config, **overrides), "127.0.0.1:0")
@@ -142,14 +144,15 @@ class FaultProxy:
         asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=10)
 
     def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(timeout=10)
+        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(timeout=30)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
 
     async def _start(self) -> None:
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
+        # Keep-alive connections of the SDK must not hold the shutdown up.
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
