@@ -131,10 +131,11 @@ class RegionApi:
         def client(service: str) -> Any:
             return session.client(service, endpoint_url=endpoint, config=config)
 
-        self._ec2 = client("ec2")
-        self._ssm = client("ssm")
-        self._sqs = client("sqs")
-        self._quotas = client("service-quotas")
+        #: The boto3 clients (public so a test can stub a service moto lacks).
+        self.ec2 = client("ec2")
+        self.ssm = client("ssm")
+        self.sqs = client("sqs")
+        self.quotas = client("service-quotas")
 
     # ------------------------------------------------------------------ catalog
 
@@ -143,7 +144,7 @@ class RegionApi:
         None when Service Quotas does not answer for EC2 (then the settings'
         ``quota_vcpus`` are used, and the provider says so in its log)."""
         try:
-            answer = self._quotas.get_service_quota(
+            answer = self.quotas.get_service_quota(
                 ServiceCode="ec2", QuotaCode=QUOTA_CODES[capacity]
             )
         except botocore.exceptions.ClientError as err:
@@ -158,7 +159,7 @@ class RegionApi:
         """Zone -> instance types offered there (DescribeInstanceTypeOfferings)."""
         out: dict[str, set[str]] = {}
         for page in self._pages(
-            self._ec2.get_paginator("describe_instance_type_offerings"),
+            self.ec2.get_paginator("describe_instance_type_offerings"),
             LocationType="availability-zone",
             Filters=[{"Name": "instance-type", "Values": list(instance_types)}],
         ):
@@ -170,7 +171,7 @@ class RegionApi:
         """Shape of each named type (DescribeInstanceTypes)."""
         out: dict[str, InstanceTypeInfo] = {}
         for page in self._pages(
-            self._ec2.get_paginator("describe_instance_types"), InstanceTypes=list(names)
+            self.ec2.get_paginator("describe_instance_types"), InstanceTypes=list(names)
         ):
             for raw in page["InstanceTypes"]:
                 gpus = raw.get("GpuInfo", {}).get("Gpus", [])
@@ -192,7 +193,7 @@ class RegionApi:
         """The newest Linux spot price per (zone, instance type)."""
         newest: dict[tuple[str, str], tuple[Any, float]] = {}
         for page in self._pages(
-            self._ec2.get_paginator("describe_spot_price_history"),
+            self.ec2.get_paginator("describe_spot_price_history"),
             InstanceTypes=list(instance_types),
             ProductDescriptions=["Linux/UNIX", "Linux/UNIX (Amazon VPC)"],
         ):
@@ -264,13 +265,13 @@ class RegionApi:
                     "InstanceInterruptionBehavior": "terminate",
                 },
             }
-        answer = self._call(self._ec2.run_instances, **request)
+        answer = self._call(self.ec2.run_instances, **request)
         return str(answer["Instances"][0]["InstanceId"])
 
     def terminate(self, instance_id: str) -> None:
         """TerminateInstances (an instance already gone counts as terminated)."""
         try:
-            self._call(self._ec2.terminate_instances, InstanceIds=[instance_id])
+            self._call(self.ec2.terminate_instances, InstanceIds=[instance_id])
         except CloudRefused as err:
             if err.code != "InvalidInstanceID.NotFound":
                 raise
@@ -282,9 +283,7 @@ class RegionApi:
         for start in range(0, len(ids), 500):
             chunk = ids[start : start + 500]
             try:
-                pages = self._pages(
-                    self._ec2.get_paginator("describe_instances"), InstanceIds=chunk
-                )
+                pages = self._pages(self.ec2.get_paginator("describe_instances"), InstanceIds=chunk)
                 for page in pages:
                     out.update(_views(page))
             except CloudRefused as err:
@@ -295,7 +294,7 @@ class RegionApi:
                     try:
                         out.update(
                             _views(
-                                self._call(self._ec2.describe_instances, InstanceIds=[instance_id])
+                                self._call(self.ec2.describe_instances, InstanceIds=[instance_id])
                             )
                         )
                     except CloudRefused as single:
@@ -307,7 +306,7 @@ class RegionApi:
         """Every live instance this provider's state launched (by its tags)."""
         out: dict[str, InstanceView] = {}
         for page in self._pages(
-            self._ec2.get_paginator("describe_instances"),
+            self.ec2.get_paginator("describe_instances"),
             Filters=[
                 {"Name": f"tag:{TAG_PROVIDER}", "Values": [provider_name]},
                 {"Name": f"tag:{TAG_LINEAGE}", "Values": [lineage]},
@@ -337,7 +336,7 @@ class RegionApi:
             f"{self._settings.bootstrap_command} {path}",
         ]
         answer = self._call(
-            self._ssm.send_command,
+            self.ssm.send_command,
             InstanceIds=[instance_id],
             DocumentName="AWS-RunShellScript",
             Comment=comment[:100],
@@ -350,7 +349,7 @@ class RegionApi:
         ``Pending`` while SSM has not registered the invocation yet."""
         try:
             answer = self._call(
-                self._ssm.get_command_invocation, CommandId=command_id, InstanceId=instance_id
+                self.ssm.get_command_invocation, CommandId=command_id, InstanceId=instance_id
             )
         except CloudRefused as err:
             if err.code == "InvocationDoesNotExist":
@@ -365,7 +364,7 @@ class RegionApi:
         if not self.region.interruption_queue_url:
             return []
         answer = self._call(
-            self._sqs.receive_message,
+            self.sqs.receive_message,
             QueueUrl=self.region.interruption_queue_url,
             MaxNumberOfMessages=10,
             WaitTimeSeconds=wait_s,
@@ -375,7 +374,7 @@ class RegionApi:
     def delete_notice(self, receipt: str) -> None:
         """Remove a handled notice from the queue."""
         self._call(
-            self._sqs.delete_message,
+            self.sqs.delete_message,
             QueueUrl=self.region.interruption_queue_url,
             ReceiptHandle=receipt,
         )
