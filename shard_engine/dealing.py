@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from shard_engine.coordination import distribute_evenly, quota_group
 from shard_engine.model import CapacityType
@@ -35,9 +36,11 @@ __all__ = ["Deal", "Dealable", "deal", "rack_of"]
 _RACKS = "racks"
 
 
-@dataclass(frozen=True, slots=True)
-class Dealable:
-    """One machine as the dealer sees it (from a provider's List or the simulated fleet)."""
+class Dealable(NamedTuple):
+    """One machine as the dealer sees it (from a provider's List or the simulated fleet).
+
+    A tuple: the simulator deals a million of them at its start.
+    """
 
     machine_id: str
     provider: str
