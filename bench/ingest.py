@@ -331,9 +331,9 @@ async def run_load(args: argparse.Namespace) -> LoadResult:
                 queues[i].put_nowait(due)
                 result.sent += 1
                 result.scheduled_s.append(due - start)
-                nxt = due + period
-                # keep the list sorted: the next slot of this session goes to the end
-                pending.append((nxt, i))
+            # The next slot of this session goes to the end (the list stays sorted); a
+            # session shed meanwhile keeps its slots for when it reconnects.
+            pending.append((due + period, i))
         for w in writers:
             w.cancel()
     elif args.mode == "peers":
