@@ -15,6 +15,11 @@ its rate limit, one whose operator stops reading its acknowledgements, and a
 roll-up arriving while the loop is behind by more than ``shed_lag_s`` end with
 RESOURCE_EXHAUSTED and a retry hint (trailing metadata
 ``bigfleet-retry-after-ms``, and in the message).
+
+A backlog is superseded, not worked through (ADR 0146): each session's reader
+keeps only the newest roll-up it has read and not yet had checked; one
+checker task checks it and acknowledges the older ones ``rollup-superseded``,
+in order, without looking at them.
 """
 
 from __future__ import annotations
