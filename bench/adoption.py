@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                     cycle=n,
                     mode=Mode.ACTIVE,
                     holds=engine.holds,
-                    machine=engine.machine,
+                    profile_of=engine.profile_of,
                 )
             )
             handed = time.process_time() - handed

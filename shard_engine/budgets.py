@@ -765,16 +765,17 @@ def apply(
     per machine only where do-not-disrupt is asked or a machine is held.
     """
     log = sheet.log
-    drains = [s for s in range(len(log)) if drain_reason(log.kind[s]) is not None]
+    reclaim, preempt = int(ActionKind.RECLAIM), int(ActionKind.PREEMPT)
+    drains = [s for s, kind in enumerate(log.kind) if kind in (reclaim, preempt)]
     if not drains:
         return log, ()
-    protected = {
-        log.cluster[s]
-        for s in drains
-        if log.kind[s] == ActionKind.RECLAIM
-        and (d := demands.get(log.cluster[s])) is not None
-        and any(n.do_not_disrupt_seconds > 0 for n in d.needs)
-    }
+    asks: dict[int, bool] = {}  # per cluster: does any need ask for do-not-disrupt?
+    for s in drains:
+        cluster = log.cluster[s]
+        if log.kind[s] == reclaim and cluster not in asks:
+            d = demands.get(cluster)
+            asks[cluster] = d is not None and any(n.do_not_disrupt_seconds > 0 for n in d.needs)
+    protected = {c for c, asked in asks.items() if asked}
     if not budgets and not protected:
         return log, ()
     inventory = sheet.inventory

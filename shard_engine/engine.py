@@ -24,7 +24,7 @@ import numpy as np
 
 from shard_engine import budgets, health, phase1, preemption, reclaim, shortfalls, verdicts
 from shard_engine.actions import ActionKind, ActionLog, ActionTable
-from shard_engine.catalog import ProfileCatalog
+from shard_engine.catalog import Profile, ProfileCatalog
 from shard_engine.clusters import NO_CLUSTER, ClusterIndex
 from shard_engine.config import EngineConfig, VictimWeights
 from shard_engine.demand_history import DemandHistory
@@ -662,6 +662,15 @@ class ShardEngine:
         """The latest observation of a machine, or None when unknown."""
         row = self._inventory.row(machine_id)
         return None if row is None else self._inventory.record(row)
+
+    def profile_of(self, machine_id: str) -> Profile | None:
+        """A machine's shape (the interned profile, shared by alike machines), or None.
+
+        Far cheaper than :meth:`machine` for a reader that needs only the shape
+        and price (the decision log, thousands of machines a burst cycle).
+        """
+        row = self._inventory.row(machine_id)
+        return None if row is None else self._catalog.profile(int(self._inventory.profile[row]))
 
     def machines(self) -> Iterator[MachineRecord]:
         """Every machine's latest observation."""

@@ -22,9 +22,9 @@ from enum import StrEnum
 from typing import Any
 
 from shard_engine.budgets import Hold
+from shard_engine.catalog import Profile, capacity_type_label
 from shard_engine.model import (
     AssignIdle,
-    MachineRecord,
     Plan,
     Preempt,
     Provision,
@@ -67,16 +67,16 @@ class Decision:
         return f"{self.kind} {who}: {self.reason}{carried}"
 
 
-def _shape(record: MachineRecord | None) -> dict[str, Any]:
-    if record is None:
+def _shape(profile: Profile | None) -> dict[str, Any]:
+    if profile is None:
         return {}
     return {
-        "instance_type": record.instance_type,
-        "zone": record.zone,
-        "capacity_type": record.capacity_type.name.lower().replace("_", "-"),
-        "price_per_hour": record.price_per_hour,
-        "interruption_probability": record.interruption_probability,
-        "provider": record.provider,
+        "instance_type": profile.instance_type,
+        "zone": profile.zone,
+        "capacity_type": capacity_type_label(profile.capacity_type),
+        "price_per_hour": profile.price_per_hour,
+        "interruption_probability": profile.interruption_probability,
+        "provider": profile.provider,
     }
 
 
@@ -87,16 +87,26 @@ def decisions_of(
     cycle: int,
     mode: Mode,
     holds: tuple[Hold, ...] = (),
-    machine: Callable[[str], MachineRecord | None],
+    profile_of: Callable[[str], Profile | None],
     unmet: bool = True,
 ) -> Iterator[Decision]:
     """The rows for one cycle: its actions, its holds and (``unmet``) its unmet needs.
 
-    ``machine`` looks a machine up as the engine sees it now — right after
-    the cycle, before anything it started can finish — so the shape and
-    price recorded are the ones the cycle decided on.
+    ``profile_of`` gives a machine's shape (``ShardEngine.profile_of``):
+    an operation changes a machine's state, never its shape, so reading it
+    when the rows are built, after the cycle, records the shape and price
+    the cycle decided on. Shapes are interned, so each is turned into its
+    fields once per call.
     """
     now = plan.now
+    shapes: dict[int, dict[str, Any]] = {}
+
+    def machine(machine_id: str) -> dict[str, Any]:
+        profile = profile_of(machine_id)
+        known = shapes.get(id(profile))
+        if known is None:
+            known = shapes[id(profile)] = _shape(profile)
+        return known
 
     def row(kind: str, **values: Any) -> Decision:
         return Decision(
@@ -112,7 +122,7 @@ def decisions_of(
                     cluster_id=action.cluster_id,
                     need_key=action.need_key,
                     reason=f"need at priority {action.priority} was short",
-                    inputs=dict(_shape(machine(machine_id)), priority=action.priority),
+                    inputs=dict(machine(machine_id), priority=action.priority),
                 )
         elif isinstance(action, AssignIdle):
             yield row(
@@ -121,7 +131,7 @@ def decisions_of(
                 cluster_id=action.cluster_id,
                 need_key=action.need_key,
                 reason=f"idle machine covers a need at priority {action.priority}",
-                inputs=dict(_shape(machine(action.machine_id)), priority=action.priority),
+                inputs=dict(machine(action.machine_id), priority=action.priority),
             )
         elif isinstance(action, Preempt):
             yield row(
@@ -134,7 +144,7 @@ def decisions_of(
                     f"{action.preemptor_priority} (victim priority {action.victim_priority})"
                 ),
                 inputs=dict(
-                    _shape(machine(action.machine_id)),
+                    machine(action.machine_id),
                     preemptor_cluster=action.preemptor_cluster_id,
                     preemptor_priority=action.preemptor_priority,
                     victim_priority=action.victim_priority,
@@ -147,14 +157,14 @@ def decisions_of(
                 machine_id=action.machine_id,
                 cluster_id=action.cluster_id,
                 reason=f"{action.reason}: excess the cluster's needs stay covered without",
-                inputs=dict(_shape(machine(action.machine_id)), grace_seconds=action.grace_seconds),
+                inputs=dict(machine(action.machine_id), grace_seconds=action.grace_seconds),
             )
         elif isinstance(action, Release):
             yield row(
                 "release",
                 machine_id=action.machine_id,
                 reason="idle past its hold with no recent demand for its shape",
-                inputs=_shape(machine(action.machine_id)),
+                inputs=dict(machine(action.machine_id)),
             )
         elif isinstance(action, Verify):
             yield row(

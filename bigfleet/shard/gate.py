@@ -196,7 +196,7 @@ class Adoption:
                 cycle=cycle,
                 mode=self.modes.mode,
                 holds=holds,
-                machine=self._engine.machine,
+                profile_of=self._engine.profile_of,
             )
         )
 
