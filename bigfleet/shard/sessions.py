@@ -456,9 +456,9 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
         # Share of the last second the sessions' loop was busy (see server.LoopLoad).
         self._busy = busy
         # Sessions holding a roll-up read but not yet checked, oldest first, and the
-        # one task (on the sessions' loop) that checks them: see _check_rollups.
+        # one task (on the sessions' loop) that checks them while there are any:
+        # see _check_rollups.
         self._ready: OrderedDict[int, OperatorSession] = OrderedDict()
-        self._wake = asyncio.Event()
         self._checker: asyncio.Task[None] | None = None
 
     async def _shed(self, context: Any, reason: str, detail: str) -> None:
@@ -523,8 +523,6 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
                 f"cannot look up the shard of cluster {cluster_id!r} now; "
                 f"retry after {retry_ms} ms",
             )
-        if self._checker is None or self._checker.done():
-            self._checker = asyncio.create_task(self._check_rollups(), name="session-rollups")
         session = self._hub.open(cluster_id, first.hello.protocol_version)
         session.rate = TokenBucket(self._limits.max_rollups_per_s, self._limits.rollup_burst)
         log.debug("session opened for cluster %s", cluster_id)
@@ -580,7 +578,10 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
                     # replaces this one, which is then acknowledged as superseded.
                     if session.hold(msg):
                         self._ready[id(session)] = session
-                        self._wake.set()
+                        if self._checker is None or self._checker.done():
+                            self._checker = asyncio.create_task(
+                                self._check_rollups(), name="session-rollups"
+                            )
                 elif kind == "bootstrap_response":
                     if not session.resolve_bootstrap(msg.bootstrap_response):
                         log.warning(
@@ -611,7 +612,7 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
             session.outbox.close()
 
     async def _check_rollups(self) -> None:
-        """Check the newest roll-up of each session that has one, oldest first, for ever.
+        """Check the newest roll-up of each session that has one, oldest first, until none has.
 
         Readers only keep each session's newest roll-up (``OperatorSession.hold``);
         this one task translates, validates and acknowledges it, and acknowledges
@@ -620,15 +621,16 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
         roll-up and nothing is superseded; under overload a cluster's backlog
         is never worked through — only its newest roll-up is — so the work ends
         when the load does, and memory is one frame per session (issue 20).
-        It yields to the readers after every roll-up so they read on meanwhile.
+        It yields to the readers after every roll-up so they read on meanwhile,
+        and ends when no session holds one (a reader starts it again), so no
+        task outlives the work.
         """
-        while True:
-            if not self._ready:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
+        while self._ready:
             _, session = self._ready.popitem(last=False)
-            self._answer(session)
+            try:
+                self._answer(session)
+            except Exception:  # one session's failure must not stop the others' acks
+                log.exception("cluster %s: checking a roll-up failed", session.cluster_id)
             await asyncio.sleep(0)
 
     def _answer(self, session: OperatorSession) -> None:
