@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from bigfleet.shard.admissions import Admissions
 from bigfleet.shard.intake import Intake
@@ -10,6 +11,7 @@ from bigfleet.shard.options import ShardOptions
 from bigfleet.shard.parts import ShardParts, assemble
 from bigfleet.shard.rollups import SessionSink
 from bigfleet.shard.sessions import ShardUnavailable
+from bigfleet.store import Store
 
 
 async def _nobody(cluster_ids: object) -> dict[str, str]:
@@ -36,7 +38,7 @@ def _parts() -> ShardParts:
     # Not started: nothing here reaches the store or Temporal.
     return assemble(
         ShardOptions(shard_id="s"),
-        store=None,  # type: ignore[arg-type]
+        store=_unconnected_store(),
         temporal=None,  # type: ignore[arg-type]
         providers={},
         clock=lambda: 1_000.0,
@@ -55,3 +57,8 @@ def test_an_acknowledgement_carries_the_highest_coordinator_term_seen_and_the_ep
 async def test_a_shard_that_does_not_act_sends_its_operators_away() -> None:
     with pytest.raises(ShardUnavailable, match="not acting"):
         await _sink(_parts(), acting=False).admit_cluster("c1")
+
+
+def _unconnected_store() -> Store:
+    """A store over an engine that never connects: assembling the parts reaches nothing."""
+    return Store(create_async_engine("postgresql+asyncpg://127.0.0.1:5432/test"))

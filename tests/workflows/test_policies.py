@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from bigfleet.shard.lifecycle import MachineLifecycle, reclaim_key
+from bigfleet.store import Store
 from workflows.contracts import (
     BlockedDrain,
     DeadlinePolicy,
@@ -129,7 +131,7 @@ def test_the_coordinator_report_carries_blocked_preemption_drains() -> None:
     # The shard's parts, not started: nothing here reaches the store or Temporal.
     parts = assemble(
         ShardOptions(shard_id="s"),
-        store=None,  # type: ignore[arg-type]
+        store=_unconnected_store(),
         temporal=None,  # type: ignore[arg-type]
         providers={},
         clock=lambda: 1_000.0 + 5 * 60,
@@ -143,3 +145,8 @@ def test_the_coordinator_report_carries_blocked_preemption_drains() -> None:
         900_000,
     )
     assert shortfall.escalated
+
+
+def _unconnected_store() -> Store:
+    """A store over an engine that never connects: assembling the parts reaches nothing."""
+    return Store(create_async_engine("postgresql+asyncpg://127.0.0.1:5432/test"))
