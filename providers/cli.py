@@ -24,6 +24,7 @@ import typer
 
 from bigfleet.metrics import serve as serve_metrics
 from providers.config import ProviderConfig
+from providers.ec2.cloud import CloudError
 from providers.ec2.settings import SettingsError, load_settings
 from providers.server import ServerSecurity, start_provider_server
 
@@ -246,6 +247,12 @@ def serve(
             raise typer.BadParameter(str(err), param_hint="--metrics-listen") from None
     try:
         asyncio.run(_serve(config, addr, security))
+    except SettingsError as err:
+        # Found only once EC2 answers (an unknown instance type, a missing price).
+        raise typer.BadParameter(str(err), param_hint="--ec2-config") from None
+    except CloudError as err:
+        typer.echo(f"EC2 refused to start the provider: {err}", err=True)
+        raise typer.Exit(2) from None
     finally:
         if served is not None:
             served.stop()

@@ -3,6 +3,7 @@ refused naming its field, and ``serve --help`` documents every setting."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from providers.cli import app
+from providers.ec2.local import start_local_ec2
 from providers.ec2.notices import REBALANCE, SPOT_WARNING, event_body, parse_notice
 from providers.ec2.settings import (
     Ec2Settings,
@@ -188,3 +190,35 @@ def test_eventbridge_notices_parse_to_their_probability(
 )
 def test_anything_else_on_the_queue_is_not_a_notice(body: str) -> None:
     assert parse_notice(body) is None
+
+
+def test_serve_ec2_names_an_instance_type_without_a_price(tmp_path: Path) -> None:
+    local = start_local_ec2(queue=False)
+    try:
+        raw = {
+            "endpoint_url": local.endpoint_url,
+            "accounts": [
+                {
+                    "alias": "local",
+                    "regions": {
+                        "us-east-1": {
+                            "image_id": "ami-00000000",
+                            "quota_vcpus": {"on-demand": 8, "spot": 8},
+                        }
+                    },
+                }
+            ],
+            "instance_types": ["m5.large", "m5.24xlarge"],
+        }
+        path = tmp_path / "ec2.json"
+        path.write_text(json.dumps(raw), encoding="utf-8")
+        result = CliRunner().invoke(
+            app,
+            ["serve", "--kind", "ec2", "--ec2-config", str(path), "--addr", "127.0.0.1:0"],
+            env={"COLUMNS": "300"},
+        )
+        assert result.exit_code != 0
+        text = " ".join(re.sub(r"[│╭╮╰╯─]", " ", result.output).split())
+        assert "instance_types[1]: the price file has no on-demand price for m5.24xlarge" in text
+    finally:
+        local.stop()
