@@ -181,6 +181,15 @@ class OperatorSession:
             except (OSError, asyncio.InvalidStateError) as err:
                 ending = type(err).__name__
                 log.warning("%s %s: session failed: %s", self.label, self.cluster_id, err)
+            except asyncio.CancelledError:
+                # drop() cancels the call, and gRPC raises CancelledError in its reader;
+                # only a cancellation of this task (stop) ends the loop.
+                task = asyncio.current_task()
+                if task is None or task.cancelling():
+                    raise
+                ending = grpc.StatusCode.CANCELLED.name
+                self.endings.append(ending)
+                log.info("%s %s: session dropped", self.label, self.cluster_id)
             finally:
                 self._call = None
                 self.handler.closed(ending)
