@@ -73,21 +73,59 @@ def claim(
     if not (sub.sum(axis=0) > 1).any():
         return None
     shapes = alloc[held]
-    left = supply[held].astype(np.float64)
+    if len(held) > _SMALL:
+        return _claim_wide(sub, aggregate, supply[held].astype(np.float64), held, shapes)
+    # Plain Python over the few held profiles and resources: numpy's per-call
+    # overhead is most of the cost at these sizes (a cluster holds a handful of shapes).
+    shape_rows = shapes.tolist()
+    left = supply[held].astype(np.float64).tolist()
+    masks = sub.tolist()
+    asks = aggregate.tolist()
+    dims = range(shapes.shape[1])
     claims = np.zeros((matrix.shape[0], len(held)))
-    for i in range(matrix.shape[0]):
-        mask = sub[i]
-        asked = aggregate[i] > 0
-        if not asked.any() or not mask.any():
+    for i, mask in enumerate(masks):
+        wanted = asks[i]
+        share = 0.0
+        for d in dims:
+            if wanted[d] <= 0:
+                continue
+            offered = 0.0
+            for p, inside in enumerate(mask):
+                if inside:
+                    offered += left[p] * shape_rows[p][d]
+            if offered > 0:
+                share = max(share, wanted[d] / offered)
+        if share <= 0:
             continue
-        mine = left * mask
+        share = min(share, 1.0)
+        row = claims[i]
+        for p, inside in enumerate(mask):
+            if inside and left[p] > 0:
+                taken = left[p] * share
+                row[p] = taken
+                left[p] -= taken
+    own = supply[held].astype(np.float64) - claims.sum(axis=0) + claims
+    return Claims(held, own, sub, shapes)
+
+
+_SMALL = 12
+"""Held profiles up to which :func:`claim` loops in plain Python (numpy overhead wins below)."""
+
+
+def _claim_wide(
+    sub: BoolArray, aggregate: FloatArray, supply: FloatArray, held: IntArray, shapes: FloatArray
+) -> Claims:
+    """:func:`claim` with one vector step per need, for clusters holding many shapes."""
+    left = supply.copy()
+    claims = np.zeros((sub.shape[0], len(held)))
+    for i in range(sub.shape[0]):
+        mine = left * sub[i]
         offered = mine @ shapes
-        usable = asked & (offered > 0)
+        usable = (aggregate[i] > 0) & (offered > 0)
         if not usable.any():
             continue
         share = min(1.0, float((aggregate[i][usable] / offered[usable]).max()))
         taken = mine * share
         claims[i] = taken
         left -= taken
-    own = supply[held].astype(np.float64) - claims.sum(axis=0) + claims
-    return Claims(held, own, sub, shapes)
+    return Claims(held, supply - claims.sum(axis=0) + claims, sub, shapes)

@@ -31,7 +31,7 @@ import numpy.typing as npt
 
 from shard_engine.actions import ActionKind
 from shard_engine.catalog import ProfileCatalog
-from shard_engine.claims import claim
+from shard_engine.claims import Claims, claim
 from shard_engine.costs import dominant_dimension, effective_cost
 from shard_engine.fleet_idle import FleetIdle
 from shard_engine.needs import Demand, NeedsTable
@@ -93,10 +93,27 @@ def cluster_have(
     return have, short
 
 
-def own_supply(sheet: Worksheet, demand: Demand, index: int, alloc: FloatArray) -> FloatArray:
-    """The cluster's supply as need ``index`` may count it: less what its other needs claimed."""
+def own_supply(
+    sheet: Worksheet,
+    demand: Demand,
+    index: int,
+    alloc: FloatArray,
+    cache: dict[tuple[int, int, bytes], Claims | None] | None = None,
+) -> FloatArray:
+    """The cluster's supply as need ``index`` may count it: less what its other needs claimed.
+
+    ``cache`` keeps one cycle's claims per (cluster, needs version, supply):
+    the needs of a cluster are walked one by one and the claims change only
+    when one of them moved supply.
+    """
     supply = sheet.supply_row(demand.cluster)
-    claims = claim(demand.matrix, demand.aggregate, supply, alloc)
+    key = (demand.cluster, demand.version, supply.tobytes())
+    if cache is not None and key in cache:
+        claims = cache[key]
+    else:
+        claims = claim(demand.matrix, demand.aggregate, supply, alloc)
+        if cache is not None:
+            cache[key] = claims
     if claims is None:
         return supply.astype(np.float64)
     return claims.supply(index, len(supply))
@@ -153,6 +170,7 @@ def assign(
     pending: list[PendingNeed] = []
     price = catalog.price
     probability = catalog.interruption_probability
+    claimed: dict[tuple[int, int, bytes], Claims | None] = {}
     for demand, index in shortages(demands, sheet, alloc, tolerance):
         need = demand.needs[index]
         aggregate = demand.aggregate[index]
@@ -177,7 +195,7 @@ def assign(
             have = cluster_have(sheet, demand, alloc, tolerance)[0][index]
         own: FloatArray | None = None
         if gang:
-            own = own_supply(sheet, demand, index, alloc)
+            own = own_supply(sheet, demand, index, alloc, claimed)
             base = masks.mask(demand.mask_keys[index])
             codes = domain_codes(catalog, gang)
             free = (sheet.free[TIER_IDLE] + sheet.free[TIER_SPECULATIVE]).astype(np.float64)
@@ -202,12 +220,15 @@ def assign(
                     sheet.gang_choices[(demand.cluster, demand.keys[index])] = choice.domain
         if have is None:
             if own is None:
-                own = own_supply(sheet, demand, index, alloc)
+                own = own_supply(sheet, demand, index, alloc, claimed)
             have = _need_have(demand, index, mask, sheet, alloc, own)
         deficit = aggregate - have
         deficit = np.where(deficit > demand.slack(tolerance)[index], deficit, 0.0)
         if block and deficit.any():
-            deficit = np.maximum(deficit, 0.0)
+            # A gang no domain can hold is short of a whole domain, not of the sum of
+            # what several domains lack: it asks the coordinator for all of it, which
+            # one donor's rack can then give whole (ADR 0126).
+            deficit = aggregate.copy() if gang else np.maximum(deficit, 0.0)
             pending.append(PendingNeed(demand, index, deficit, mask, block))
             if untouched:
                 sheet.memo.starved[starved_key] = Starved(

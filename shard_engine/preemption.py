@@ -36,6 +36,7 @@ import numpy.typing as npt
 
 from shard_engine.actions import ActionKind
 from shard_engine.catalog import ProfileCatalog
+from shard_engine.claims import claim
 from shard_engine.config import EngineConfig, VictimWeights
 from shard_engine.costs import drain_grace_seconds
 from shard_engine.model import MachineState
@@ -400,10 +401,14 @@ def _place_gang(
         minlength=len(catalog),
     )
     previous_key = demand.keys[item.index]
+    # What the gang may count as held: less what the cluster's other needs claim (ADR 0128).
+    supply = sheet.supply_row(item.cluster)
+    claims = claim(demand.matrix, demand.aggregate, supply, alloc)
+    row = supply.astype(np.float64) if claims is None else claims.supply(item.index, len(supply))
     choice = choose_gang_domain(
         codes=codes,
         mask=base,
-        held=sheet.supply_row(item.cluster).astype(np.float64),
+        held=row,
         available=free + victims,
         aggregate=demand.aggregate[item.index],
         alloc=alloc,
@@ -414,7 +419,6 @@ def _place_gang(
         return eligible, None, item.deficit
     in_domain = base & (codes == choice.domain)
     sheet.gang_choices[(item.cluster, previous_key)] = choice.domain
-    row = sheet.supply_row(item.cluster)
     held = np.flatnonzero(row * in_domain)
     have = row[held] @ alloc[held] if len(held) else np.zeros(alloc.shape[1])
     deficit = np.maximum(demand.aggregate[item.index] - have, 0.0)

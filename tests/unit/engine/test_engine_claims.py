@@ -80,3 +80,23 @@ def test_needs_on_disjoint_machines_are_left_to_the_plain_sum() -> None:
     matrix = np.array([[True, False], [False, True]])
 
     assert claim(matrix, np.ones((2, 1)), np.array([1, 1]), np.ones((2, 1))) is None
+
+
+def test_claims_over_many_shapes_decide_as_over_few() -> None:
+    rng = np.random.default_rng(3)
+    matrix = rng.random((6, 40)) < 0.6
+    alloc = rng.integers(1, 9, size=(40, 3)).astype(float)
+    aggregate = rng.integers(0, 60, size=(6, 3)).astype(float)
+    supply = rng.integers(0, 4, size=40)
+    import shard_engine.claims as claims_module
+
+    wide = claim(matrix, aggregate, supply, alloc)
+    saved = claims_module._SMALL
+    try:
+        claims_module._SMALL = 10_000
+        small = claim(matrix, aggregate, supply, alloc)
+    finally:
+        claims_module._SMALL = saved
+
+    assert wide is not None and small is not None
+    assert np.allclose(wide.own, small.own)

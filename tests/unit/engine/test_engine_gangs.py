@@ -111,3 +111,27 @@ def test_the_machines_of_two_gangs_in_one_rack_are_not_excess() -> None:
 
     assert [a for p in plans for a in of_kind(p, Reclaim)] == []
     assert racks_of(engine, "train") == Counter(ra=8)
+
+
+def test_a_gang_no_rack_can_hold_reports_all_of_itself_short() -> None:
+    # Rack ra holds 4 servers of the cluster, 2 of them claimed by gang a; gang b
+    # (3 servers) fits in no rack of this shard. Its shortfall is 3 servers — a
+    # whole rack's worth another shard can give in one profile — not the 1 that
+    # ra's two unclaimed servers leave.
+    engine = ShardEngine()
+    fleet(
+        engine,
+        4,
+        prefix="ra",
+        state=MachineState.CONFIGURED,
+        cluster="train",
+        cpu=64,
+        gpu=8,
+        labels={"rack": "ra"},
+    )
+    engine.apply_rollup(two_gangs(1, 2, 3), now=0)
+
+    plan = engine.cycle(now=1)
+
+    [shortfall] = plan.shortfalls
+    assert shortfall.deficit["nvidia.com/gpu"] == 24.0
