@@ -818,11 +818,13 @@ def apply(
         reason = drain_reason(log.kind[s])
         assert reason is not None
         rows = log.rows[s]
-        profiles = inventory.profile[rows].astype(np.int64)
-        clusters = inventory.cluster[rows].astype(np.int64)
-        if (profiles == profiles[0]).all() and (clusters == clusters[0]).all():
-            parts = [(int(profiles[0]), int(clusters[0]), rows.tolist())]
+        first = int(rows[0])
+        if log.pool[s] >= 0:
+            # Taken from one pool: one shape and one cluster (a bound pool's key).
+            parts = [(int(inventory.profile[first]), int(inventory.cluster[first]), rows.tolist())]
         else:
+            profiles = inventory.profile[rows].astype(np.int64)
+            clusters = inventory.cluster[rows].astype(np.int64)
             by_key: dict[tuple[int, int], list[int]] = {}
             for row, p, c in zip(rows.tolist(), profiles.tolist(), clusters.tolist(), strict=True):
                 by_key.setdefault((p, c), []).append(row)
@@ -836,18 +838,16 @@ def apply(
     def in_scope(budget: Budget) -> int:
         # Machines of one (profile, cluster) are alike to a scope: count pairs once.
         if not pairs:
-            rows = np.array(inventory.ids.live_rows(), dtype=np.int64)
-            if not len(rows):
+            held = inventory.ids.rows
+            live = inventory.ids.strings.fmt[:held] != 0  # rows holding a machine
+            if not live.any():
                 return 0
-            width = int(inventory.cluster[rows].max()) + 2
-            keys = inventory.profile[rows].astype(np.int64) * width + (
-                inventory.cluster[rows].astype(np.int64) + 1
-            )
-            unique, counts = np.unique(keys, return_counts=True)
-            pairs.extend(
-                (int(k) // width, int(k) % width - 1, int(n))
-                for k, n in zip(unique.tolist(), counts.tolist(), strict=True)
-            )
+            profiles = inventory.profile[:held][live].astype(np.int64)
+            clusters = inventory.cluster[:held][live].astype(np.int64) + 1
+            width = int(clusters.max()) + 1
+            counts = np.bincount(profiles * width + clusters)
+            keys = np.flatnonzero(counts)
+            pairs.extend((k // width, k % width - 1, int(counts[k])) for k in keys.tolist())
         return sum(n for p, c, n in pairs if budget.scope.matches(subject(p, c)))
 
     def already(budget: Budget) -> int:
