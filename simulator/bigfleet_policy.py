@@ -84,6 +84,7 @@ ProfileKey = tuple[str, str, str, int]
 # What a shard stamps into a machine's shard_metadata (production: activities.machines).
 _META_NEED = "bigfleet.io/need"
 _META_PRIORITY = "bigfleet.io/priority"
+_NO_WORKLOAD = Workload()
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,6 +356,8 @@ class BigFleetPolicy:
     def _echo(self, record: MachineRecord) -> Workload:
         """What the provider echoes of the machine's workload (production's read-back)."""
         echo = self.fleet.echo(record.provider, record.id)
+        if not echo:
+            return _NO_WORKLOAD  # idle, speculative, failed: most changes echo nothing
         raw = echo.get(_META_PRIORITY, "")
         return Workload(
             priority=int(raw) if raw.lstrip("-").isdigit() else None,
