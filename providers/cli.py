@@ -24,7 +24,6 @@ import typer
 
 from bigfleet.metrics import serve as serve_metrics
 from providers.config import ProviderConfig
-from providers.ec2.cloud import CloudError
 from providers.ec2.settings import SettingsError, load_settings
 from providers.server import ServerSecurity, start_provider_server
 
@@ -245,6 +244,9 @@ def serve(
             served = serve_metrics(metrics_listen)
         except (ValueError, OSError) as err:
             raise typer.BadParameter(str(err), param_hint="--metrics-listen") from None
+    # boto3 loads only when a provider is served, not with every bigfleet command.
+    from providers.ec2.cloud import CloudError
+
     try:
         asyncio.run(_serve(config, addr, security))
     except SettingsError as err:
