@@ -1,6 +1,7 @@
 """A backlog of roll-ups is never worked through: only each cluster's newest is checked.
 
-The Session port on its own thread over loopback gRPC, with a sink whose
+The Session port on its own thread over loopback gRPC, set to queue every
+roll-up for its checker (as it does once its loop runs behind), with a sink whose
 checks are slow (each one holds the sessions' loop, as CPU work does under
 overload). Operators write many roll-ups without waiting for their acks.
 Every roll-up is still acknowledged, in order; the ones a newer roll-up of
@@ -75,7 +76,9 @@ async def _flood(address: str, cluster: str, count: int) -> list[str]:
 
 async def test_a_backlog_is_acknowledged_in_full_but_only_the_newest_rollups_are_checked() -> None:
     sink = SlowSink()
-    limits = SessionLimits(shed_lag_s=60.0, max_rollups_per_s=10_000.0, rollup_burst=10_000)
+    limits = SessionLimits(
+        shed_lag_s=60.0, supersede_lag_s=0.0, max_rollups_per_s=10_000.0, rollup_burst=10_000
+    )
     server = IngestServer(SessionHub(), sink, IngestOptions(limits=limits))
     await server.start()
     clusters, count = [f"backlog-{i}" for i in range(10)], 40
