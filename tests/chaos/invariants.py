@@ -114,6 +114,20 @@ async def violations(stack: ChaosStack, ages: StateAges, *, serving: tuple[str, 
         per_cpu = min(_alloc(m, "cpu") for m in held)
         per_mem = min(_alloc(m, "memory") for m in held)
         needed = max(math.ceil(cpu / per_cpu - 1e-9), math.ceil(mem * 2**30 / per_mem - 1e-9))
+        # The shard counts machines so the need's units fit (ADR 0127): a machine
+        # hosts as many whole min_units as its tightest resource allows.
+        pattern = cluster.demand
+        unit_cpu, unit_mem = pattern.min_unit_cpu, pattern.min_unit_memory_gib * 2**30
+        per_machine = min(
+            math.floor(per_cpu / unit_cpu + 1e-9) if unit_cpu > 0 else math.inf,
+            math.floor(per_mem / unit_mem + 1e-9) if unit_mem > 0 else math.inf,
+        )
+        if 0 < per_machine < math.inf:
+            units = max(
+                math.ceil(cpu / unit_cpu - 1e-9) if unit_cpu > 0 else 0,
+                math.ceil(mem * 2**30 / unit_mem - 1e-9) if unit_mem > 0 else 0,
+            )
+            needed = max(needed, math.ceil(units / per_machine))
         if len(held) > needed + 1:
             out.append(
                 f"demand: {cluster_id} holds {len(held)} machines; its demand needs {needed}"
