@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 from bigfleet.v1alpha1 import capacity_pb2
 from clusters.pods import DIMENSIONS, PodSpec, Vector
-from shard_engine.fleet_idle import labels_fit
+from shard_engine.coordination import labels_satisfy
 from shard_engine.model import Operator, Requirement, TopologySpread, WhenUnsatisfiable
 from shard_engine.quantity import format_quantity
 
@@ -232,7 +232,7 @@ def reasks(
         request = pod.placement(gap=False) if pod.in_gap else pod.placement(gap=gap)
         for i, machine in enumerate(upcoming):
             left = room[i]
-            if all(r <= f + 1e-9 for r, f in zip(request, left, strict=True)) and labels_fit(
+            if all(r <= f + 1e-9 for r, f in zip(request, left, strict=True)) and labels_satisfy(
                 _requirements(pod), machine.labels
             ):
                 room[i] = [f - r for f, r in zip(left, request, strict=True)]

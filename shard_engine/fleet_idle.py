@@ -27,9 +27,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from shard_engine.model import Need, Operator, Requirement
+from shard_engine.coordination import labels_satisfy
+from shard_engine.model import Need, Operator
 
-__all__ = ["FleetIdle", "RemoteIdle", "labels_fit"]
+__all__ = ["FleetIdle", "RemoteIdle"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,24 +41,6 @@ class RemoteIdle:
     labels: Mapping[str, str]
     allocatable: Mapping[str, float]
     count: int
-
-
-def labels_fit(requirements: Sequence[Requirement], labels: Mapping[str, str]) -> bool:
-    """Do a machine's labels satisfy every requirement? (Same: the key exists, in its values.)"""
-    for req in requirements:
-        value = labels.get(req.key)
-        op = req.operator
-        if op is Operator.IN and value not in req.values:
-            return False
-        if op is Operator.NOT_IN and value in req.values:
-            return False
-        if op is Operator.EXISTS and value is None:
-            return False
-        if op is Operator.DOES_NOT_EXIST and value is not None:
-            return False
-        if op is Operator.SAME and (value is None or (req.values and value not in req.values)):
-            return False
-    return True
 
 
 @dataclass(slots=True)
@@ -107,7 +90,7 @@ class FleetIdle:
         if now - started >= self.wait_seconds:
             return False  # waited long enough: buy (the entry stays until the need is met)
         for i, offer in enumerate(self.offers):
-            if self._left[i] <= 0 or not labels_fit(need.requirements, offer.labels):
+            if self._left[i] <= 0 or not labels_satisfy(need.requirements, offer.labels):
                 continue
             if any(offer.allocatable.get(k, 0.0) < v for k, v in need.min_unit.items() if v > 0):
                 continue
