@@ -298,7 +298,8 @@ async def _all_answered(port: Port, *, count: int) -> None:
 
 
 async def test_a_cluster_flooding_rollups_is_shed_with_a_retry_hint() -> None:
-    p = await _port(SessionLimits(max_rollups_per_s=1.0, rollup_burst=3))
+    # Overload shedding off (a loaded test machine lags): only the per-cluster rate is tested.
+    p = await _port(SessionLimits(max_rollups_per_s=1.0, rollup_burst=3, shed_lag_s=3600.0))
     try:
         client = Client(p.server.address)
         await asyncio.to_thread(client.open, "c1")

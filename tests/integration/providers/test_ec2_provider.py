@@ -344,7 +344,7 @@ async def test_notices_raise_the_risk_and_a_reclaimed_spot_machine_fails(h: Ec2H
             machine = await h.client.get(machine_id)
             return machine if machine.interruption_probability == probability else None
 
-        found: pb.Machine = await eventually(check, within=10, what="the notice to take effect")
+        found: pb.Machine = await eventually(check, within=60, what="the notice to take effect")
         return found
 
     rebalance = await risk(rebalanced.id, 0.5)
