@@ -18,7 +18,7 @@ from __future__ import annotations
 import base64
 import gzip
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -378,6 +378,16 @@ class RegionApi:
             QueueUrl=self.region.interruption_queue_url,
             ReceiptHandle=receipt,
         )
+
+    def release_notices(self, receipts: Sequence[str]) -> None:
+        """Make received but unhandled notices visible to other consumers now."""
+        for receipt in receipts:
+            self._call(
+                self.sqs.change_message_visibility,
+                QueueUrl=self.region.interruption_queue_url,
+                ReceiptHandle=receipt,
+                VisibilityTimeout=0,
+            )
 
     # ------------------------------------------------------------------ plumbing
 

@@ -46,6 +46,7 @@ from providers.ec2.cloud import (
     CloudRefused,
     InstanceTypeInfo,
     InstanceView,
+    Notice,
     RegionApi,
     Throttled,
     quiet_sdk_loggers,
@@ -561,7 +562,7 @@ class Ec2Provider(ProviderCore):
     async def _notices_once(self, key: RegionKey) -> None:
         """Read interruption notices and raise the named machines' risk."""
         api = self._apis[key]
-        messages = await asyncio.to_thread(api.receive_notices, self.settings.queue_wait_s)
+        messages = await asyncio.to_thread(self._receive_notices, api)
         by_instance = {
             r.host.ref: r for r in self._machines.values() if r.host is not None and r.host.ref
         }
@@ -592,6 +593,17 @@ class Ec2Provider(ProviderCore):
                     self._touch(record)
                     self._commit()
             await asyncio.to_thread(api.delete_notice, message.receipt)
+
+    def _receive_notices(self, api: RegionApi) -> list[Notice]:
+        """One long poll of the queue, on a worker thread. Closing the provider
+        cancels the awaiting task but not the thread: what a poll still in
+        flight receives after the close is made visible again at once, so the
+        next consumer reads it now rather than after the visibility timeout."""
+        messages = api.receive_notices(self.settings.queue_wait_s)
+        if self._closed and messages:
+            api.release_notices([m.receipt for m in messages])
+            return []
+        return messages
 
     async def _refresh_once(self, key: RegionKey) -> None:
         """Read quotas, offerings and spot prices again: spot prices move,

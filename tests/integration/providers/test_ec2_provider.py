@@ -352,7 +352,7 @@ async def test_notices_raise_the_risk_and_a_reclaimed_spot_machine_fails(h: Ec2H
     assert rebalance.labels[LABEL] == "rebalance-recommendation"
     assert warning.labels[LABEL] == "spot-interruption-warning"
     assert warning.state == pb.MACHINE_STATE_CONFIGURED  # still serving: the shard decides
-    await h.wait_until(lambda: h.ec2.stats["notices_ignored"] == 1)
+    await h.wait_until(lambda: h.ec2.stats["notices_ignored"] == 1, within=60)
     left = h.local.client("sqs").receive_message(QueueUrl=h.local.queue_url, WaitTimeSeconds=0)
     assert not left.get("Messages")  # every notice was taken off the queue
 
