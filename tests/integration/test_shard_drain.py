@@ -126,9 +126,17 @@ async def test_a_drained_shard_hands_over_its_cluster_and_machines_and_is_remove
         what="shard-0's engine to hold the leaving cluster's machines",
     )
     assert stay.connected.is_set() and stay.redirects == []
-    instructions = await stack.store.instructions(limit=200)
-    moves = [i for i in instructions if i.kind == "cluster-move"]
-    assert [(i.donor_shard, i.receiver_shard, i.status) for i in moves] == [
+
+    async def moved() -> list[tuple[str | None, str | None, str]] | None:
+        # The move's outcome lands after the operator was redirected: wait for it.
+        moves = [
+            (i.donor_shard, i.receiver_shard, i.status)
+            for i in await stack.store.instructions(limit=200)  # type: ignore[union-attr]
+            if i.kind == "cluster-move"
+        ]
+        return moves if all(status != "pending" for _, _, status in moves) else None
+
+    assert await eventually(moved, what="the cluster move's outcome") == [
         ("shard-1", "shard-0", "applied")
     ]
     # The idle machine was handed over, not left behind or deleted.
