@@ -167,7 +167,14 @@ async def test_draining_a_shard_keeps_every_rack_whole(three: DevStack) -> None:
     assert {owners[m] for m in bound} == {receiver}
     await eventually(lambda: cluster.redirects and cluster.connected.is_set(), what="reconnect")
     assert {n.machine_id for n in cluster.configured_nodes()} >= bound
-    assert _owned_once_in_memory(three) == owners
+
+    async def memory_agrees() -> bool:
+        # A receiver takes what it was handed into memory after the store
+        # recorded it: wait for the shard processes to catch up with the store.
+        assert three.store is not None
+        return _owned_once_in_memory(three) == await three.store.owners()
+
+    await eventually(memory_agrees, what="the shard processes to hold what the store says")
     await three.store.remove_shard(drained)
 
 
