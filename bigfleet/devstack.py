@@ -23,7 +23,7 @@ import os
 import socket
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -53,6 +53,23 @@ from shard_engine.config import EngineConfig
 from workflows.contracts import Deadlines, PollPolicy
 
 log = logging.getLogger(__name__)
+
+#: How long one part of the stack may take to stop before the rest go on
+#: without it: a part that hangs must not keep the whole stack (or Ctrl-C
+#: of ``make dev``) from stopping.
+STOP_TIMEOUT_S = 60.0
+
+
+async def _bounded(what: str, stopping: Awaitable[object]) -> None:
+    """Await one part's stop for at most ``STOP_TIMEOUT_S``; log a failure or
+    a hang, then go on to the next part."""
+    try:
+        await asyncio.wait_for(stopping, timeout=STOP_TIMEOUT_S)
+    except TimeoutError:
+        log.error("stopping %s took over %.0f s; going on without it", what, STOP_TIMEOUT_S)
+    except Exception:
+        log.warning("stopping %s failed", what, exc_info=True)
+
 
 __all__ = [
     "DEMO_CLUSTERS",
@@ -457,19 +474,15 @@ class DevStack:
             with contextlib.suppress(BaseException):
                 await self._injector
         for cluster in self.clusters:
-            await cluster.stop()
+            await _bounded(f"cluster {cluster.cluster_id}", cluster.stop())
         if self.coordinator is not None:
-            with contextlib.suppress(Exception):
-                await self.coordinator.stop()
+            await _bounded("the coordinator", self.coordinator.stop())
         for process in self.shards:
-            with contextlib.suppress(Exception):
-                await process.stop()
+            await _bounded(f"shard {process.shard_id}", process.stop())
         for client in [*self.provider_clients.values(), *self._extra_clients]:
-            with contextlib.suppress(Exception):
-                await client.close()
+            await _bounded("a provider client", client.close())
         for running in self.providers:
-            with contextlib.suppress(Exception):
-                await running.stop()
+            await _bounded("a provider", running.stop())
         if self.local_ec2 is not None:
             self.local_ec2.stop()
         if self.db is not None:
