@@ -26,6 +26,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from shard_engine.linear import combine
+
 __all__ = ["Claims", "claim"]
 
 FloatArray = npt.NDArray[np.float64]
@@ -46,7 +48,7 @@ class Claims:
 
     def have(self, row: int) -> FloatArray:
         """Allocatable per resource need ``row`` may count."""
-        result: FloatArray = (self.own[row] * self.sub[row]) @ self.shapes
+        result = combine(self.own[row] * self.sub[row], self.shapes)
         return result
 
     def supply(self, row: int, width: int) -> FloatArray:
@@ -120,7 +122,7 @@ def _claim_wide(
     claims = np.zeros((sub.shape[0], len(held)))
     for i in range(sub.shape[0]):
         mine = left * sub[i]
-        offered = mine @ shapes
+        offered = combine(mine, shapes)
         usable = (aggregate[i] > 0) & (offered > 0)
         if not usable.any():
             continue

@@ -34,6 +34,7 @@ from shard_engine.catalog import ProfileCatalog
 from shard_engine.claims import Claims, claim
 from shard_engine.costs import dominant_dimension, effective_cost
 from shard_engine.fleet_idle import FleetIdle
+from shard_engine.linear import combine
 from shard_engine.needs import Demand, NeedsTable
 from shard_engine.pending import PendingNeed
 from shard_engine.pools import TIER_IDLE, TIER_SPECULATIVE, PoolKey
@@ -54,7 +55,7 @@ def demand_supply(demand: Demand, supply: npt.NDArray[np.int64], alloc: FloatArr
     if len(held) == 0:
         return np.zeros_like(demand.aggregate)
     weights = demand.matrix[:, held] * supply[held]
-    result: FloatArray = weights @ alloc[held]
+    result = combine(weights, alloc[held])
     return result
 
 
@@ -84,7 +85,7 @@ def cluster_have(
     have = demand_supply(demand, supply, alloc)
     claims = claim(demand.matrix, demand.aggregate, supply, alloc)
     if claims is not None:  # machines shared by several needs count for one each
-        have = (claims.own * claims.sub) @ claims.shapes
+        have = combine(claims.own * claims.sub, claims.shapes)
     deficit = demand.aggregate - have
     slack = demand.slack(tolerance)
     short: list[int] = np.flatnonzero((deficit > slack).any(axis=1)).tolist()
@@ -144,7 +145,7 @@ def _need_have(
 ) -> FloatArray:
     supply: FloatArray = sheet.supply_row(demand.cluster).astype(np.float64) if row is None else row
     held = np.flatnonzero(supply * mask)
-    result: FloatArray = supply[held] @ alloc[held] if len(held) else np.zeros(alloc.shape[1])
+    result = combine(supply[held], alloc[held])
     return result
 
 

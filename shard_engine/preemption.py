@@ -39,6 +39,7 @@ from shard_engine.catalog import ProfileCatalog
 from shard_engine.claims import claim
 from shard_engine.config import EngineConfig, VictimWeights
 from shard_engine.costs import drain_grace_seconds
+from shard_engine.linear import combine
 from shard_engine.model import MachineState
 from shard_engine.needs import Demand
 from shard_engine.pending import PendingNeed
@@ -420,10 +421,10 @@ def _place_gang(
     in_domain = base & (codes == choice.domain)
     sheet.gang_choices[(item.cluster, previous_key)] = choice.domain
     held = np.flatnonzero(row * in_domain)
-    have = row[held] @ alloc[held] if len(held) else np.zeros(alloc.shape[1])
+    have = combine(row[held], alloc[held])
     deficit = np.maximum(demand.aggregate[item.index] - have, 0.0)
     item.deficit = deficit.copy()
-    free_cover = (free * in_domain) @ alloc
+    free_cover = combine(free * in_domain, alloc)
     remainder = np.maximum(deficit - free_cover, 0.0)
     remainder = settle_deficit(remainder, demand.aggregate[item.index], tolerance)
     item.mask = in_domain

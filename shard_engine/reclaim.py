@@ -72,6 +72,7 @@ from shard_engine.claims import claim
 from shard_engine.clusters import NO_CLUSTER
 from shard_engine.config import EngineConfig
 from shard_engine.demand_history import DemandHistory, Peaks
+from shard_engine.linear import combine
 from shard_engine.model import CapacityType
 from shard_engine.needs import Demand
 from shard_engine.phase1 import memo_key
@@ -175,7 +176,7 @@ def _settled_have(
     held = np.flatnonzero(settled[: matrix.shape[1]])
     if len(held) == 0:
         return np.zeros((matrix.shape[0], alloc.shape[1]))
-    result: FloatArray = (matrix[:, held] * settled[held]) @ alloc[held]
+    result = combine(matrix[:, held] * settled[held], alloc[held])
     return result
 
 
@@ -278,7 +279,7 @@ def reclaim_excess(
         have = _settled_have(peaks.matrix, settled, alloc)
         claims = claim(peaks.matrix, peaks.aggregate, settled, alloc)
         if claims is not None:  # machines shared by several needs count for one each
-            have = (claims.own * claims.sub) @ claims.shapes
+            have = combine(claims.own * claims.sub, claims.shapes)
         surplus = have - peaks.aggregate
         surplus -= config.reclaim_swing_margin * peaks.swing
         surplus += tolerance * np.maximum(peaks.aggregate, 1.0)
