@@ -30,6 +30,7 @@ import numpy.typing as npt
 from shard_engine.clusters import NO_CLUSTER
 from shard_engine.identifiers import StringsSnapshot
 from shard_engine.model import (
+    REASON_INTERRUPTION,
     Action,
     AssignIdle,
     Preempt,
@@ -65,9 +66,10 @@ class ActionKind(IntEnum):
     RECLAIM = 4
     RELEASE = 5
     VERIFY = 6
+    INTERRUPT = 7  # drain ahead of an interruption the provider announced
 
 
-_PER_MACHINE = np.array([False, True, False, True, True, True, True])
+_PER_MACHINE = np.array([False, True, False, True, True, True, True, True])
 """Indexed by kind: every kind but PROVISION is one action per machine."""
 
 
@@ -387,6 +389,17 @@ class ActionTable:
                 cluster_id, grace = name(clusters[s]), graces[s]
                 out.extend(
                     Reclaim(machine_id=m, cluster_id=cluster_id, grace_seconds=grace)
+                    for m in machines
+                )
+            elif kind == ActionKind.INTERRUPT:
+                cluster_id, grace = name(clusters[s]), graces[s]
+                out.extend(
+                    Reclaim(
+                        machine_id=m,
+                        cluster_id=cluster_id,
+                        grace_seconds=grace,
+                        reason=REASON_INTERRUPTION,
+                    )
                     for m in machines
                 )
             elif kind == ActionKind.RELEASE:

@@ -99,6 +99,7 @@ class DrainReason(StrEnum):
 
     RECLAIM = "reclaim"
     PREEMPT = "preempt"
+    INTERRUPTION = "interruption"  # ahead of an interruption its provider announced
 
 
 # -- cron ----------------------------------------------------------------------------
@@ -633,6 +634,8 @@ def drain_reason(kind: int) -> DrainReason | None:
         return DrainReason.RECLAIM
     if kind == ActionKind.PREEMPT:
         return DrainReason.PREEMPT
+    if kind == ActionKind.INTERRUPT:
+        return DrainReason.INTERRUPTION
     return None
 
 
@@ -766,7 +769,8 @@ def apply(
     """
     log = sheet.log
     reclaim, preempt = int(ActionKind.RECLAIM), int(ActionKind.PREEMPT)
-    drains = [s for s, kind in enumerate(log.kind) if kind in (reclaim, preempt)]
+    interrupt = int(ActionKind.INTERRUPT)
+    drains = [s for s, kind in enumerate(log.kind) if kind in (reclaim, preempt, interrupt)]
     if not drains:
         return log, ()
     asks: dict[int, bool] = {}  # per cluster: does any need ask for do-not-disrupt?

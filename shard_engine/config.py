@@ -91,6 +91,11 @@ class EngineConfig:
     demand_window_seconds: float = 600.0
     max_releases_per_cycle: int = 100
 
+    # Announced interruptions (``interruptions``): a configured machine at or above
+    # this probability is drained and replaced at once, with this grace.
+    interruption_drain_threshold: float = 0.99
+    interruption_grace_seconds: int = 90
+
     # Fleet-wide idle: how long a need waits for another shard's idle machine
     # (handed over by the coordinator) before it creates or claims one (ADR 0129).
     fleet_idle_wait_seconds: float = 60.0
@@ -133,6 +138,10 @@ class EngineConfig:
             raise ValueError("reclaim_window_seconds: must not be negative")
         if not self.fleet_idle_wait_seconds >= 0:
             raise ValueError("fleet_idle_wait_seconds: must not be negative")
+        if not 0.0 < self.interruption_drain_threshold <= 1.0:
+            raise ValueError("interruption_drain_threshold: must be within (0, 1]")
+        if self.interruption_grace_seconds < 0:
+            raise ValueError("interruption_grace_seconds: must not be negative")
         if self.health_miss_threshold < 1:
             raise ValueError("health_miss_threshold: must be at least 1")
         thresholds = [t for t, _ in self.grace_thresholds]

@@ -22,7 +22,16 @@ from types import MappingProxyType
 
 import numpy as np
 
-from shard_engine import budgets, health, phase1, preemption, reclaim, shortfalls, verdicts
+from shard_engine import (
+    budgets,
+    health,
+    interruptions,
+    phase1,
+    preemption,
+    reclaim,
+    shortfalls,
+    verdicts,
+)
 from shard_engine.actions import ActionKind, ActionLog, ActionTable
 from shard_engine.catalog import Profile, ProfileCatalog
 from shard_engine.clusters import NO_CLUSTER, ClusterIndex
@@ -134,7 +143,7 @@ def _flight_target(kind: int, cluster: int) -> int:
     machines count for the cluster they go to; a verified machine stays its
     cluster's; a reclaimed or released machine counts for no one.
     """
-    if kind == ActionKind.RECLAIM or kind == ActionKind.RELEASE:
+    if kind == ActionKind.RECLAIM or kind == ActionKind.RELEASE or kind == ActionKind.INTERRUPT:
         return NO_CLUSTER
     return cluster
 
@@ -299,7 +308,9 @@ class ShardEngine:
 
         The pipeline, in order:
 
-        0. promised machines go to their preemptors (AssignIdle);
+        0. promised machines go to their preemptors (AssignIdle), and
+           machines their provider warned are about to be interrupted are
+           drained and stop counting as supply (``interruptions``);
         1. Phase 1 covers deficits from idle, then speculative capacity;
         2. Phase 2 preempts strictly lower priorities for what is still short;
         3. Phase 3 reclaims excess configured machines and releases idle
@@ -340,6 +351,13 @@ class ShardEngine:
         lap("prepare")
         self._assign_promises(sheet, by_cluster)
         lap("promises")
+        interruptions.drain_warned(
+            sheet=sheet,
+            catalog=self._catalog,
+            threshold=config.interruption_drain_threshold,
+            grace_seconds=config.interruption_grace_seconds,
+        )
+        lap("interruptions")
         self._fleet_idle.begin_cycle()
         pending = phase1.assign(
             sheet=sheet,
@@ -437,13 +455,12 @@ class ShardEngine:
 
     def _draining(self) -> dict[int, budgets.DrainReason]:
         """Rows in flight for a drain, and the budget reason each counts under."""
-        return {
-            row: budgets.DrainReason.PREEMPT
-            if flight.kind is ActionKind.PREEMPT
-            else budgets.DrainReason.RECLAIM
-            for row, flight in self._flights.items()
-            if flight.kind is ActionKind.PREEMPT or flight.kind is ActionKind.RECLAIM
-        }
+        drains: dict[int, budgets.DrainReason] = {}
+        for row, flight in self._flights.items():
+            reason = budgets.drain_reason(flight.kind)
+            if reason is not None:
+                drains[row] = reason
+        return drains
 
     def _assign_promises(self, sheet: Worksheet, demands: Mapping[int, Demand]) -> None:
         """Stage 0: a machine freed by preemption goes to its preemptor before anyone else."""
@@ -520,7 +537,11 @@ class ShardEngine:
                 action = _KIND_OF[kind]
                 if action is ActionKind.PREEMPT:
                     source = log.source[s]
-                elif action is ActionKind.RECLAIM or action is ActionKind.VERIFY:
+                elif (
+                    action is ActionKind.RECLAIM
+                    or action is ActionKind.VERIFY
+                    or action is ActionKind.INTERRUPT
+                ):
                     source = log.cluster[s]
                 else:
                     source = NO_CLUSTER

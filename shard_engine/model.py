@@ -282,14 +282,19 @@ class Reclaim:
     """Drain an excess machine back to Idle (its cluster no longer needs it).
 
     ``reason`` says why, for the workflow's BigFleetReason: the engine's own
-    reclaims are ``reclaim``; the shard process drains through this action
-    for other causes too (``decommission``).
+    reclaims are ``reclaim``, its drains of a machine its provider warned
+    will be interrupted are ``interruption``; the shard process drains
+    through this action for other causes too (``decommission``).
     """
 
     machine_id: str
     cluster_id: str
     grace_seconds: int
     reason: str = "reclaim"
+
+
+REASON_INTERRUPTION = "interruption"
+"""``Reclaim.reason`` of a drain ahead of an announced interruption (``interruptions``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -255,6 +255,7 @@ REASON_SHARD_DRAIN = "shard-drain"  # its shard is being drained
 REASON_VERIFY_FAILED = "verify-failed"  # its cluster stopped reporting it and the provider agrees
 REASON_CREATE_FAILED = "create-failed"  # a batch's Create failed for it
 REASON_CONFIGURE_FAILED = "configure-failed"  # a batch's Configure failed for it
+REASON_INTERRUPTION = "interruption"  # its provider announced it is about to be taken back
 REASONS = (
     REASON_RECLAIM,
     REASON_PREEMPT,
@@ -265,6 +266,7 @@ REASONS = (
     REASON_VERIFY_FAILED,
     REASON_CREATE_FAILED,
     REASON_CONFIGURE_FAILED,
+    REASON_INTERRUPTION,
 )
 
 

@@ -24,6 +24,7 @@ from typing import Any
 from shard_engine.budgets import Hold
 from shard_engine.catalog import Profile, capacity_type_label
 from shard_engine.model import (
+    REASON_INTERRUPTION,
     AssignIdle,
     Plan,
     Preempt,
@@ -152,12 +153,20 @@ def decisions_of(
                 ),
             )
         elif isinstance(action, Reclaim):
+            shape = machine(action.machine_id)
+            if action.reason == REASON_INTERRUPTION:
+                why = (
+                    f"{action.reason}: its provider announced an interruption (probability "
+                    f"{shape.get('interruption_probability', 0.0):g}); drained and replaced"
+                )
+            else:
+                why = f"{action.reason}: excess the cluster's needs stay covered without"
             yield row(
                 "reclaim",
                 machine_id=action.machine_id,
                 cluster_id=action.cluster_id,
-                reason=f"{action.reason}: excess the cluster's needs stay covered without",
-                inputs=dict(machine(action.machine_id), grace_seconds=action.grace_seconds),
+                reason=why,
+                inputs=dict(shape, grace_seconds=action.grace_seconds),
             )
         elif isinstance(action, Release):
             yield row(

@@ -58,6 +58,7 @@ from workflows.contracts import (
     REASON_CONFIGURE_FAILED,
     REASON_CREATE_FAILED,
     REASON_DECOMMISSION,
+    REASON_INTERRUPTION,
     REASON_OPERATOR,
     REASON_RECLAIM,
     REASON_RELEASE,
@@ -267,6 +268,8 @@ class Executor:
             REASON_RECLAIM: f"{cluster_id} no longer needs it",
             REASON_DECOMMISSION: "its domain is being retired",
             REASON_OPERATOR: "a person asked for it",
+            REASON_INTERRUPTION: "its provider announced an interruption; a replacement "
+            "is provisioned",
         }.get(reason, reason)
         if waiter is not None:
             why = f"for {waiter.cluster_id} at priority {waiter.priority}"

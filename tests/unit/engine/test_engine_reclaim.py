@@ -406,6 +406,7 @@ def test_a_stopwatch_times_every_stage_of_the_cycle() -> None:
     assert set(engine.stats.phase_seconds) == {
         "prepare",
         "promises",
+        "interruptions",
         "phase1",
         "preemption",
         "reclaim",
