@@ -167,6 +167,13 @@ def _optional_float(env: Mapping[str, str], name: str, *, minimum: float) -> flo
     return _float(env, name, 0.0, minimum=minimum)
 
 
+def _probability(env: Mapping[str, str], name: str, default: float = 0.99) -> float:
+    value = _float(env, name, default)
+    if not 0.0 < value <= 1.0:
+        raise ConfigError(name, f"{value} is not a probability above 0 and at most 1")
+    return value
+
+
 def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int = 0) -> int:
     raw = env.get(name)
     if raw is None or raw == "":
@@ -220,6 +227,10 @@ class Settings:
     reclaim_hysteresis_cycles: int = 3
     reclaim_min_age_s: float = 600.0
     reclaim_window_s: float = 600.0
+    # A configured machine its provider warns about this strongly is drained and
+    # replaced at once (docs/adr/0150-announced-interruptions-are-replaced-at-once.md).
+    interruption_drain_threshold: float = 0.99
+    interruption_grace_s: int = 90
     # Where operators are told to dial this shard; empty: the listen address.
     shard_advertise: str = ""
     # How long a process keeps retrying PostgreSQL and Temporal at start-up.
@@ -267,6 +278,8 @@ class Settings:
             reclaim_hysteresis_cycles=_int(env, "BIGFLEET_RECLAIM_HYSTERESIS_CYCLES", 3, minimum=1),
             reclaim_min_age_s=_float(env, "BIGFLEET_RECLAIM_MIN_AGE_SECONDS", 600.0),
             reclaim_window_s=_float(env, "BIGFLEET_RECLAIM_WINDOW_SECONDS", 600.0),
+            interruption_drain_threshold=_probability(env, "BIGFLEET_INTERRUPTION_DRAIN_THRESHOLD"),
+            interruption_grace_s=_int(env, "BIGFLEET_INTERRUPTION_GRACE_SECONDS", 90),
             shard_advertise=_listen(env, "BIGFLEET_SHARD_ADVERTISE") or "",
             connect_timeout_s=_float(env, "BIGFLEET_CONNECT_TIMEOUT_SECONDS", 120.0),
             metrics_listen=_listen(env, "BIGFLEET_METRICS_LISTEN"),
@@ -285,6 +298,8 @@ class Settings:
             reclaim_min_age_seconds=self.reclaim_min_age_s,
             reclaim_window_seconds=self.reclaim_window_s,
             rollup_max_skew_seconds=self.rollup_max_skew_s,
+            interruption_drain_threshold=self.interruption_drain_threshold,
+            interruption_grace_seconds=self.interruption_grace_s,
         )
 
     @staticmethod
@@ -327,6 +342,14 @@ class Settings:
             "BIGFLEET_METRICS_LISTEN": "HOST:PORT serving Prometheus /metrics (unset: none)",
             "BIGFLEET_TEMPORAL_METRICS_LISTEN": (
                 "HOST:PORT serving the Temporal SDK's own Prometheus metrics (unset: none)"
+            ),
+            "BIGFLEET_INTERRUPTION_DRAIN_THRESHOLD": (
+                "a configured machine whose provider reports at least this interruption "
+                "probability (0.99: a spot interruption warning) is drained and replaced at "
+                "once (default 0.99)"
+            ),
+            "BIGFLEET_INTERRUPTION_GRACE_SECONDS": (
+                "drain grace for such a machine (default 90: inside EC2's two-minute warning)"
             ),
             "BIGFLEET_RECLAIM_WINDOW_SECONDS": (
                 "excess is judged against each need's peak over this window (default 600)"

@@ -1,11 +1,11 @@
 """End to end on EC2: the dev stack with the EC2 provider (``bigfleet dev --ec2``)
 against a local EC2 API server (moto), a demo cluster served by real
-instances, and a spot interruption warning on the SQS queue followed by EC2
-reclaiming the instance: the machine leaves the cluster and is replaced.
+instances, and a spot interruption warning on the SQS queue: the shard
+drains the warned machine and replaces it before EC2 takes it back.
 
 What moto does not do, the test does in EC2's place: it sends the
-EventBridge warning to the queue and terminates the instance (EC2 reclaims a
-spot instance about two minutes after its warning).
+EventBridge warning to the queue. It never terminates the instance; the
+drain and the replacement are BigFleet's own doing.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from providers.ec2.notices import LABEL, SPOT_WARNING
 from shard_engine.quantity import parse_quantity
 from tests.e2e.stacks import one_shard
 from tests.waiting import eventually
+from workflows import search_attributes as sa
 
 pytestmark = pytest.mark.e2e
 
@@ -86,18 +87,30 @@ async def test_ec2_machines_serve_a_cluster_and_an_interrupted_one_is_replaced(
 
     noticed = await eventually(warned, within=30, what="the warning raising the machine's risk")
     assert noticed.labels[LABEL] == "spot-interruption-warning"
-    assert noticed.state == pb.MACHINE_STATE_CONFIGURED
 
-    local.reclaim(victim.host.ref)
-
-    async def reclaimed() -> pb.Machine | None:
+    # BigFleet acts on the warning itself: it drains the machine (reason
+    # "interruption") and provisions its replacement; nothing here plays EC2
+    # reclaiming the instance.
+    async def drained() -> pb.Machine | None:
         machine = await provider.get(victim.id)
-        return machine if machine.state != pb.MACHINE_STATE_CONFIGURED else None
+        return machine if machine.cluster != CLUSTER else None
 
-    gone = await eventually(reclaimed, within=30, what="the reclaimed machine leaving CONFIGURED")
-    assert gone.cluster == ""
-    assert gone.state == pb.MACHINE_STATE_FAILED
-    assert gone.last_error.startswith("spot interruption")
+    left = await eventually(drained, within=60, what="the warned machine drained from its cluster")
+    assert left.state in (
+        pb.MACHINE_STATE_IDLE,
+        pb.MACHINE_STATE_DELETING,
+        pb.MACHINE_STATE_DRAINING,
+    )
+    assert stack.client is not None
+    query = f"BigFleetMachineId = '{victim.id}' AND BigFleetOperation = 'drain'"
+
+    async def drain_workflow() -> object | None:
+        async for wf in stack.client.list_workflows(query):  # type: ignore[union-attr]
+            return wf
+        return None
+
+    wf = await eventually(drain_workflow, within=30, what="the drain workflow in Temporal")
+    assert wf.typed_search_attributes.get(sa.REASON) == "interruption"  # type: ignore[attr-defined]
     await eventually(
         lambda: victim.id not in {n.machine_id for n in cluster.configured_nodes()},
         within=60,

@@ -98,3 +98,33 @@ def test_the_reclaim_settings_are_listed() -> None:
     assert "BIGFLEET_RECLAIM_HYSTERESIS_CYCLES" in described
     assert "BIGFLEET_RECLAIM_MIN_AGE_SECONDS" in described
     assert "BIGFLEET_RECLAIM_WINDOW_SECONDS" in described
+
+
+def test_interruption_settings_reach_the_engine_config() -> None:
+    s = Settings.from_env(
+        {
+            "BIGFLEET_INTERRUPTION_DRAIN_THRESHOLD": "0.5",
+            "BIGFLEET_INTERRUPTION_GRACE_SECONDS": "30",
+        }
+    )
+    config = s.engine_config()
+    assert (config.interruption_drain_threshold, config.interruption_grace_seconds) == (0.5, 30)
+    default = Settings.from_env({}).engine_config()
+    assert (default.interruption_drain_threshold, default.interruption_grace_seconds) == (0.99, 90)
+    described = Settings.describe()
+    assert "BIGFLEET_INTERRUPTION_DRAIN_THRESHOLD" in described
+    assert "BIGFLEET_INTERRUPTION_GRACE_SECONDS" in described
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "reason"),
+    [
+        ("BIGFLEET_INTERRUPTION_DRAIN_THRESHOLD", "0", "not a probability"),
+        ("BIGFLEET_INTERRUPTION_DRAIN_THRESHOLD", "1.2", "not a probability"),
+        ("BIGFLEET_INTERRUPTION_DRAIN_THRESHOLD", "high", "not a number"),
+        ("BIGFLEET_INTERRUPTION_GRACE_SECONDS", "-5", "below the minimum"),
+    ],
+)
+def test_bad_interruption_settings_name_their_variable(name: str, value: str, reason: str) -> None:
+    with pytest.raises(ConfigError, match=f"{name}: .*{reason}"):
+        Settings.from_env({name: value})

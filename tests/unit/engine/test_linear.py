@@ -53,3 +53,20 @@ def test_it_agrees_with_matrix_multiplication_up_to_rounding() -> None:
     weights, shapes = rng.random((3, 50)), rng.random((50, 4))
 
     np.testing.assert_allclose(combine(weights, shapes), weights @ shapes, rtol=1e-12)
+
+
+def test_no_deciding_module_multiplies_matrices_through_blas() -> None:
+    import ast
+    from pathlib import Path
+
+    import shard_engine
+
+    offenders = []
+    for path in sorted(Path(shard_engine.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
+                offenders.append(f"{path.name}:{node.lineno} @")
+            if isinstance(node, ast.Attribute) and node.attr in {"dot", "matmul", "einsum"}:
+                offenders.append(f"{path.name}:{node.lineno} {node.attr}")
+
+    assert offenders == [], "use shard_engine.linear.combine (ADR 0151)"
