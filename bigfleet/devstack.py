@@ -295,7 +295,8 @@ class DevStack:
                 else None
             ),
         )
-        core = build_provider(config)
+        # Off the loop: a cloud provider reads its catalog as it is built.
+        core = await asyncio.to_thread(build_provider, config)
         self._stuck = _StuckDrains(core)
         if o.provider_hook is not None:
             o.provider_hook(core)
@@ -307,7 +308,7 @@ class DevStack:
             running.address, security=self._admin_security(), name=config.name
         )
         for extra in o.extra_providers:
-            core = build_provider(extra)
+            core = await asyncio.to_thread(build_provider, extra)
             if o.provider_hook is not None:
                 o.provider_hook(core)
             running = await start_provider_server(

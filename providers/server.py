@@ -14,6 +14,7 @@ package stays free of the application's configuration.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -196,8 +197,10 @@ async def start_provider_server(
     """Build the provider ``config`` describes (or serve ``provider``), start
     it on the running loop and serve it at ``addr`` (port 0 picks a free one),
     with health checking and reflection; plaintext, or mutual TLS with
-    ``security``."""
-    core = provider if provider is not None else build_provider(config)
+    ``security``. Building reads the provider's state and, for a cloud, its
+    catalog (EC2: quotas, offerings and spot prices of every region), so it
+    runs on a worker thread rather than stall the loop's other tasks."""
+    core = provider if provider is not None else await asyncio.to_thread(build_provider, config)
     server = grpc.aio.server(
         options=SERVER_OPTIONS, interceptors=[ProviderRequestMetrics(config.name)]
     )
