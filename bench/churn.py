@@ -174,7 +174,8 @@ class World:
             min_unit={"cpu": 1.0, "memory": 2 * GI},
             interruption_penalty=8.0,
         )
-        self.engine.apply_rollup(Rollup(cluster, int(now * 1e9) + 1, (need,)), now=now)
+        plain = Rollup(cluster, int(now * 1e9) + 1, (need,))
+        self.engine.apply_rollup(self.engine.validate(plain, now=now), now=now)
 
     # -- carrying actions out -----------------------------------------------------------
     def _later(self, at: float, record: MachineRecord | None, *, settle: bool) -> None:

@@ -42,7 +42,8 @@ class _Sink:
     def apply_rollup(self, rollup: Rollup) -> str:
         workers = round(sum(n.aggregate.get("cpu", 0.0) for n in rollup.needs) / 4)
         self.arrived.append((time.perf_counter(), workers))
-        self.engine.apply_rollup(rollup, now=time.time())
+        now = time.time()
+        self.engine.apply_rollup(self.engine.validate(rollup, now=now), now=now)
         return "rollup"
 
     def ack_fields(self) -> tuple[int, int]:

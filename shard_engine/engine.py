@@ -253,21 +253,25 @@ class ShardEngine:
             max_skew_seconds=self.config.rollup_max_skew_seconds,
         )
 
-    def apply_rollup(self, rollup: ValidatedRollup | Rollup, *, now: float) -> RollupOutcome:
-        """Replace a cluster's needs with a roll-up's (see ``needs``).
+    def apply_rollup(self, rollup: ValidatedRollup, *, now: float) -> RollupOutcome:
+        """Replace a cluster's needs with a validated roll-up's (see ``needs``).
 
         Returns ``applied``, ``stale`` (older than the newest seen) or
-        ``quarantined`` (suspicious drop, waiting for confirmation). A
-        :class:`ValidatedRollup` was judged where it entered and is applied
-        without a second look; a plain :class:`Rollup` is judged first, once,
-        by :meth:`validate` (ADR 0145). Raises :class:`RollupRejected` on a
-        semantic problem, leaving the previous needs in force; one stamped
-        more than ``rollup_max_skew_seconds`` ahead of ``now`` is such a
-        problem (``now`` and the stamp must share a clock: seconds and
-        nanoseconds since the epoch in the shard).
+        ``quarantined`` (suspicious drop, waiting for confirmation). Only a
+        :class:`ValidatedRollup` is accepted: it was judged where it entered
+        (the Session port in a shard process, :meth:`validate` for everyone
+        else), and nothing is judged here — not the rules, not the clock —
+        so there is one validation path and one cache (ADR 0145). A
+        :class:`RollupRejected` therefore comes from :meth:`validate`, never
+        from here. Raises ``TypeError`` naming ``rollup`` for anything else,
+        a plain :class:`Rollup` included, because applying an unjudged
+        roll-up silently would let a caller skip the clock-skew bound.
         """
         if not isinstance(rollup, ValidatedRollup):
-            rollup = self.validate(rollup, now=now)
+            raise TypeError(
+                f"apply_rollup: rollup must be a ValidatedRollup (from ShardEngine.validate or "
+                f"ValidatedRollup.check), got {type(rollup).__name__}"
+            )
         outcome, entry = self._table.apply(rollup)
         if entry is not None:
             demand = self._table.demand(entry)  # compile now, on ingestion, not in the cycle

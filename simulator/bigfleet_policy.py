@@ -2,7 +2,8 @@
 
 Every shard runs production's own parts, around the **real** ``ShardEngine``:
 
-    cluster roll-up (wire) ──rollup_from_wire──▶ engine.apply_rollup  (each interval, if changed)
+    cluster roll-up (wire) ──rollup_from_wire──▶ engine.validate ──▶ engine.apply_rollup
+        (each interval, if changed)
     engine.cycle(now) ──Plan──▶ ShardCore.execute ──Operation──▶ _VirtualActuator
         ProvisionOp → Create, then Configure once IDLE          (the provider cores,
         DrainOp     → the node leaves its cluster, Drain        fenced per shard)

@@ -138,7 +138,7 @@ def apply_wire(
     msg.timestamp_unix_nanos = timestamp_ns
     try:
         rollup = rollup_from_wire(msg, session_cluster=cluster_id)
-        outcome = engine.apply_rollup(rollup, now=now)
+        outcome = engine.apply_rollup(engine.validate(rollup, now=now), now=now)
     except (InvalidRollup, RollupRejected) as err:
         return Applied("rejected", reason=str(err))
     return Applied(outcome.status, rollup.needs)

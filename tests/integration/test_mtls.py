@@ -43,6 +43,7 @@ from shard_engine.engine import ShardEngine
 from shard_engine.model import Rollup
 from tests.integration.multishard import eventually
 from tests.integration.pki import Pki
+from tests.rollups import apply
 
 CLUSTER = Identity(Role.CLUSTER, "c1")
 OTHER_CLUSTER = Identity(Role.CLUSTER, "c2")
@@ -68,7 +69,7 @@ class EngineSink:
         return None
 
     def apply_rollup(self, rollup: Rollup) -> str:
-        outcome = self.engine.apply_rollup(rollup, now=time.time())
+        outcome = apply(self.engine, rollup, now=time.time())
         return "rollup" if outcome.status == "applied" else f"rollup-{outcome.status}"
 
     def ack_fields(self) -> tuple[int, int]:

@@ -33,6 +33,7 @@ from nanook.config import parse_pool_config
 from shard_engine.engine import ShardEngine
 from shard_engine.model import CapacityType, MachineRecord, MachineState, Rollup
 from tests.ports import free_port
+from tests.rollups import apply
 from tests.waiting import eventually
 
 CLUSTER = "nanook-it"
@@ -59,7 +60,7 @@ class Sink:
 
     def apply_rollup(self, rollup: Rollup) -> str:
         self.rollups.append(rollup)
-        outcome = self.engine.apply_rollup(rollup, now=time.time())
+        outcome = apply(self.engine, rollup, now=time.time())
         return "rollup" if outcome.status == "applied" else f"rollup-{outcome.status}"
 
     def ack_fields(self) -> tuple[int, int]:

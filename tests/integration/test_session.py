@@ -24,6 +24,7 @@ from nanook.session import ShardSession
 from shard_engine.engine import ShardEngine
 from shard_engine.model import Rollup
 from tests.integration.multishard import eventually
+from tests.rollups import apply
 from workflows.contracts import RequirementSpec
 
 
@@ -43,7 +44,7 @@ class EngineSink:
             raise PermissionError(f"cluster {cluster_id!r} is served by shard 'other'")
 
     def apply_rollup(self, rollup: Rollup) -> str:
-        outcome = self.engine.apply_rollup(rollup, now=0.0)
+        outcome = apply(self.engine, rollup, now=0.0)
         return "rollup" if outcome.status == "applied" else f"rollup-{outcome.status}"
 
     def ack_fields(self) -> tuple[int, int]:

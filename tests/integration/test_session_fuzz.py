@@ -44,6 +44,7 @@ from shard_engine.engine import ShardEngine
 from shard_engine.names import cluster_id_problem
 from shard_engine.needs import RollupRejected
 from tests.ports import free_port
+from tests.rollups import apply
 
 CLUSTER = "fuzz-c1"
 SESSION = "/bigfleet.v1alpha1.Shard/Session"
@@ -328,7 +329,7 @@ class Operator:
         after = engine.needs_of(self.cluster)
         try:
             rollup = rollup_from_wire(msg.rollup, session_cluster=self.cluster)
-            model.apply_rollup(rollup, now=time.time())
+            apply(model, rollup, now=time.time())
         except (InvalidRollup, RollupRejected):
             assert REJECTED.match(echo), echo
             assert after == before, "a rejected roll-up changed the needs in force"

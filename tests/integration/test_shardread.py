@@ -27,6 +27,7 @@ from shard_engine.model import CapacityType, MachineRecord, MachineState, Need, 
 from shard_engine.verdicts import Inspection
 from tests.integration.pki import Pki
 from tests.reference_wire import REFERENCE_REASONS, reference_shardread
+from tests.rollups import apply
 
 
 class IdleSink:
@@ -80,10 +81,10 @@ async def shard() -> AsyncIterator[Shard]:
         engine.upsert_machine(record(f"low-{i}", MachineState.CONFIGURED, "batch"), now=0)
     engine.upsert_machine(record("idle-0", MachineState.IDLE), now=0)
     wanted = {"cpu": 8.0, "memory": 8 * GI}
-    engine.apply_rollup(Rollup("batch", 1, (Need((), {"cpu": 12.0}, priority=10),)), now=0)
-    engine.apply_rollup(Rollup("web", 1, (Need((), wanted, priority=1_000_000),)), now=0)
+    apply(engine, Rollup("batch", 1, (Need((), {"cpu": 12.0}, priority=10),)), now=0)
+    apply(engine, Rollup("web", 1, (Need((), wanted, priority=1_000_000),)), now=0)
     gpus = Need((), {"nvidia.com/gpu": 2.0}, priority=500, min_unit={"nvidia.com/gpu": 1.0})
-    engine.apply_rollup(Rollup("ml", 1, (gpus,)), now=0)
+    apply(engine, Rollup("ml", 1, (gpus,)), now=0)
     engine.cycle(now=100.0)
 
     server = IngestServer(
@@ -176,7 +177,7 @@ async def test_under_mutual_tls_only_readonly_and_admin_may_inspect(
 ) -> None:
     pki = Pki(tmp_path)
     engine = ShardEngine()
-    engine.apply_rollup(Rollup("ml", 1, (Need((), {"cpu": 1.0}, priority=1),)), now=0)
+    apply(engine, Rollup("ml", 1, (Need((), {"cpu": 1.0}, priority=1),)), now=0)
     engine.cycle(now=1.0)
     server = IngestServer(
         SessionHub(),

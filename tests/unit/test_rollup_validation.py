@@ -21,6 +21,7 @@ from bigfleet.v1alpha1 import capacity_pb2, provider_pb2
 from shard_engine.engine import ShardEngine
 from shard_engine.model import MachineState, Operator
 from shard_engine.needs import RollupRejected
+from tests.rollups import apply
 
 
 def _need(**kw: object) -> capacity_pb2.CapacityNeed:
@@ -46,7 +47,7 @@ def _refused(msg: capacity_pb2.ClusterCapacityNeeds) -> tuple[str, str]:
     """(wire field, reason) of the refusal, as the session reports it; fails if accepted."""
     engine = ShardEngine()
     try:
-        engine.apply_rollup(rollup_from_wire(msg, session_cluster="c1"), now=1000.0)
+        apply(engine, rollup_from_wire(msg, session_cluster="c1"), now=1000.0)
     except (InvalidRollup, RollupRejected) as err:
         assert engine.summary().needs == 0
         return wire_field(err.field), err.reason
@@ -148,7 +149,7 @@ def test_a_rollup_stamped_beyond_the_clock_skew_bound_is_refused_with_the_reason
 def test_a_rollup_within_the_clock_skew_bound_is_applied() -> None:
     engine = ShardEngine()
     rollup = rollup_from_wire(_rollup(_need(), stamp=1_299 * 10**9), session_cluster="c1")
-    assert engine.apply_rollup(rollup, now=1000.0).status == "applied"
+    assert apply(engine, rollup, now=1000.0).status == "applied"
 
 
 def test_the_engines_field_names_map_onto_the_wires() -> None:

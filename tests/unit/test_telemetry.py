@@ -13,6 +13,7 @@ from bigfleet.config import ConfigError, Settings
 from bigfleet.shard import telemetry
 from shard_engine.engine import EngineConfig, ShardEngine
 from shard_engine.model import MachineState
+from tests.rollups import apply
 from tests.unit.engine.engine_fleet import fleet, need, rollup, zone_in
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,9 +33,9 @@ def test_a_cycle_counts_its_actions_and_sets_unmet_needs_by_reason() -> None:
     )
     fleet(engine, 3, prefix="spec", state=MachineState.SPECULATIVE)
     fleet(engine, 2, prefix="old", state=MachineState.CONFIGURED, cluster="shrinking")
-    engine.apply_rollup(rollup("growing", 1, need(cpu=8)), now=0)
-    engine.apply_rollup(rollup("shrinking", 1, need(cpu=4)), now=0)
-    engine.apply_rollup(rollup("odd", 1, need(cpu=4, requirements=[zone_in("nowhere")])), now=0)
+    apply(engine, rollup("growing", 1, need(cpu=8)), now=0)
+    apply(engine, rollup("shrinking", 1, need(cpu=4)), now=0)
+    apply(engine, rollup("odd", 1, need(cpu=4, requirements=[zone_in("nowhere")])), now=0)
     before = sample("bigfleet_shard_actions_total", shard=shard, kind="provision", reason="")
 
     plan = engine.cycle(now=1)

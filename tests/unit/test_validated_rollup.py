@@ -37,10 +37,20 @@ def test_a_validated_rollup_is_applied_without_judging_the_clock_again() -> None
     assert engine.needs_of("c1")[0].aggregate == {"cpu": 4.0}
 
 
-def test_a_plain_rollup_is_judged_by_the_engine_once_clock_included() -> None:
+def test_the_engine_refuses_to_apply_a_plain_rollup_naming_the_parameter() -> None:
+    engine = ShardEngine()
+    plain = Rollup("c1", 1, (_need(4.0),))
+    with pytest.raises(TypeError, match=r"apply_rollup: rollup must be a ValidatedRollup.*Rollup"):
+        engine.apply_rollup(plain, now=0.0)  # type: ignore[arg-type]
+    assert engine.needs_of("c1") == ()
+
+
+def test_the_engines_validate_judges_a_plain_rollup_clock_included() -> None:
     engine = ShardEngine()
     with pytest.raises(RollupRejected, match="ahead of the shard's clock"):
-        engine.apply_rollup(Rollup("c1", 10_000 * 10**9, (_need(4.0),)), now=0.0)
+        engine.validate(Rollup("c1", 10_000 * 10**9, (_need(4.0),)), now=0.0)
+    validated = engine.validate(Rollup("c1", 1, (_need(4.0),)), now=0.0)
+    assert engine.apply_rollup(validated, now=0.0).status == "applied"
 
 
 def test_a_changed_row_is_judged_beside_rows_reused_from_the_previous_value() -> None:

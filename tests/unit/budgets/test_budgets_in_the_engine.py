@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from shard_engine.budgets import Budget, CronSchedule, DrainReason, Scope, Window
 from shard_engine.engine import EngineConfig, ShardEngine
 from shard_engine.model import MachineState, Preempt, Reclaim
+from tests.rollups import apply
 from tests.unit.engine.engine_fleet import Carrier, fleet, machine_ids, need, of_kind, rollup
 
 EAGER = EngineConfig(
@@ -30,7 +31,7 @@ TUESDAY_MORNING = at("2026-12-01T10:00:00")
 def excess_cluster(engine: ShardEngine, machines: int, *, now: float) -> list[str]:
     """A cluster holding ``machines`` configured machines and needing one."""
     ids = fleet(engine, machines, state=MachineState.CONFIGURED, cluster="c1", now=now)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=1)), now=now)
+    apply(engine, rollup("c1", 1, need(cpu=1)), now=now)
     return ids
 
 
@@ -93,8 +94,8 @@ def test_a_percentage_budget_over_gpu_shapes_leaves_other_shapes_alone() -> None
     fleet(
         engine, 40, prefix="cpu", state=MachineState.CONFIGURED, cluster="c2", now=TUESDAY_MORNING
     )
-    engine.apply_rollup(rollup("c1", 1, need(gpu=1)), now=TUESDAY_MORNING)
-    engine.apply_rollup(rollup("c2", 1, need(cpu=1)), now=TUESDAY_MORNING)
+    apply(engine, rollup("c1", 1, need(gpu=1)), now=TUESDAY_MORNING)
+    apply(engine, rollup("c2", 1, need(cpu=1)), now=TUESDAY_MORNING)
     engine.budgets = (Budget("gpu-fleet", scope=Scope(resources=(GPU,)), percent=2.5),)
 
     plan = engine.cycle(now=TUESDAY_MORNING + 1)
@@ -117,11 +118,12 @@ def preemption_story(engine: ShardEngine) -> list[str]:
         instance_type="gpu.1x",
         now=TUESDAY_MORNING,
     )
-    engine.apply_rollup(
+    apply(
+        engine,
         rollup("A", 1, replace(need(gpu=4, priority=100), do_not_disrupt_seconds=3600)),
         now=TUESDAY_MORNING,
     )
-    engine.apply_rollup(rollup("B", 1, need(gpu=2, priority=900_000)), now=TUESDAY_MORNING)
+    apply(engine, rollup("B", 1, need(gpu=2, priority=900_000)), now=TUESDAY_MORNING)
     return ids
 
 
@@ -163,7 +165,7 @@ def test_do_not_disrupt_keeps_excess_machines_until_the_duration_has_passed() ->
     engine = ShardEngine(EAGER)
     fleet(engine, 10, state=MachineState.CONFIGURED, cluster="c1", now=TUESDAY_MORNING)
     protected = replace(need(cpu=1), do_not_disrupt_seconds=3600)
-    engine.apply_rollup(rollup("c1", 1, protected), now=TUESDAY_MORNING)
+    apply(engine, rollup("c1", 1, protected), now=TUESDAY_MORNING)
 
     within = engine.cycle(now=TUESDAY_MORNING + 3599)
     holds = engine.holds
@@ -191,7 +193,7 @@ def test_without_budgets_or_do_not_disrupt_the_plan_is_unchanged() -> None:
 def test_while_paused_the_why_not_of_a_need_it_would_serve_says_actuation_paused() -> None:
     engine = ShardEngine(EAGER)
     fleet(engine, 4, state=MachineState.IDLE, now=TUESDAY_MORNING)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=8)), now=TUESDAY_MORNING)
+    apply(engine, rollup("c1", 1, need(cpu=8)), now=TUESDAY_MORNING)
     engine.paused = True
 
     plan = engine.cycle(now=TUESDAY_MORNING + 1)

@@ -50,6 +50,7 @@ from shard_engine.model import (
     TopologySpread,
     WhenUnsatisfiable,
 )
+from tests.rollups import apply
 
 DIGESTS = Path(__file__).with_name("plan_digests.json")
 SEEDS = tuple(range(24))
@@ -240,7 +241,7 @@ class History:
             release = frozenset(m for m in ours if self.rng.random() < 0.4)
         rollup = Rollup(cluster, stamp, tuple(self.needs[cluster]), reported, release)
         try:
-            outcome = self.engine.apply_rollup(rollup, now=self.now)
+            outcome = apply(self.engine, rollup, now=self.now)
             self.lines.append(f"rollup {cluster} {outcome.status}")
         except RollupRejected as exc:
             self.lines.append(f"rollup {cluster} rejected {exc.field}")

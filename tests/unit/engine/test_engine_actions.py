@@ -30,6 +30,7 @@ from shard_engine.model import (
     Verify,
 )
 from shard_engine.pools import TIER_IDLE, PoolKey
+from tests.rollups import apply
 from tests.unit.engine.engine_fleet import Carrier, fleet, machine, machine_ids, need, rollup
 from tests.unit.engine.plan_history import History
 
@@ -96,12 +97,12 @@ def test_the_table_and_the_actions_of_every_plan_agree(seed: int) -> None:
 def test_a_plan_read_after_its_machines_left_still_names_them() -> None:
     engine = ShardEngine()
     idle = fleet(engine, 4, prefix="old")
-    engine.apply_rollup(rollup("a", 1, need(cpu=16.0)), now=0)
+    apply(engine, rollup("a", 1, need(cpu=16.0)), now=0)
     plan = engine.cycle(now=1)
     for machine_id in idle:
         engine.remove_machine(machine_id)
     fleet(engine, 4, prefix="new")  # the same rows, other machines
-    engine.apply_rollup(rollup("b", 1, need(cpu=4.0)), now=1)
+    apply(engine, rollup("b", 1, need(cpu=4.0)), now=1)
 
     assert sorted(machine_ids(plan.actions)) == idle
     assert {a.cluster_id for a in plan.actions if isinstance(a, AssignIdle)} == {"a"}
@@ -131,7 +132,7 @@ def test_a_plan_cannot_be_changed() -> None:
 def test_a_paused_engine_plans_an_empty_table_and_a_dry_run_a_full_one() -> None:
     engine = ShardEngine()
     fleet(engine, 3)
-    engine.apply_rollup(rollup("a", 1, need(cpu=12.0)), now=0)
+    apply(engine, rollup("a", 1, need(cpu=12.0)), now=0)
 
     dry = engine.cycle(now=1, dry_run=True)
     engine.paused = True
@@ -159,17 +160,17 @@ def test_a_dropped_promise_returning_to_a_pool_the_cycle_took_from_keeps_that_po
         engine.upsert_machine(
             machine(f"low-{i}", state=MachineState.CONFIGURED, cluster="low"), now=0
         )
-    engine.apply_rollup(rollup("low", 1, need(cpu=8.0, priority=10)), now=0)
-    engine.apply_rollup(rollup("high", 1, need(cpu=4.0, priority=1_000_000)), now=0)
+    apply(engine, rollup("low", 1, need(cpu=8.0, priority=10)), now=0)
+    apply(engine, rollup("high", 1, need(cpu=4.0, priority=1_000_000)), now=0)
     [preempt] = engine.cycle(now=1).actions
     assert isinstance(preempt, Preempt)
     carrier.carry(Plan(now=1, actions=(preempt,)), now=2)
     assert set(engine.promised()) == {preempt.machine_id}
     # The preemptor no longer wants it; idle machines of the same shape appear,
     # and a third cluster takes one of them in the cycle that drops the promise.
-    engine.apply_rollup(rollup("high", 2, need(cpu=4.0, priority=999_999)), now=2)
+    apply(engine, rollup("high", 2, need(cpu=4.0, priority=999_999)), now=2)
     fleet(engine, 3, prefix="spare", now=2)
-    engine.apply_rollup(rollup("third", 1, need(cpu=4.0, priority=500)), now=2)
+    apply(engine, rollup("third", 1, need(cpu=4.0, priority=500)), now=2)
     engine.cycle(now=3)
     taken = set(engine.in_flight())
 
@@ -211,7 +212,7 @@ def test_a_suspect_reclaimed_in_the_same_cycle_is_not_also_verified() -> None:
     )
     [suspect] = fleet(engine, 1, prefix="node", state=MachineState.CONFIGURED, cluster="c1")
     for t in range(1, 4):  # three reports without it make it a suspect; no need keeps it
-        engine.apply_rollup(rollup("c1", t, reported=()), now=t)
+        apply(engine, rollup("c1", t, reported=()), now=t)
 
     plan = engine.cycle(now=4)
 

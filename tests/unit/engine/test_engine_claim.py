@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from shard_engine.engine import ShardEngine
 from shard_engine.model import MachineState, Provision, Rollup
+from tests.rollups import apply
 from tests.unit.engine.engine_fleet import machine, need
 
 
@@ -11,7 +12,7 @@ def _engine_with_two_slots() -> ShardEngine:
     engine = ShardEngine()
     for i in range(2):
         engine.upsert_machine(machine(f"s{i}", state=MachineState.SPECULATIVE), now=0.0)
-    engine.apply_rollup(Rollup("c1", 1, (need(cpu=4.0),)), now=0.0)
+    apply(engine, Rollup("c1", 1, (need(cpu=4.0),)), now=0.0)
     return engine
 
 

@@ -13,6 +13,7 @@ import numpy as np
 from shard_engine.claims import claim
 from shard_engine.engine import EngineConfig, ShardEngine
 from shard_engine.model import MachineState, Provision, Reclaim
+from tests.rollups import apply
 from tests.unit.engine.engine_fleet import Carrier, fleet, need, of_kind, rollup
 
 EAGER = EngineConfig(
@@ -26,7 +27,7 @@ def test_a_higher_priority_need_does_not_count_the_machines_a_lower_one_fills() 
     fleet(engine, 4, prefix="spare", state=MachineState.IDLE)
     batch = need(cpu=16, priority=100_000)
     production = need(cpu=8, priority=1_000_000, interruption_penalty=1024)
-    engine.apply_rollup(rollup("tiers", 1, batch, production), now=0)
+    apply(engine, rollup("tiers", 1, batch, production), now=0)
 
     plan = engine.cycle(now=1)
 
@@ -39,7 +40,8 @@ def test_needs_that_together_fit_in_what_the_cluster_holds_ask_for_nothing() -> 
     engine = ShardEngine()
     fleet(engine, 6, prefix="held", state=MachineState.CONFIGURED, cluster="tiers")
     fleet(engine, 4, prefix="spare", state=MachineState.IDLE)
-    engine.apply_rollup(
+    apply(
+        engine,
         rollup("tiers", 1, need(cpu=16, priority=100_000), need(cpu=8, priority=1_000_000)),
         now=0,
     )
@@ -50,7 +52,8 @@ def test_needs_that_together_fit_in_what_the_cluster_holds_ask_for_nothing() -> 
 def test_machines_two_needs_share_are_excess_only_beyond_both() -> None:
     engine = ShardEngine(EAGER)
     fleet(engine, 8, prefix="held", state=MachineState.CONFIGURED, cluster="tiers")
-    engine.apply_rollup(
+    apply(
+        engine,
         rollup("tiers", 1, need(cpu=16, priority=100_000), need(cpu=8, priority=1_000_000)),
         now=0,
     )

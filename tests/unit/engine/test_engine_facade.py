@@ -9,14 +9,15 @@ import pytest
 
 from shard_engine.engine import EngineConfig, RollupRejected, ShardEngine
 from shard_engine.model import MachineState, Need, Operator, Requirement, TopologySpread
+from tests.rollups import apply
 from tests.unit.engine.engine_fleet import fleet, machine, machine_ids, need, rollup
 
 
 def test_an_older_roll_up_is_stale_and_changes_nothing() -> None:
     engine = ShardEngine()
-    assert engine.apply_rollup(rollup("c1", 10, need(cpu=4)), now=0).status == "applied"
+    assert apply(engine, rollup("c1", 10, need(cpu=4)), now=0).status == "applied"
 
-    outcome = engine.apply_rollup(rollup("c1", 5, need(cpu=400)), now=1)
+    outcome = apply(engine, rollup("c1", 5, need(cpu=400)), now=1)
 
     assert outcome.status == "stale"
     assert engine.summary().needs == 1
@@ -26,9 +27,9 @@ def test_an_older_roll_up_is_stale_and_changes_nothing() -> None:
 
 def test_a_roll_up_with_the_same_timestamp_is_applied_again() -> None:
     engine = ShardEngine()
-    engine.apply_rollup(rollup("c1", 10, need(cpu=4)), now=0)
+    apply(engine, rollup("c1", 10, need(cpu=4)), now=0)
 
-    assert engine.apply_rollup(rollup("c1", 10, need(cpu=8)), now=0).status == "applied"
+    assert apply(engine, rollup("c1", 10, need(cpu=8)), now=0).status == "applied"
 
 
 @pytest.mark.parametrize(
@@ -52,10 +53,10 @@ def test_a_roll_up_with_the_same_timestamp_is_applied_again() -> None:
 )
 def test_a_semantically_broken_roll_up_is_rejected_naming_the_field(bad: Need, field: str) -> None:
     engine = ShardEngine()
-    engine.apply_rollup(rollup("c1", 1, need(cpu=4)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=4)), now=0)
 
     with pytest.raises(RollupRejected) as caught:
-        engine.apply_rollup(rollup("c1", 2, need(cpu=8), bad), now=1)
+        apply(engine, rollup("c1", 2, need(cpu=8), bad), now=1)
 
     assert caught.value.field == field.replace("needs[0]", "needs[1]")
     assert field.replace("needs[0]", "needs[1]") in str(caught.value)
@@ -64,14 +65,14 @@ def test_a_semantically_broken_roll_up_is_rejected_naming_the_field(bad: Need, f
 
 def test_an_empty_roll_up_is_applied_and_means_the_cluster_needs_nothing() -> None:
     engine = ShardEngine()
-    assert engine.apply_rollup(rollup("c1", 1), now=0).status == "applied"
+    assert apply(engine, rollup("c1", 1), now=0).status == "applied"
     assert engine.summary().needs == 0
 
 
 def test_an_infinite_penalty_is_pinned_not_poisonous() -> None:
     engine = ShardEngine()
     fleet(engine, 2, state=MachineState.SPECULATIVE, probability=0.0)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=4, interruption_penalty=math.inf)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=4, interruption_penalty=math.inf)), now=0)
 
     plan = engine.cycle(now=1)
 
@@ -82,9 +83,9 @@ def test_a_roll_up_dropping_nearly_every_row_is_quarantined_until_confirmed() ->
     config = EngineConfig()
     engine = ShardEngine(config)
     many = [need(cpu=1, priority=p) for p in range(20)]
-    engine.apply_rollup(rollup("c1", 1, *many), now=0)
+    apply(engine, rollup("c1", 1, *many), now=0)
 
-    outcomes = [engine.apply_rollup(rollup("c1", t, many[0]), now=t).status for t in range(2, 6)]
+    outcomes = [apply(engine, rollup("c1", t, many[0]), now=t).status for t in range(2, 6)]
 
     assert outcomes == ["quarantined", "quarantined", "quarantined", "applied"]
     assert engine.summary().needs == 1
@@ -93,11 +94,11 @@ def test_a_roll_up_dropping_nearly_every_row_is_quarantined_until_confirmed() ->
 def test_a_healthy_roll_up_ends_a_quarantine() -> None:
     engine = ShardEngine()
     many = [need(cpu=1, priority=p) for p in range(20)]
-    engine.apply_rollup(rollup("c1", 1, *many), now=0)
-    assert engine.apply_rollup(rollup("c1", 2), now=1).status == "quarantined"
+    apply(engine, rollup("c1", 1, *many), now=0)
+    assert apply(engine, rollup("c1", 2), now=1).status == "quarantined"
     assert engine.summary().quarantined_clusters == 1
 
-    assert engine.apply_rollup(rollup("c1", 3, *many[:15]), now=2).status == "applied"
+    assert apply(engine, rollup("c1", 3, *many[:15]), now=2).status == "applied"
 
     assert engine.summary().quarantined_clusters == 0
     assert engine.summary().needs == 15
@@ -168,7 +169,7 @@ def test_machine_round_trips_the_observation() -> None:
 def test_an_upsert_while_in_flight_keeps_the_machine_in_flight() -> None:
     engine = ShardEngine()
     fleet(engine, 1, prefix="spec", state=MachineState.SPECULATIVE)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=4)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=4)), now=0)
     engine.cycle(now=1)
 
     engine.upsert_machine(machine("spec-0000", state=MachineState.CREATING), now=2)
@@ -180,7 +181,7 @@ def test_an_upsert_while_in_flight_keeps_the_machine_in_flight() -> None:
 def test_settling_with_a_failure_frees_the_need_to_try_again() -> None:
     engine = ShardEngine()
     fleet(engine, 2, prefix="spec", state=MachineState.SPECULATIVE)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=4)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=4)), now=0)
     first = machine_ids(engine.cycle(now=1).actions)
 
     engine.settle(first[0], None, now=2)
@@ -194,7 +195,7 @@ def test_settling_with_a_failure_frees_the_need_to_try_again() -> None:
 def test_removing_a_machine_in_flight_forgets_it_everywhere() -> None:
     engine = ShardEngine()
     fleet(engine, 1, prefix="spec", state=MachineState.SPECULATIVE)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=4)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=4)), now=0)
     engine.cycle(now=1)
 
     engine.remove_machine("spec-0000")
@@ -206,7 +207,7 @@ def test_removing_a_machine_in_flight_forgets_it_everywhere() -> None:
 def test_while_paused_the_cycle_returns_no_actions_but_still_reports_shortfalls() -> None:
     engine = ShardEngine()
     fleet(engine, 1, prefix="spec", state=MachineState.SPECULATIVE)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=8)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=8)), now=0)
     engine.paused = True
 
     plan = engine.cycle(now=1)
@@ -221,8 +222,8 @@ def test_summary_counts_machines_clusters_needs_and_in_flight() -> None:
     engine = ShardEngine()
     fleet(engine, 3, prefix="spec", state=MachineState.SPECULATIVE)
     fleet(engine, 2, prefix="idle", state=MachineState.IDLE)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=4), need(cpu=4, priority=5)), now=0)
-    engine.apply_rollup(rollup("c2", 1, need(cpu=4)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=4), need(cpu=4, priority=5)), now=0)
+    apply(engine, rollup("c2", 1, need(cpu=4)), now=0)
     engine.cycle(now=1)
 
     summary = engine.summary()
@@ -238,8 +239,8 @@ def test_summary_counts_machines_clusters_needs_and_in_flight() -> None:
 def test_a_ten_million_unit_need_at_priority_zero_is_accepted_and_starves_politely() -> None:
     engine = ShardEngine()
     fleet(engine, 50, prefix="spec", state=MachineState.SPECULATIVE)
-    engine.apply_rollup(rollup("prod", 1, need(cpu=40, priority=1_000_000)), now=0)
-    assert engine.apply_rollup(rollup("greedy", 1, need(cpu=1e7, priority=0)), now=0).status == (
+    apply(engine, rollup("prod", 1, need(cpu=40, priority=1_000_000)), now=0)
+    assert apply(engine, rollup("greedy", 1, need(cpu=1e7, priority=0)), now=0).status == (
         "applied"
     )
 

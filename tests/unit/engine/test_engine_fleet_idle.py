@@ -12,6 +12,7 @@ from shard_engine.coordination import ProfileSupply, ShardShortfall, ShardView, 
 from shard_engine.engine import ShardEngine
 from shard_engine.fleet_idle import RemoteIdle
 from shard_engine.model import MachineState, Provision
+from tests.rollups import apply
 from tests.unit.engine.engine_fleet import GI, fleet, need, of_kind, rollup, same, zone_in
 
 LABELS = {"topology.kubernetes.io/zone": "zone-a", "rack": "r1"}
@@ -31,7 +32,7 @@ def offer(count: int = 1) -> RemoteIdle:
 def test_a_need_another_shards_idle_machine_fits_waits_for_it_and_reports_it() -> None:
     engine = shard_b()
     engine.set_fleet_idle([offer()])
-    engine.apply_rollup(rollup("web", 1, need(cpu=4)), now=0)
+    apply(engine, rollup("web", 1, need(cpu=4)), now=0)
 
     plan = engine.cycle(now=1)
 
@@ -44,7 +45,7 @@ def test_a_need_another_shards_idle_machine_fits_waits_for_it_and_reports_it() -
 def test_the_coordinator_answers_the_wait_with_an_idle_transfer() -> None:
     engine = shard_b()
     engine.set_fleet_idle([offer()])
-    engine.apply_rollup(rollup("web", 1, need(cpu=4)), now=0)
+    apply(engine, rollup("web", 1, need(cpu=4)), now=0)
     plan = engine.cycle(now=1)
     donor = ShardView(
         "a",
@@ -66,7 +67,7 @@ def test_the_coordinator_answers_the_wait_with_an_idle_transfer() -> None:
 def test_after_the_wait_the_need_buys_as_before() -> None:
     engine = shard_b(wait=30)
     engine.set_fleet_idle([offer()])
-    engine.apply_rollup(rollup("web", 1, need(cpu=4)), now=0)
+    apply(engine, rollup("web", 1, need(cpu=4)), now=0)
 
     waited = [len(of_kind(engine.cycle(now=t), Provision)) for t in (1, 11, 21)]
     bought = engine.cycle(now=31)
@@ -77,12 +78,12 @@ def test_after_the_wait_the_need_buys_as_before() -> None:
 
 def test_without_the_fleet_index_or_with_nothing_that_fits_the_shard_buys_at_once() -> None:
     lone = shard_b()
-    lone.apply_rollup(rollup("web", 1, need(cpu=4)), now=0)
+    apply(lone, rollup("web", 1, need(cpu=4)), now=0)
     other_zone = shard_b()
     other_zone.set_fleet_idle(
         [RemoteIdle("a", {"topology.kubernetes.io/zone": "zone-b"}, ALLOC, 3)]
     )
-    other_zone.apply_rollup(rollup("web", 1, need(cpu=4, requirements=[zone_in("zone-a")])), now=0)
+    apply(other_zone, rollup("web", 1, need(cpu=4, requirements=[zone_in("zone-a")])), now=0)
 
     assert len(of_kind(lone.cycle(now=1), Provision)) == 1
     assert len(of_kind(other_zone.cycle(now=1), Provision)) == 1
@@ -91,8 +92,8 @@ def test_without_the_fleet_index_or_with_nothing_that_fits_the_shard_buys_at_onc
 def test_one_idle_machine_elsewhere_holds_back_only_what_it_can_serve() -> None:
     engine = shard_b()
     engine.set_fleet_idle([offer(1)])
-    engine.apply_rollup(rollup("web", 1, need(cpu=4)), now=0)
-    engine.apply_rollup(rollup("api", 1, need(cpu=4)), now=0)
+    apply(engine, rollup("web", 1, need(cpu=4)), now=0)
+    apply(engine, rollup("api", 1, need(cpu=4)), now=0)
 
     plan = engine.cycle(now=1)
 
@@ -102,6 +103,6 @@ def test_one_idle_machine_elsewhere_holds_back_only_what_it_can_serve() -> None:
 def test_a_gang_does_not_wait_for_single_machines_of_another_shard() -> None:
     engine = shard_b()
     engine.set_fleet_idle([offer(4)])
-    engine.apply_rollup(rollup("train", 1, need(cpu=8, requirements=[same("rack")])), now=0)
+    apply(engine, rollup("train", 1, need(cpu=8, requirements=[same("rack")])), now=0)
 
     assert len(of_kind(engine.cycle(now=1), Provision)) == 1

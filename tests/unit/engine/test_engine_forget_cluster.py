@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from shard_engine.engine import ShardEngine
 from shard_engine.model import MachineState
+from tests.rollups import apply
 from tests.unit.engine.engine_fleet import fleet, machine_ids, need, rollup
 
 
 def test_a_forgotten_cluster_is_no_longer_provisioned_for() -> None:
     engine = ShardEngine()
     fleet(engine, 4, state=MachineState.SPECULATIVE)
-    engine.apply_rollup(rollup("leaving", 1, need(cpu=8)), now=0)
+    apply(engine, rollup("leaving", 1, need(cpu=8)), now=0)
 
     assert engine.forget_cluster("leaving") is True
 
@@ -23,8 +24,8 @@ def test_the_configured_machines_of_a_forgotten_cluster_are_neither_reclaimed_no
 ):
     engine = ShardEngine()
     kept = fleet(engine, 3, prefix="kept", state=MachineState.CONFIGURED, cluster="leaving")
-    engine.apply_rollup(rollup("leaving", 1, need(cpu=4, priority=10)), now=0)
-    engine.apply_rollup(rollup("staying", 1, need(cpu=8, priority=1_000_000)), now=0)
+    apply(engine, rollup("leaving", 1, need(cpu=4, priority=10)), now=0)
+    apply(engine, rollup("staying", 1, need(cpu=8, priority=1_000_000)), now=0)
     engine.forget_cluster("leaving")
 
     plan = engine.cycle(now=1)
@@ -36,8 +37,8 @@ def test_the_configured_machines_of_a_forgotten_cluster_are_neither_reclaimed_no
 def test_without_forgetting_the_same_machines_would_be_taken() -> None:
     engine = ShardEngine()
     kept = fleet(engine, 3, prefix="kept", state=MachineState.CONFIGURED, cluster="leaving")
-    engine.apply_rollup(rollup("leaving", 1, need(cpu=4, priority=10)), now=0)
-    engine.apply_rollup(rollup("staying", 1, need(cpu=8, priority=1_000_000)), now=0)
+    apply(engine, rollup("leaving", 1, need(cpu=4, priority=10)), now=0)
+    apply(engine, rollup("staying", 1, need(cpu=8, priority=1_000_000)), now=0)
 
     plan = engine.cycle(now=1)
 
@@ -47,10 +48,10 @@ def test_without_forgetting_the_same_machines_would_be_taken() -> None:
 def test_forgetting_an_unknown_cluster_changes_nothing_and_a_later_roll_up_starts_afresh() -> None:
     engine = ShardEngine()
     assert engine.forget_cluster("never-seen") is False
-    engine.apply_rollup(rollup("back", 50, need(cpu=4)), now=0)
+    apply(engine, rollup("back", 50, need(cpu=4)), now=0)
     engine.forget_cluster("back")
 
     # An older timestamp than the forgotten entry's is accepted: the history went with it.
-    assert engine.apply_rollup(rollup("back", 10, need(cpu=4)), now=1).status == "applied"
+    assert apply(engine, rollup("back", 10, need(cpu=4)), now=1).status == "applied"
     fleet(engine, 2, state=MachineState.SPECULATIVE)
     assert len(machine_ids(engine.cycle(now=2).actions)) == 1

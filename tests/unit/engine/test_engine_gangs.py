@@ -13,6 +13,7 @@ from collections import Counter
 from shard_engine.engine import EngineConfig, ShardEngine
 from shard_engine.model import MachineState, Need, Reclaim, Rollup
 from shard_engine.needs import validate_rollup
+from tests.rollups import apply
 from tests.unit.engine.engine_fleet import Carrier, fleet, machine_ids, need, of_kind, rollup, same
 
 EAGER = EngineConfig(
@@ -59,7 +60,7 @@ def test_needs_without_a_same_requirement_are_still_merged_by_key() -> None:
 def test_each_gang_goes_to_its_own_rack_when_no_rack_holds_both() -> None:
     engine = ShardEngine()
     gpu_racks(engine, ra=6, rb=6)
-    engine.apply_rollup(two_gangs(1, 4, 4), now=0)
+    apply(engine, two_gangs(1, 4, 4), now=0)
 
     Carrier(engine).run(now=1, cycles=2)
 
@@ -69,9 +70,9 @@ def test_each_gang_goes_to_its_own_rack_when_no_rack_holds_both() -> None:
 def test_two_gangs_in_one_rack_count_their_own_machines() -> None:
     engine = ShardEngine()
     gpu_racks(engine, ra=16)
-    engine.apply_rollup(rollup("train", 1, gang(4)), now=0)
+    apply(engine, rollup("train", 1, gang(4)), now=0)
     Carrier(engine).run(now=1, cycles=2)
-    engine.apply_rollup(two_gangs(2, 4, 4), now=3)
+    apply(engine, two_gangs(2, 4, 4), now=3)
 
     Carrier(engine).run(now=4, cycles=2)
 
@@ -81,7 +82,7 @@ def test_two_gangs_in_one_rack_count_their_own_machines() -> None:
 def test_a_gang_no_rack_can_hold_gets_nothing() -> None:
     engine = ShardEngine()
     gpu_racks(engine, ra=3, rb=3)
-    engine.apply_rollup(rollup("train", 1, gang(4)), now=0)
+    apply(engine, rollup("train", 1, gang(4)), now=0)
 
     plans = Carrier(engine).run(now=1, cycles=3)
 
@@ -92,7 +93,7 @@ def test_a_gang_no_rack_can_hold_gets_nothing() -> None:
 def test_one_gang_that_cannot_be_placed_does_not_hold_back_the_other() -> None:
     engine = ShardEngine()
     gpu_racks(engine, ra=5)
-    engine.apply_rollup(two_gangs(1, 4, 6), now=0)
+    apply(engine, two_gangs(1, 4, 6), now=0)
 
     Carrier(engine).run(now=1, cycles=3)
 
@@ -103,7 +104,7 @@ def test_the_machines_of_two_gangs_in_one_rack_are_not_excess() -> None:
     engine = ShardEngine(EAGER)
     gpu_racks(engine, ra=16)
     carrier = Carrier(engine)
-    engine.apply_rollup(two_gangs(1, 4, 4), now=0)
+    apply(engine, two_gangs(1, 4, 4), now=0)
     carrier.run(now=1, cycles=3)
     assert racks_of(engine, "train") == Counter(ra=8)
 
@@ -129,7 +130,7 @@ def test_a_gang_no_rack_can_hold_reports_all_of_itself_short() -> None:
         gpu=8,
         labels={"rack": "ra"},
     )
-    engine.apply_rollup(two_gangs(1, 2, 3), now=0)
+    apply(engine, two_gangs(1, 2, 3), now=0)
 
     plan = engine.cycle(now=1)
 

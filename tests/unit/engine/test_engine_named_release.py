@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from shard_engine.engine import EngineConfig, ShardEngine
 from shard_engine.model import MachineState, Preempt, Reclaim, Rollup
 from shard_engine.needs import RollupRejected
+from tests.rollups import apply
 from tests.unit.engine.engine_fleet import Carrier, fleet, machine_ids, need, of_kind, rollup
 
 # Reclaim on the first sight of excess, so one cycle shows which machines go
@@ -37,7 +38,7 @@ def test_only_the_named_machines_are_reclaimed_for_excess() -> None:
     engine = ShardEngine(EAGER)
     ids = fleet(engine, 6, state=MachineState.CONFIGURED, cluster="nanook")
     named = ids[1:5]
-    engine.apply_rollup(releasing(rollup("nanook", 1, need(cpu=8)), *named), now=0)
+    apply(engine, releasing(rollup("nanook", 1, need(cpu=8)), *named), now=0)
 
     plans = Carrier(engine).run(now=1, cycles=10)
 
@@ -49,7 +50,7 @@ def test_only_the_named_machines_are_reclaimed_for_excess() -> None:
 def test_when_too_few_machines_are_named_the_rest_of_the_excess_stays() -> None:
     engine = ShardEngine(EAGER)
     ids = fleet(engine, 6, state=MachineState.CONFIGURED, cluster="nanook")
-    engine.apply_rollup(releasing(rollup("nanook", 1, need(cpu=8)), ids[3]), now=0)
+    apply(engine, releasing(rollup("nanook", 1, need(cpu=8)), ids[3]), now=0)
 
     plans = Carrier(engine).run(now=1, cycles=10)
 
@@ -60,7 +61,7 @@ def test_when_too_few_machines_are_named_the_rest_of_the_excess_stays() -> None:
 def test_naming_more_machines_than_the_excess_reclaims_only_the_excess() -> None:
     engine = ShardEngine(EAGER)
     ids = fleet(engine, 6, state=MachineState.CONFIGURED, cluster="nanook")
-    engine.apply_rollup(releasing(rollup("nanook", 1, need(cpu=16)), *ids), now=0)
+    apply(engine, releasing(rollup("nanook", 1, need(cpu=16)), *ids), now=0)
 
     Carrier(engine).run(now=1, cycles=10)
 
@@ -70,10 +71,10 @@ def test_naming_more_machines_than_the_excess_reclaims_only_the_excess() -> None
 def test_a_new_release_list_with_unchanged_needs_takes_effect_at_the_next_cycle() -> None:
     engine = ShardEngine(EAGER)
     ids = fleet(engine, 4, state=MachineState.CONFIGURED, cluster="nanook")
-    engine.apply_rollup(releasing(rollup("nanook", 1, need(cpu=12)), "not-a-machine"), now=0)
+    apply(engine, releasing(rollup("nanook", 1, need(cpu=12)), "not-a-machine"), now=0)
     assert Carrier(engine).run(now=1, cycles=3)[-1].actions == ()
 
-    engine.apply_rollup(releasing(rollup("nanook", 2, need(cpu=12)), ids[2]), now=4)
+    apply(engine, releasing(rollup("nanook", 2, need(cpu=12)), ids[2]), now=4)
     plan = engine.cycle(now=5)
 
     assert machine_ids(plan.actions) == [ids[2]]
@@ -82,7 +83,7 @@ def test_a_new_release_list_with_unchanged_needs_takes_effect_at_the_next_cycle(
 def test_without_a_release_list_any_excess_is_reclaimed_as_before() -> None:
     engine = ShardEngine(EAGER)
     fleet(engine, 4, state=MachineState.CONFIGURED, cluster="nanook")
-    engine.apply_rollup(rollup("nanook", 1, need(cpu=4)), now=0)
+    apply(engine, rollup("nanook", 1, need(cpu=4)), now=0)
 
     Carrier(engine).run(now=1, cycles=10)
 
@@ -92,7 +93,7 @@ def test_without_a_release_list_any_excess_is_reclaimed_as_before() -> None:
 def test_an_empty_release_list_keeps_every_machine_despite_excess() -> None:
     engine = ShardEngine(EAGER)
     ids = fleet(engine, 4, state=MachineState.CONFIGURED, cluster="nanook")
-    engine.apply_rollup(releasing(rollup("nanook", 1, need(cpu=4))), now=0)
+    apply(engine, releasing(rollup("nanook", 1, need(cpu=4))), now=0)
 
     plans = Carrier(engine).run(now=1, cycles=5)
 
@@ -106,8 +107,8 @@ def test_a_cluster_that_names_nothing_does_not_use_up_the_reclaim_budget() -> No
     engine = ShardEngine(replace(EAGER, reclaim_clusters_per_cycle=1))
     fleet(engine, 4, prefix="keep", state=MachineState.CONFIGURED, cluster="a-keeps")
     gives = fleet(engine, 4, prefix="give", state=MachineState.CONFIGURED, cluster="b-gives")
-    engine.apply_rollup(releasing(rollup("a-keeps", 1, need(cpu=4))), now=0)
-    engine.apply_rollup(releasing(rollup("b-gives", 1, need(cpu=4)), gives[0]), now=0)
+    apply(engine, releasing(rollup("a-keeps", 1, need(cpu=4))), now=0)
+    apply(engine, releasing(rollup("b-gives", 1, need(cpu=4)), gives[0]), now=0)
 
     plan = engine.cycle(now=1)
 
@@ -118,8 +119,8 @@ def test_a_machine_of_another_cluster_named_for_release_is_not_touched() -> None
     engine = ShardEngine(EAGER)
     mine = fleet(engine, 2, prefix="mine", state=MachineState.CONFIGURED, cluster="nanook")
     theirs = fleet(engine, 2, prefix="theirs", state=MachineState.CONFIGURED, cluster="other")
-    engine.apply_rollup(rollup("other", 1, need(cpu=8)), now=0)
-    engine.apply_rollup(releasing(rollup("nanook", 1, need(cpu=4)), theirs[0]), now=0)
+    apply(engine, rollup("other", 1, need(cpu=8)), now=0)
+    apply(engine, releasing(rollup("nanook", 1, need(cpu=4)), theirs[0]), now=0)
 
     plans = Carrier(engine).run(now=1, cycles=5)
 
@@ -131,8 +132,8 @@ def test_a_machine_of_another_cluster_named_for_release_is_not_touched() -> None
 def test_preemption_by_a_higher_priority_may_still_take_an_unnamed_machine() -> None:
     engine = ShardEngine(EAGER)
     ids = fleet(engine, 2, state=MachineState.CONFIGURED, cluster="nanook")
-    engine.apply_rollup(releasing(rollup("nanook", 1, need(cpu=8, priority=100))), now=0)
-    engine.apply_rollup(rollup("urgent", 1, need(cpu=4, priority=900_000)), now=0)
+    apply(engine, releasing(rollup("nanook", 1, need(cpu=8, priority=100))), now=0)
+    apply(engine, rollup("urgent", 1, need(cpu=4, priority=900_000)), now=0)
 
     plan = engine.cycle(now=1)
 
@@ -144,13 +145,13 @@ def test_preemption_by_a_higher_priority_may_still_take_an_unnamed_machine() -> 
 def test_a_release_list_with_an_empty_or_non_string_id_is_rejected(bad: object) -> None:
     engine = ShardEngine(EAGER)
     fleet(engine, 2, state=MachineState.CONFIGURED, cluster="nanook")
-    engine.apply_rollup(rollup("nanook", 1, need(cpu=8)), now=0)
+    apply(engine, rollup("nanook", 1, need(cpu=8)), now=0)
     bad_rollup = releasing(rollup("nanook", 2, need(cpu=8)), bad)  # type: ignore[arg-type]
 
     with pytest.raises(RollupRejected, match="release"):
-        engine.apply_rollup(bad_rollup, now=1)
+        apply(engine, bad_rollup, now=1)
     with pytest.raises(RollupRejected, match="release"):
-        engine.apply_rollup(replace(bad_rollup, needs=(need(cpu=4),)), now=1)
+        apply(engine, replace(bad_rollup, needs=(need(cpu=4),)), now=1)
 
     assert configured_of(engine, "nanook") and engine.cycle(now=2).actions == ()
 
@@ -185,8 +186,10 @@ def test_a_machine_not_named_for_release_is_never_reclaimed_for_excess(
     now = 0.0
     for timestamp, (amount, offered) in enumerate([(wanted, named), *steps], start=1):
         release = frozenset(ids[i] for i in offered if i < machines)
-        engine.apply_rollup(
-            releasing(rollup("nanook", timestamp, need(cpu=4.0 * amount)), *release), now=now
+        apply(
+            engine,
+            releasing(rollup("nanook", timestamp, need(cpu=4.0 * amount)), *release),
+            now=now,
         )
         for plan in carrier.run(now=now + 1, cycles=6):
             for action in of_kind(plan, Reclaim):
@@ -202,9 +205,9 @@ def test_named_machines_go_at_the_next_cycle_whatever_the_anti_churn_rules() -> 
     # minimum age or hysteresis holds it, on default settings.
     engine = ShardEngine()
     ids = fleet(engine, 4, state=MachineState.CONFIGURED, cluster="nanook", now=0)
-    engine.apply_rollup(rollup("nanook", 1, need(cpu=16)), now=0)
+    apply(engine, rollup("nanook", 1, need(cpu=16)), now=0)
     engine.cycle(now=1)
-    engine.apply_rollup(releasing(rollup("nanook", 2, need(cpu=12)), ids[3]), now=2)
+    apply(engine, releasing(rollup("nanook", 2, need(cpu=12)), ids[3]), now=2)
 
     soon = engine.cycle(now=3)
 
@@ -214,7 +217,7 @@ def test_named_machines_go_at_the_next_cycle_whatever_the_anti_churn_rules() -> 
 def test_a_named_machine_is_kept_while_its_need_is_short() -> None:
     engine = ShardEngine(EAGER)
     ids = fleet(engine, 2, state=MachineState.CONFIGURED, cluster="nanook", now=0)
-    engine.apply_rollup(releasing(rollup("nanook", 1, need(cpu=40)), ids[0]), now=0)
+    apply(engine, releasing(rollup("nanook", 1, need(cpu=40)), ids[0]), now=0)
 
     plan = engine.cycle(now=1)
 

@@ -11,6 +11,7 @@ import pytest
 from shard_engine.model import AppClass, Rollup
 from shard_engine.needs import Demand, _equal_prefix, validate_rollup
 from shard_engine.needs import _resized as _resized_need
+from tests.rollups import apply
 from tests.unit.engine.plan_history import CLUSTERS, History, _random_need, _resized
 
 CACHES = {"slack_rows", "slack_tolerance"}
@@ -46,7 +47,7 @@ def test_every_compiled_demand_equals_a_fresh_compile_after_random_roll_ups(seed
         elif wanted:
             wanted.pop(rng.randrange(len(wanted)))
         ts += 1
-        engine.apply_rollup(Rollup(cluster, ts, tuple(wanted)), now=float(step))
+        apply(engine, Rollup(cluster, ts, tuple(wanted)), now=float(step))
         if step % 10 == 0:
             engine.cycle(now=float(step))  # gang domains chosen, catalog unchanged
         for entry in table.entries():
@@ -65,10 +66,10 @@ def test_a_resized_need_reuses_the_matrix_and_a_new_min_unit_does_not() -> None:
     wanted = history.needs[cluster]
 
     wanted[0] = _resized(random.Random(1), wanted[0])
-    engine.apply_rollup(Rollup(cluster, 1_000, tuple(wanted)), now=0)
+    apply(engine, Rollup(cluster, 1_000, tuple(wanted)), now=0)
     resized = table.demand(entry)
     wanted[0] = replace(wanted[0], min_unit={"cpu": 1.0})
-    engine.apply_rollup(Rollup(cluster, 1_001, tuple(wanted)), now=0)
+    apply(engine, Rollup(cluster, 1_001, tuple(wanted)), now=0)
     recompiled = table.demand(entry)
 
     assert resized.matrix is before.matrix

@@ -8,6 +8,7 @@ import pytest
 
 from shard_engine.engine import ShardEngine
 from shard_engine.model import AssignIdle, CapacityType, MachineState, Provision
+from tests.rollups import apply
 from tests.unit.engine.engine_fleet import (
     Carrier,
     fleet,
@@ -24,7 +25,7 @@ def test_a_need_is_covered_from_idle_machines_before_speculative_ones() -> None:
     engine = ShardEngine()
     idle = fleet(engine, 2, prefix="idle", state=MachineState.IDLE, price=3.0)
     fleet(engine, 5, prefix="spec", state=MachineState.SPECULATIVE, price=0.5)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=8)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=8)), now=0)
 
     plan = engine.cycle(now=1)
 
@@ -35,7 +36,7 @@ def test_a_need_is_covered_from_idle_machines_before_speculative_ones() -> None:
 def test_speculative_machines_for_one_need_come_as_one_batched_provision() -> None:
     engine = ShardEngine()
     fleet(engine, 10, prefix="spec", state=MachineState.SPECULATIVE)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=12)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=12)), now=0)
 
     plan = engine.cycle(now=1)
 
@@ -49,7 +50,7 @@ def test_speculative_machines_for_one_need_come_as_one_batched_provision() -> No
 def test_machines_in_flight_count_as_have_so_a_second_cycle_issues_nothing() -> None:
     engine = ShardEngine()
     fleet(engine, 10, prefix="spec", state=MachineState.SPECULATIVE)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=12)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=12)), now=0)
 
     first = engine.cycle(now=1)
     second = engine.cycle(now=2)
@@ -63,7 +64,7 @@ def test_machines_in_flight_count_as_have_so_a_second_cycle_issues_nothing() -> 
 def test_a_dry_run_returns_the_plan_and_marks_nothing() -> None:
     engine = ShardEngine()
     fleet(engine, 10, prefix="spec", state=MachineState.SPECULATIVE)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=12)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=12)), now=0)
 
     dry = engine.cycle(now=1, dry_run=True)
     real = engine.cycle(now=2)
@@ -76,7 +77,7 @@ def test_a_dry_run_returns_the_plan_and_marks_nothing() -> None:
 def test_settled_machines_are_configured_and_the_need_stays_satisfied() -> None:
     engine = ShardEngine()
     fleet(engine, 10, prefix="spec", state=MachineState.SPECULATIVE)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=12)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=12)), now=0)
     carrier = Carrier(engine)
 
     carrier.run(now=1)
@@ -101,7 +102,7 @@ def test_spot_at_a_five_dollar_penalty_beats_on_demand() -> None:
         now=0,
     )
     engine.upsert_machine(machine("od", state=MachineState.SPECULATIVE, price=6.00), now=0)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=4, interruption_penalty=5.0)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=4, interruption_penalty=5.0)), now=0)
 
     assert machine_ids(engine.cycle(now=1).actions) == ["spot"]
 
@@ -120,7 +121,7 @@ def test_on_demand_wins_when_the_interruption_penalty_is_fifty_dollars() -> None
         now=0,
     )
     engine.upsert_machine(machine("od", state=MachineState.SPECULATIVE, price=6.00), now=0)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=4, interruption_penalty=50.0)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=4, interruption_penalty=50.0)), now=0)
 
     assert machine_ids(engine.cycle(now=1).actions) == ["od"]
 
@@ -130,7 +131,7 @@ def test_a_small_machine_beats_a_big_one_that_is_cheaper_per_core_for_a_small_ne
     engine = ShardEngine()
     engine.upsert_machine(machine("big", state=MachineState.SPECULATIVE, cpu=64, price=6.4), now=0)
     engine.upsert_machine(machine("small", state=MachineState.SPECULATIVE, cpu=4, price=0.8), now=0)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=3)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=3)), now=0)
 
     assert machine_ids(engine.cycle(now=1).actions) == ["small"]
 
@@ -139,7 +140,7 @@ def test_the_big_machine_wins_once_the_need_fills_it() -> None:
     engine = ShardEngine()
     engine.upsert_machine(machine("big", state=MachineState.SPECULATIVE, cpu=64, price=6.4), now=0)
     fleet(engine, 20, prefix="small", state=MachineState.SPECULATIVE, cpu=4, price=0.8)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=60)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=60)), now=0)
 
     assert machine_ids(engine.cycle(now=1).actions) == ["big"]
 
@@ -148,7 +149,7 @@ def test_every_machine_chosen_holds_the_min_unit_on_its_own() -> None:
     engine = ShardEngine()
     fleet(engine, 10, prefix="small", state=MachineState.IDLE, cpu=2, price=0.1)
     fleet(engine, 2, prefix="large", state=MachineState.SPECULATIVE, cpu=16, price=5.0)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=16, min_cpu=8)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=16, min_cpu=8)), now=0)
 
     plan = engine.cycle(now=1)
 
@@ -160,7 +161,7 @@ def test_requirements_restrict_the_machines_chosen() -> None:
     engine = ShardEngine()
     fleet(engine, 3, prefix="a", zone="zone-a")
     fleet(engine, 3, prefix="b", zone="zone-b")
-    engine.apply_rollup(rollup("c1", 1, need(cpu=8, requirements=[zone_in("zone-b")])), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=8, requirements=[zone_in("zone-b")])), now=0)
 
     plan = engine.cycle(now=1)
 
@@ -174,7 +175,7 @@ def test_configured_machines_of_the_cluster_are_counted_before_buying_more() -> 
     engine = ShardEngine()
     fleet(engine, 2, prefix="have", state=MachineState.CONFIGURED, cluster="c1")
     fleet(engine, 5, prefix="spec", state=MachineState.SPECULATIVE)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=12)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=12)), now=0)
 
     plan = engine.cycle(now=1)
 
@@ -185,7 +186,7 @@ def test_machines_of_another_cluster_do_not_count_as_have() -> None:
     engine = ShardEngine()
     fleet(engine, 2, prefix="other", state=MachineState.CONFIGURED, cluster="c2")
     fleet(engine, 5, prefix="spec", state=MachineState.SPECULATIVE)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=8)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=8)), now=0)
 
     plan = engine.cycle(now=1)
 
@@ -196,8 +197,8 @@ def test_machines_of_another_cluster_do_not_count_as_have() -> None:
 def test_higher_priority_needs_are_served_first_when_supply_is_short() -> None:
     engine = ShardEngine()
     fleet(engine, 2, prefix="idle")
-    engine.apply_rollup(rollup("low", 1, need(cpu=8, priority=10)), now=0)
-    engine.apply_rollup(rollup("high", 1, need(cpu=8, priority=20)), now=0)
+    apply(engine, rollup("low", 1, need(cpu=8, priority=10)), now=0)
+    apply(engine, rollup("high", 1, need(cpu=8, priority=20)), now=0)
 
     plan = engine.cycle(now=1)
 
@@ -208,8 +209,8 @@ def test_higher_priority_needs_are_served_first_when_supply_is_short() -> None:
 def test_at_equal_priority_the_earlier_arrival_is_served_first() -> None:
     engine = ShardEngine()
     fleet(engine, 2, prefix="idle")
-    engine.apply_rollup(rollup("first", 1, need(cpu=8, priority=10)), now=0)
-    engine.apply_rollup(rollup("second", 1, need(cpu=8, priority=10)), now=0)
+    apply(engine, rollup("first", 1, need(cpu=8, priority=10)), now=0)
+    apply(engine, rollup("second", 1, need(cpu=8, priority=10)), now=0)
 
     plan = engine.cycle(now=1)
 
@@ -229,7 +230,7 @@ def test_transitional_and_failed_machines_are_never_picked() -> None:
     ):
         cluster = "x" if state in (MachineState.CONFIGURING, MachineState.DRAINING) else ""
         engine.upsert_machine(machine(f"t{i}", state=state, cluster=cluster), now=0)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=4)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=4)), now=0)
 
     plan = engine.cycle(now=1)
 
@@ -242,7 +243,7 @@ def test_a_creating_machine_reported_for_a_cluster_counts_toward_it() -> None:
     creating = replace(machine("c", state=MachineState.CREATING), cluster="c1")
     engine.upsert_machine(creating, now=0)
     fleet(engine, 3, prefix="spec", state=MachineState.SPECULATIVE)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=4)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=4)), now=0)
 
     assert engine.cycle(now=1).actions == ()
     assert engine.machine("c") is not None
@@ -253,7 +254,7 @@ def test_a_creating_machine_reported_for_a_cluster_counts_toward_it() -> None:
 def test_machine_counts_round_up_to_cover_the_whole_deficit(cpu: float) -> None:
     engine = ShardEngine()
     fleet(engine, 5, prefix="spec", state=MachineState.SPECULATIVE)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=cpu)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=cpu)), now=0)
 
     ids = machine_ids(engine.cycle(now=1).actions)
 

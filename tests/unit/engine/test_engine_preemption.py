@@ -10,6 +10,7 @@ from shard_engine.costs import drain_grace_seconds
 from shard_engine.engine import ShardEngine
 from shard_engine.model import AppClass, AssignIdle, MachineState, Preempt
 from shard_engine.preemption import victim_order, victim_scores
+from tests.rollups import apply
 from tests.unit.engine.engine_fleet import (
     Carrier,
     fleet,
@@ -41,10 +42,8 @@ def test_the_paper_story_preempts_a_with_the_tables_grace_and_gives_b_the_machin
     # §8: A holds 64 GPU machines at 500000; B asks for 64 at 1000000; nothing is free.
     engine = ShardEngine()
     a_machines = gpu_fleet(engine, "A", 64, "gpu-east")
-    engine.apply_rollup(
-        rollup("A", 1, need(gpu=64, priority=500_000, interruption_penalty=1.0)), now=0
-    )
-    engine.apply_rollup(rollup("B", 1, need(gpu=64, priority=1_000_000)), now=7)
+    apply(engine, rollup("A", 1, need(gpu=64, priority=500_000, interruption_penalty=1.0)), now=0)
+    apply(engine, rollup("B", 1, need(gpu=64, priority=1_000_000)), now=7)
 
     plan = engine.cycle(now=10)
 
@@ -72,8 +71,8 @@ def test_the_paper_story_preempts_a_with_the_tables_grace_and_gives_b_the_machin
 def test_a_second_cycle_does_not_preempt_again_while_victims_drain() -> None:
     engine = ShardEngine()
     gpu_fleet(engine, "A", 8, "a")
-    engine.apply_rollup(rollup("A", 1, need(gpu=8, priority=10)), now=0)
-    engine.apply_rollup(rollup("B", 1, need(gpu=4, priority=20)), now=0)
+    apply(engine, rollup("A", 1, need(gpu=8, priority=10)), now=0)
+    apply(engine, rollup("B", 1, need(gpu=4, priority=20)), now=0)
 
     first = engine.cycle(now=1)
     second = engine.cycle(now=2)
@@ -85,8 +84,8 @@ def test_a_second_cycle_does_not_preempt_again_while_victims_drain() -> None:
 def test_nothing_is_preempted_at_equal_priority() -> None:
     engine = ShardEngine()
     gpu_fleet(engine, "A", 8, "a")
-    engine.apply_rollup(rollup("A", 1, need(gpu=8, priority=500)), now=0)
-    engine.apply_rollup(rollup("B", 1, need(gpu=8, priority=500)), now=0)
+    apply(engine, rollup("A", 1, need(gpu=8, priority=500)), now=0)
+    apply(engine, rollup("B", 1, need(gpu=8, priority=500)), now=0)
 
     plan = engine.cycle(now=1)
 
@@ -98,8 +97,8 @@ def test_nothing_is_preempted_at_equal_priority() -> None:
 def test_nothing_is_preempted_for_a_lower_priority() -> None:
     engine = ShardEngine()
     gpu_fleet(engine, "A", 8, "a")
-    engine.apply_rollup(rollup("A", 1, need(gpu=8, priority=500)), now=0)
-    engine.apply_rollup(rollup("B", 1, need(gpu=8, priority=499)), now=0)
+    apply(engine, rollup("A", 1, need(gpu=8, priority=500)), now=0)
+    apply(engine, rollup("B", 1, need(gpu=8, priority=499)), now=0)
 
     assert engine.cycle(now=1).actions == ()
 
@@ -107,11 +106,11 @@ def test_nothing_is_preempted_for_a_lower_priority() -> None:
 def test_a_promised_machine_goes_to_its_preemptor_even_if_someone_higher_arrives() -> None:
     engine = ShardEngine()
     gpu_fleet(engine, "A", 2, "a")
-    engine.apply_rollup(rollup("A", 1, need(gpu=2, priority=10)), now=0)
-    engine.apply_rollup(rollup("B", 1, need(gpu=2, priority=20)), now=0)
+    apply(engine, rollup("A", 1, need(gpu=2, priority=10)), now=0)
+    apply(engine, rollup("B", 1, need(gpu=2, priority=20)), now=0)
     Carrier(engine).carry(engine.cycle(now=1), now=2)
 
-    engine.apply_rollup(rollup("C", 1, need(gpu=2, priority=99)), now=3)
+    apply(engine, rollup("C", 1, need(gpu=2, priority=99)), now=3)
     plan = engine.cycle(now=4)
 
     assigns = of_kind(plan, AssignIdle)
@@ -122,11 +121,11 @@ def test_a_promised_machine_goes_to_its_preemptor_even_if_someone_higher_arrives
 def test_a_promise_is_dropped_when_the_preemptor_stops_asking() -> None:
     engine = ShardEngine()
     gpu_fleet(engine, "A", 2, "a")
-    engine.apply_rollup(rollup("A", 1, need(gpu=2, priority=10)), now=0)
-    engine.apply_rollup(rollup("B", 1, need(gpu=2, priority=20)), now=0)
+    apply(engine, rollup("A", 1, need(gpu=2, priority=10)), now=0)
+    apply(engine, rollup("B", 1, need(gpu=2, priority=20)), now=0)
     Carrier(engine).carry(engine.cycle(now=1), now=2)
 
-    engine.apply_rollup(rollup("B", 2), now=3)
+    apply(engine, rollup("B", 2), now=3)
     engine.cycle(now=4)
 
     assert engine.promised() == {}
@@ -137,8 +136,8 @@ def test_a_promise_is_dropped_when_the_preemptor_stops_asking() -> None:
 def test_a_preemption_that_fails_to_drain_frees_no_promise() -> None:
     engine = ShardEngine()
     [victim] = gpu_fleet(engine, "A", 1, "a")
-    engine.apply_rollup(rollup("A", 1, need(gpu=1, priority=10)), now=0)
-    engine.apply_rollup(rollup("B", 1, need(gpu=1, priority=20)), now=0)
+    apply(engine, rollup("A", 1, need(gpu=1, priority=10)), now=0)
+    apply(engine, rollup("B", 1, need(gpu=1, priority=20)), now=0)
     engine.cycle(now=1)
 
     still = engine.machine(victim)
@@ -171,8 +170,8 @@ def test_grace_follows_the_papers_function_with_strict_boundaries(gap: int, grac
 def test_preempt_actions_carry_the_grace_of_their_gap(gap: int, grace: int) -> None:
     engine = ShardEngine()
     gpu_fleet(engine, "A", 1, "a")
-    engine.apply_rollup(rollup("A", 1, need(gpu=1, priority=0)), now=0)
-    engine.apply_rollup(rollup("B", 1, need(gpu=1, priority=gap)), now=0)
+    apply(engine, rollup("A", 1, need(gpu=1, priority=0)), now=0)
+    apply(engine, rollup("B", 1, need(gpu=1, priority=gap)), now=0)
 
     [action] = engine.cycle(now=1).actions
 
@@ -185,9 +184,9 @@ def test_the_lowest_priority_victim_is_taken_first_under_normal_conditions() -> 
     gpu_fleet(engine, "mid", 2, "mid")
     gpu_fleet(engine, "low", 2, "low")
     fleet(engine, 100, prefix="cpu", state=MachineState.IDLE)  # plenty free, none fits
-    engine.apply_rollup(rollup("mid", 1, need(gpu=2, priority=500)), now=0)
-    engine.apply_rollup(rollup("low", 1, need(gpu=2, priority=100)), now=0)
-    engine.apply_rollup(rollup("hi", 1, need(gpu=2, priority=1_000_000)), now=0)
+    apply(engine, rollup("mid", 1, need(gpu=2, priority=500)), now=0)
+    apply(engine, rollup("low", 1, need(gpu=2, priority=100)), now=0)
+    apply(engine, rollup("hi", 1, need(gpu=2, priority=1_000_000)), now=0)
 
     plan = engine.cycle(now=1)
 
@@ -202,8 +201,8 @@ def test_among_equal_priorities_best_effort_goes_before_batch_before_latency_sen
         ("besteffort", AppClass.BEST_EFFORT),
     ]:
         gpu_fleet(engine, name, 1, name)
-        engine.apply_rollup(rollup(name, 1, need(gpu=1, priority=100, app_class=app)), now=0)
-    engine.apply_rollup(rollup("hi", 1, need(gpu=2, priority=1_000)), now=0)
+        apply(engine, rollup(name, 1, need(gpu=1, priority=100, app_class=app)), now=0)
+    apply(engine, rollup("hi", 1, need(gpu=2, priority=1_000)), now=0)
 
     plan = engine.cycle(now=1)
 
@@ -214,12 +213,13 @@ def test_among_equal_priorities_best_effort_goes_before_batch_before_latency_sen
 def test_a_machine_serving_no_need_is_the_first_victim() -> None:
     engine = ShardEngine()
     gpu_fleet(engine, "A", 2, "a")
-    engine.apply_rollup(
+    apply(
+        engine,
         rollup("A", 1, need(cpu=1, priority=900_000, requirements=[zone_in("elsewhere")])),
         now=0,
     )
-    engine.apply_rollup(
-        rollup("B", 1, need(gpu=1, priority=0)), now=0
+    apply(
+        engine, rollup("B", 1, need(gpu=1, priority=0)), now=0
     )  # even priority 0 outranks serving nothing
 
     plan = engine.cycle(now=1)
@@ -230,7 +230,7 @@ def test_a_machine_serving_no_need_is_the_first_victim() -> None:
 def test_machines_of_a_cluster_that_never_sent_a_roll_up_are_never_victims() -> None:
     engine = ShardEngine()
     gpu_fleet(engine, "silent", 4, "s")
-    engine.apply_rollup(rollup("B", 1, need(gpu=1, priority=1_000_000)), now=0)
+    apply(engine, rollup("B", 1, need(gpu=1, priority=1_000_000)), now=0)
 
     plan = engine.cycle(now=1)
 
@@ -276,8 +276,8 @@ def test_drain_speed_dominates_when_the_shard_is_saturated() -> None:
 def test_a_victim_is_never_taken_for_a_need_it_cannot_help() -> None:
     engine = ShardEngine()
     fleet(engine, 4, prefix="cpu", state=MachineState.CONFIGURED, cluster="A")
-    engine.apply_rollup(rollup("A", 1, need(cpu=16, priority=1)), now=0)
-    engine.apply_rollup(rollup("B", 1, need(gpu=1, priority=1_000_000)), now=0)
+    apply(engine, rollup("A", 1, need(cpu=16, priority=1)), now=0)
+    apply(engine, rollup("B", 1, need(gpu=1, priority=1_000_000)), now=0)
 
     plan = engine.cycle(now=1)
 
@@ -288,8 +288,8 @@ def test_a_victim_is_never_taken_for_a_need_it_cannot_help() -> None:
 def test_preemption_takes_only_what_the_deficit_needs() -> None:
     engine = ShardEngine()
     gpu_fleet(engine, "A", 10, "a")
-    engine.apply_rollup(rollup("A", 1, need(gpu=10, priority=1)), now=0)
-    engine.apply_rollup(rollup("B", 1, need(gpu=3, priority=2)), now=0)
+    apply(engine, rollup("A", 1, need(gpu=10, priority=1)), now=0)
+    apply(engine, rollup("B", 1, need(gpu=3, priority=2)), now=0)
 
     assert len(engine.cycle(now=1).actions) == 3
 
@@ -297,8 +297,8 @@ def test_preemption_takes_only_what_the_deficit_needs() -> None:
 def test_a_victims_drain_time_is_learned_from_settles() -> None:
     engine = ShardEngine()
     [victim] = gpu_fleet(engine, "A", 1, "a")
-    engine.apply_rollup(rollup("A", 1, need(gpu=1, priority=1)), now=0)
-    engine.apply_rollup(rollup("B", 1, need(gpu=1, priority=2)), now=0)
+    apply(engine, rollup("A", 1, need(gpu=1, priority=1)), now=0)
+    apply(engine, rollup("B", 1, need(gpu=1, priority=2)), now=0)
     engine.cycle(now=100)
     record = engine.machine(victim)
     assert record is not None

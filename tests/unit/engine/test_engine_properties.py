@@ -44,6 +44,7 @@ from shard_engine.model import (
     Requirement,
     Verify,
 )
+from tests.rollups import apply
 from tests.unit.engine.engine_fleet import Carrier, machine, machine_ids, need, rollup, spread_over
 
 CLUSTERS = ("c0", "c1", "c2", "c3")
@@ -199,7 +200,7 @@ class EngineHistory(RuleBasedStateMachine):
     @rule(cluster=st.sampled_from(CLUSTERS), wanted=st.lists(needs(), max_size=4))
     def roll_up(self, cluster: str, wanted: list[Need]) -> None:
         self.ts += 1
-        outcome = self.engine.apply_rollup(rollup(cluster, self.ts, *wanted), now=self.now)
+        outcome = apply(self.engine, rollup(cluster, self.ts, *wanted), now=self.now)
         if outcome.status == "applied":
             entry = self.engine._table.entry(self.engine._clusters.index_of(cluster))
             assert entry is not None
@@ -316,7 +317,7 @@ def test_with_nothing_configured_a_second_cycle_issues_no_action(
     for cluster, n in wanted:
         by_cluster.setdefault(cluster, []).append(n)
     for cluster, ns in by_cluster.items():
-        engine.apply_rollup(rollup(cluster, 2, *ns), now=0)
+        apply(engine, rollup(cluster, 2, *ns), now=0)
 
     engine.cycle(now=1)
     second = engine.cycle(now=2)
@@ -373,7 +374,7 @@ def test_adding_free_supply_never_increases_total_shortfall(
         if with_extra:
             engine.upsert_machine(machine("extra", state=extra[0], price=extra[1]), now=0)
         for cluster, ns in by_cluster.items():
-            engine.apply_rollup(rollup(cluster, 1, *ns), now=0)
+            apply(engine, rollup(cluster, 1, *ns), now=0)
         return total_shortfall(engine.cycle(now=1, dry_run=True))
 
     assert run(True) <= run(False) + 1e-9
@@ -400,8 +401,8 @@ def test_adding_free_supply_never_hurts_the_highest_priority_need(
         engine = ShardEngine()
         for record in fleet + ([added] if with_extra else []):
             engine.upsert_machine(record, now=0)
-        engine.apply_rollup(rollup("top", 1, top), now=0)
-        engine.apply_rollup(rollup("rest", 1, *rest), now=0)
+        apply(engine, rollup("top", 1, top), now=0)
+        apply(engine, rollup("rest", 1, *rest), now=0)
         plan = engine.cycle(now=1, dry_run=True)
         return sum(sum(s.deficit.values()) for s in plan.shortfalls if s.cluster_id == "top")
 

@@ -13,6 +13,7 @@ import pytest
 
 from shard_engine.engine import EngineConfig, ShardEngine
 from shard_engine.model import CapacityType, MachineState, Reclaim, Release
+from tests.rollups import apply
 from tests.unit.engine.engine_fleet import (
     Carrier,
     fleet,
@@ -33,7 +34,7 @@ def test_excess_machines_are_reclaimed_most_expensive_first() -> None:
     engine = ShardEngine(EAGER)
     fleet(engine, 1, prefix="cheap", state=MachineState.CONFIGURED, cluster="c1", price=0.1)
     fleet(engine, 1, prefix="dear", state=MachineState.CONFIGURED, cluster="c1", price=9.0)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=4)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=4)), now=0)
 
     plan = engine.cycle(now=1)
 
@@ -48,7 +49,8 @@ def test_at_equal_price_the_lower_reclamation_penalty_goes_first() -> None:
     engine = ShardEngine(EAGER)
     fleet(engine, 2, prefix="precious", state=MachineState.CONFIGURED, cluster="c1", zone="z1")
     fleet(engine, 2, prefix="plain", state=MachineState.CONFIGURED, cluster="c1", zone="z2")
-    engine.apply_rollup(
+    apply(
+        engine,
         rollup(
             "c1",
             1,
@@ -66,7 +68,7 @@ def test_at_equal_price_the_lower_reclamation_penalty_goes_first() -> None:
 def test_machines_matching_no_need_are_excess() -> None:
     engine = ShardEngine(EAGER)
     fleet(engine, 3, prefix="z2", state=MachineState.CONFIGURED, cluster="c1", zone="z2")
-    engine.apply_rollup(rollup("c1", 1, need(cpu=1, requirements=[zone_in("z1")])), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=1, requirements=[zone_in("z1")])), now=0)
 
     plan = engine.cycle(now=1)
 
@@ -79,7 +81,7 @@ def test_reclaims_per_cluster_and_cycle_are_capped_at_five_percent(
 ) -> None:
     engine = ShardEngine(EAGER)
     fleet(engine, configured, state=MachineState.CONFIGURED, cluster="c1")
-    engine.apply_rollup(rollup("c1", 1, need(cpu=1)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=1)), now=0)
 
     plan = engine.cycle(now=1)
 
@@ -89,7 +91,7 @@ def test_reclaims_per_cluster_and_cycle_are_capped_at_five_percent(
 def test_reclaim_continues_over_cycles_until_only_the_need_is_left() -> None:
     engine = ShardEngine(EAGER)
     fleet(engine, 10, state=MachineState.CONFIGURED, cluster="c1")
-    engine.apply_rollup(rollup("c1", 1, need(cpu=8)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=8)), now=0)
 
     Carrier(engine).run(now=1, cycles=20)
 
@@ -99,7 +101,7 @@ def test_reclaim_continues_over_cycles_until_only_the_need_is_left() -> None:
 def test_a_cluster_that_never_sent_a_roll_up_keeps_its_machines() -> None:
     engine = ShardEngine(EAGER)
     fleet(engine, 5, state=MachineState.CONFIGURED, cluster="quiet")
-    engine.apply_rollup(rollup("other", 1), now=0)
+    apply(engine, rollup("other", 1), now=0)
 
     assert engine.cycle(now=1).actions == ()
 
@@ -110,10 +112,10 @@ def test_a_quarantined_roll_up_does_not_reclaim_anything() -> None:
     for p in range(20):
         fleet(engine, 1, prefix=f"z{p}", state=MachineState.CONFIGURED, cluster="c1", zone=f"z{p}")
         rows.append(need(cpu=4, priority=p, requirements=[zone_in(f"z{p}")]))
-    engine.apply_rollup(rollup("c1", 1, *rows), now=0)
+    apply(engine, rollup("c1", 1, *rows), now=0)
     engine.cycle(now=1)
 
-    assert engine.apply_rollup(rollup("c1", 2), now=2).status == "quarantined"
+    assert apply(engine, rollup("c1", 2), now=2).status == "quarantined"
 
     assert engine.cycle(now=3).actions == ()
 
@@ -121,9 +123,9 @@ def test_a_quarantined_roll_up_does_not_reclaim_anything() -> None:
 def test_machines_in_flight_are_never_reclaimed() -> None:
     engine = ShardEngine(EAGER)
     fleet(engine, 4, prefix="spec", state=MachineState.SPECULATIVE)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=8)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=8)), now=0)
     engine.cycle(now=1)
-    engine.apply_rollup(rollup("c1", 2), now=2)
+    apply(engine, rollup("c1", 2), now=2)
 
     assert engine.cycle(now=3).actions == ()
 
@@ -160,7 +162,7 @@ def test_idle_machines_are_released_after_their_capacity_types_hold(
 def test_recent_demand_for_a_shape_holds_its_idle_machines() -> None:
     engine = ShardEngine()
     fleet(engine, 2, prefix="idle", state=MachineState.IDLE, capacity_type=CapacityType.SPOT)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=4)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=4)), now=0)
     carrier = Carrier(engine)
     carrier.run(now=100)  # draws one machine of the shape at t=100
 
@@ -197,7 +199,7 @@ def test_excess_is_reclaimed_only_after_the_hysteresis_cycles() -> None:
     )
     engine = ShardEngine(config)
     fleet(engine, 3, state=MachineState.CONFIGURED, cluster="c1")
-    engine.apply_rollup(rollup("c1", 1, need(cpu=8)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=8)), now=0)
 
     plans = [engine.cycle(now=t) for t in (1, 2, 3)]
 
@@ -210,11 +212,11 @@ def test_a_dip_shorter_than_the_hysteresis_reclaims_nothing() -> None:
     )
     engine = ShardEngine(config)
     fleet(engine, 3, state=MachineState.CONFIGURED, cluster="c1")
-    engine.apply_rollup(rollup("c1", 1, need(cpu=12)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=12)), now=0)
     engine.cycle(now=1)
-    engine.apply_rollup(rollup("c1", 2, need(cpu=4)), now=2)  # the dip
+    apply(engine, rollup("c1", 2, need(cpu=4)), now=2)  # the dip
     dip = [engine.cycle(now=t) for t in (2, 3)]
-    engine.apply_rollup(rollup("c1", 3, need(cpu=12)), now=4)  # back
+    apply(engine, rollup("c1", 3, need(cpu=12)), now=4)  # back
     after = [engine.cycle(now=t) for t in (4, 5, 6)]
 
     assert [reclaims(p) for p in dip + after] == [[]] * 5
@@ -226,7 +228,7 @@ def test_dry_runs_do_not_advance_the_hysteresis() -> None:
     )
     engine = ShardEngine(config)
     fleet(engine, 2, state=MachineState.CONFIGURED, cluster="c1")
-    engine.apply_rollup(rollup("c1", 1, need(cpu=4)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=4)), now=0)
 
     for t in range(1, 6):
         assert reclaims(engine.cycle(now=t, dry_run=True)) == []
@@ -243,7 +245,7 @@ def test_a_machine_configured_less_than_the_minimum_age_ago_is_kept() -> None:
     )
     engine = ShardEngine(config)
     fleet(engine, 2, state=MachineState.CONFIGURED, cluster="c1", now=0)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=4)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=4)), now=0)
 
     early = [engine.cycle(now=t) for t in (1, 300, 599)]
     due = engine.cycle(now=600)
@@ -261,7 +263,7 @@ def test_of_machines_no_need_wants_only_those_past_the_minimum_age_go() -> None:
     fleet(
         engine, 2, prefix="young", state=MachineState.CONFIGURED, cluster="c1", zone="z9", now=500
     )
-    engine.apply_rollup(rollup("c1", 1, need(cpu=4, requirements=[zone_in("z1")])), now=500)
+    apply(engine, rollup("c1", 1, need(cpu=4, requirements=[zone_in("z1")])), now=500)
 
     plan = engine.cycle(now=700)
 
@@ -275,7 +277,7 @@ def test_a_need_that_grew_recently_keeps_every_machine_that_could_serve_it() -> 
     engine = ShardEngine(config)
     fleet(engine, 3, prefix="old", state=MachineState.CONFIGURED, cluster="c1", now=0)
     fleet(engine, 1, prefix="young", state=MachineState.CONFIGURED, cluster="c1", now=500)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=4)), now=500)
+    apply(engine, rollup("c1", 1, need(cpu=4)), now=500)
 
     while_growing = engine.cycle(now=700)
     later = engine.cycle(now=1100)
@@ -290,8 +292,8 @@ def test_excess_is_judged_against_the_peak_of_the_demand_window() -> None:
     )
     engine = ShardEngine(config)
     fleet(engine, 4, state=MachineState.CONFIGURED, cluster="c1")
-    engine.apply_rollup(rollup("c1", 1, need(cpu=16)), now=0)
-    engine.apply_rollup(rollup("c1", 2, need(cpu=4)), now=10)
+    apply(engine, rollup("c1", 1, need(cpu=16)), now=0)
+    apply(engine, rollup("c1", 2, need(cpu=4)), now=10)
 
     within = [engine.cycle(now=t) for t in range(10, 600, 10)]
     after = engine.cycle(now=700)
@@ -309,8 +311,8 @@ def test_a_need_that_vanished_within_the_window_keeps_its_machines() -> None:
     fleet(engine, 1, prefix="b", state=MachineState.CONFIGURED, cluster="c1", zone="z2")
     job = need(cpu=8, requirements=[zone_in("z1")])
     web = need(cpu=4, requirements=[zone_in("z2")])
-    engine.apply_rollup(rollup("c1", 1, job, web), now=0)
-    engine.apply_rollup(rollup("c1", 2, web), now=60)  # the job finished
+    apply(engine, rollup("c1", 1, job, web), now=0)
+    apply(engine, rollup("c1", 2, web), now=60)  # the job finished
 
     within = engine.cycle(now=300)
     after = engine.cycle(now=800)
@@ -324,9 +326,9 @@ def test_machines_on_their_way_to_a_need_block_its_reclaim() -> None:
     engine = ShardEngine(EAGER)
     fleet(engine, 10, prefix="up", state=MachineState.CONFIGURED, cluster="c1")
     fleet(engine, 2, prefix="idle", state=MachineState.IDLE)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=48)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=48)), now=0)
     rising = engine.cycle(now=1)  # two idle machines are sent to configure
-    engine.apply_rollup(rollup("c1", 2, need(cpu=36)), now=2)
+    apply(engine, rollup("c1", 2, need(cpu=36)), now=2)
 
     falling = engine.cycle(now=3)
 
@@ -337,9 +339,7 @@ def test_machines_on_their_way_to_a_need_block_its_reclaim() -> None:
 def test_a_short_need_blocks_the_reclaim_of_machines_that_could_serve_it() -> None:
     engine = ShardEngine(EAGER)
     fleet(engine, 3, state=MachineState.CONFIGURED, cluster="c1", zone="z1")
-    engine.apply_rollup(
-        rollup("c1", 1, need(cpu=4), need(cpu=40, requirements=[zone_in("z1")])), now=0
-    )
+    apply(engine, rollup("c1", 1, need(cpu=4), need(cpu=40, requirements=[zone_in("z1")])), now=0)
 
     plan = engine.cycle(now=1)
 
@@ -350,9 +350,7 @@ def test_a_short_need_blocks_the_reclaim_of_machines_that_could_serve_it() -> No
 def test_a_short_need_the_machine_cannot_serve_does_not_block_it() -> None:
     engine = ShardEngine(EAGER)
     fleet(engine, 3, prefix="z1", state=MachineState.CONFIGURED, cluster="c1", zone="z1")
-    engine.apply_rollup(
-        rollup("c1", 1, need(cpu=4), need(cpu=40, requirements=[zone_in("z9")])), now=0
-    )
+    apply(engine, rollup("c1", 1, need(cpu=4), need(cpu=40, requirements=[zone_in("z9")])), now=0)
 
     assert len(reclaims(engine.cycle(now=1))) == 1
 
@@ -377,8 +375,8 @@ def test_a_swinging_need_keeps_half_its_swing_above_its_peak() -> None:
     def reclaimed(config: EngineConfig) -> int:
         engine = ShardEngine(config)
         fleet(engine, 6, state=MachineState.CONFIGURED, cluster="c1")  # 24 cores
-        engine.apply_rollup(rollup("c1", 1, need(cpu=8)), now=0)
-        engine.apply_rollup(rollup("c1", 2, need(cpu=16)), now=10)  # peak 16, swing 8
+        apply(engine, rollup("c1", 1, need(cpu=8)), now=0)
+        apply(engine, rollup("c1", 2, need(cpu=16)), now=10)  # peak 16, swing 8
         return sum(len(reclaims(engine.cycle(now=t))) for t in (20, 25, 30, 35))
 
     assert reclaimed(config) == 1  # keeps 16 + 8 / 2 = 20 cores
@@ -388,7 +386,7 @@ def test_a_swinging_need_keeps_half_its_swing_above_its_peak() -> None:
 def test_excess_left_by_the_rate_cap_is_counted_for_metrics() -> None:
     engine = ShardEngine(EAGER)
     fleet(engine, 10, state=MachineState.CONFIGURED, cluster="c1")
-    engine.apply_rollup(rollup("c1", 1, need(cpu=8)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=8)), now=0)
 
     plan = engine.cycle(now=1)
 
@@ -399,7 +397,7 @@ def test_excess_left_by_the_rate_cap_is_counted_for_metrics() -> None:
 def test_a_stopwatch_times_every_stage_of_the_cycle() -> None:
     ticks = iter(range(100))
     engine = ShardEngine(EAGER, stopwatch=lambda: float(next(ticks)))
-    engine.apply_rollup(rollup("c1", 1, need(cpu=8)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=8)), now=0)
 
     engine.cycle(now=1)
 

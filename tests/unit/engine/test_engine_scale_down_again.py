@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from shard_engine.engine import EngineConfig, ShardEngine
 from shard_engine.model import MachineState, Reclaim, Rollup
+from tests.rollups import apply
 from tests.unit.engine.engine_fleet import Carrier, fleet, machine_ids, need, of_kind, rollup
 
 CYCLE = 10.0  # seconds between cycles, as a shard runs them by default
@@ -49,25 +50,25 @@ def test_a_pool_scales_down_up_and_down_again_each_within_a_few_cycles() -> None
     engine = ShardEngine(EngineConfig())
     carrier = Carrier(engine)
     fleet(engine, 10)  # idle 4-core machines
-    engine.apply_rollup(pool_rollup(1, 7, []), now=0)
+    apply(engine, pool_rollup(1, 7, []), now=0)
     _, now = cycles_until(
         engine, carrier, 1.0, lambda: len(configured(engine, "pool")) == 7, limit=3
     )
 
     workers = configured(engine, "pool")
-    engine.apply_rollup(pool_rollup(2, 2, workers[2:]), now=now)
+    apply(engine, pool_rollup(2, 2, workers[2:]), now=now)
     down, now = cycles_until(
         engine, carrier, now, lambda: configured(engine, "pool") == workers[:2], limit=3
     )
 
-    engine.apply_rollup(pool_rollup(3, 7, []), now=now)
+    apply(engine, pool_rollup(3, 7, []), now=now)
     up, now = cycles_until(
         engine, carrier, now, lambda: len(configured(engine, "pool")) == 7, limit=3
     )
 
     workers = configured(engine, "pool")
     keep = workers[:1] + workers[-1:]
-    engine.apply_rollup(pool_rollup(4, 2, workers[1:-1]), now=now)
+    apply(engine, pool_rollup(4, 2, workers[1:-1]), now=now)
     again, now = cycles_until(
         engine, carrier, now, lambda: configured(engine, "pool") == keep, limit=3
     )
@@ -78,13 +79,13 @@ def test_named_machines_younger_than_the_minimum_age_go_when_named() -> None:
     engine = ShardEngine(EngineConfig(reclaim_min_age_seconds=3600, reclaim_window_seconds=3600))
     carrier = Carrier(engine)
     fleet(engine, 4)
-    engine.apply_rollup(pool_rollup(1, 4, []), now=0)
+    apply(engine, pool_rollup(1, 4, []), now=0)
     _, now = cycles_until(
         engine, carrier, 1.0, lambda: len(configured(engine, "pool")) == 4, limit=2
     )
     workers = configured(engine, "pool")
 
-    engine.apply_rollup(pool_rollup(2, 1, workers[1:]), now=now)
+    apply(engine, pool_rollup(2, 1, workers[1:]), now=now)
     plan = engine.cycle(now=now)
 
     assert sorted(machine_ids(of_kind(plan, Reclaim))) == workers[1:]
@@ -94,14 +95,14 @@ def test_a_named_machine_the_current_demand_still_needs_stays() -> None:
     engine = ShardEngine(EngineConfig())
     carrier = Carrier(engine)
     fleet(engine, 3)
-    engine.apply_rollup(pool_rollup(1, 3, []), now=0)
+    apply(engine, pool_rollup(1, 3, []), now=0)
     _, now = cycles_until(
         engine, carrier, 1.0, lambda: len(configured(engine, "pool")) == 3, limit=2
     )
     workers = configured(engine, "pool")
 
     # Three workers wanted, all three named: the list says which may go, the demand how many.
-    engine.apply_rollup(pool_rollup(2, 3, workers), now=now)
+    apply(engine, pool_rollup(2, 3, workers), now=now)
     plans = [engine.cycle(now=now + CYCLE * i) for i in range(5)]
 
     assert [a for p in plans for a in of_kind(p, Reclaim)] == []
@@ -120,12 +121,12 @@ def test_an_implicit_scale_down_after_a_scale_up_is_not_stalled_by_the_first() -
         + config.reclaim_hysteresis_cycles
         + 6
     )
-    engine.apply_rollup(rollup("web", 1, need(cpu=24)), now=0)
+    apply(engine, rollup("web", 1, need(cpu=24)), now=0)
     _, now = cycles_until(
         engine, carrier, 1.0, lambda: len(configured(engine, "web")) == 6, limit=3
     )
     for stamp, cpu, machines in ((2, 4, 1), (3, 24, 6), (4, 4, 1), (5, 24, 6), (6, 4, 1)):
-        engine.apply_rollup(rollup("web", stamp, need(cpu=cpu)), now=now)
+        apply(engine, rollup("web", stamp, need(cpu=cpu)), now=now)
         _, now = cycles_until(
             engine,
             carrier,

@@ -19,6 +19,7 @@ import numpy as np
 from shard_engine.engine import ShardEngine
 from shard_engine.model import MachineState, Need, Operator, Requirement
 from shard_engine.selection import units_hosted, units_wanted
+from tests.rollups import apply
 from tests.unit.engine.engine_fleet import GI, fleet, machine_ids, rollup
 
 MI = 2.0**20
@@ -55,7 +56,7 @@ def pods(count: int, cpu: float, gib: float, *types: str) -> Need:
 
 
 def bought(engine: ShardEngine, need: Need) -> list[str]:
-    engine.apply_rollup(rollup("c1", 1, need), now=0)
+    apply(engine, rollup("c1", 1, need), now=0)
     return sorted(m.split("-")[0] for m in machine_ids(engine.cycle(now=1).actions))
 
 

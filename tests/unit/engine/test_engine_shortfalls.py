@@ -6,13 +6,14 @@ import pytest
 
 from shard_engine.engine import EngineConfig, ShardEngine
 from shard_engine.model import MachineState
+from tests.rollups import apply
 from tests.unit.engine.engine_fleet import fleet, need, rollup, same, spread_over
 
 
 def test_a_shortfall_carries_the_residual_deficit_priority_and_penalty() -> None:
     engine = ShardEngine()
     fleet(engine, 1, state=MachineState.SPECULATIVE, cpu=4)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=10, priority=7, interruption_penalty=3.0)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=10, priority=7, interruption_penalty=3.0)), now=0)
 
     [short] = engine.cycle(now=1).shortfalls
 
@@ -26,7 +27,7 @@ def test_a_shortfall_carries_the_residual_deficit_priority_and_penalty() -> None
 
 def test_shortfalls_age_per_cycle_and_escalate_after_five() -> None:
     engine = ShardEngine()
-    engine.apply_rollup(rollup("c1", 1, need(cpu=10)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=10)), now=0)
 
     ages = []
     for t in range(1, 8):
@@ -46,7 +47,7 @@ def test_shortfalls_age_per_cycle_and_escalate_after_five() -> None:
 
 def test_a_dry_run_does_not_age_shortfalls() -> None:
     engine = ShardEngine()
-    engine.apply_rollup(rollup("c1", 1, need(cpu=10)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=10)), now=0)
     engine.cycle(now=1)
     engine.cycle(now=2, dry_run=True)
     engine.cycle(now=3, dry_run=True)
@@ -58,7 +59,7 @@ def test_a_dry_run_does_not_age_shortfalls() -> None:
 
 def test_a_satisfied_need_forgets_its_age() -> None:
     engine = ShardEngine()
-    engine.apply_rollup(rollup("c1", 1, need(cpu=4)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=4)), now=0)
     engine.cycle(now=1)
     engine.cycle(now=2)
     fleet(engine, 1, state=MachineState.IDLE)
@@ -73,7 +74,7 @@ def test_a_satisfied_need_forgets_its_age() -> None:
 def test_at_most_max_shortfalls_are_kept_highest_priority_first() -> None:
     engine = ShardEngine(EngineConfig(max_shortfalls=100))
     for c in range(150):
-        engine.apply_rollup(rollup(f"c{c}", 1, need(cpu=1, priority=c)), now=0)
+        apply(engine, rollup(f"c{c}", 1, need(cpu=1, priority=c)), now=0)
 
     shortfalls = engine.cycle(now=1).shortfalls
 
@@ -84,7 +85,7 @@ def test_at_most_max_shortfalls_are_kept_highest_priority_first() -> None:
 def test_why_not_says_no_matching_supply_when_nothing_fits() -> None:
     engine = ShardEngine()
     fleet(engine, 3, state=MachineState.IDLE, cpu=2)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=4, min_cpu=4)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=4, min_cpu=4)), now=0)
     engine.cycle(now=1)
 
     [reason] = engine.why_not("c1").values()
@@ -95,8 +96,8 @@ def test_why_not_says_no_matching_supply_when_nothing_fits() -> None:
 def test_why_not_says_priority_starved_when_higher_priorities_hold_everything() -> None:
     engine = ShardEngine()
     fleet(engine, 2, state=MachineState.CONFIGURED, cluster="prod")
-    engine.apply_rollup(rollup("prod", 1, need(cpu=8, priority=100)), now=0)
-    engine.apply_rollup(rollup("batch", 1, need(cpu=4, priority=1)), now=0)
+    apply(engine, rollup("prod", 1, need(cpu=8, priority=100)), now=0)
+    apply(engine, rollup("batch", 1, need(cpu=4, priority=1)), now=0)
     engine.cycle(now=1)
 
     [reason] = engine.why_not("batch").values()
@@ -107,8 +108,8 @@ def test_why_not_says_priority_starved_when_higher_priorities_hold_everything() 
 def test_why_not_says_preemption_exhausted_when_victims_ran_out() -> None:
     engine = ShardEngine()
     fleet(engine, 1, state=MachineState.CONFIGURED, cluster="low")
-    engine.apply_rollup(rollup("low", 1, need(cpu=4, priority=1)), now=0)
-    engine.apply_rollup(rollup("high", 1, need(cpu=8, priority=100)), now=0)
+    apply(engine, rollup("low", 1, need(cpu=4, priority=1)), now=0)
+    apply(engine, rollup("high", 1, need(cpu=8, priority=100)), now=0)
     engine.cycle(now=1)
 
     [reason] = engine.why_not("high").values()
@@ -120,7 +121,7 @@ def test_why_not_says_topology_unsatisfiable_for_a_gang_no_domain_can_hold() -> 
     engine = ShardEngine()
     for rack in ("r1", "r2"):
         fleet(engine, 2, prefix=rack, state=MachineState.IDLE, labels={"rack": rack})
-    engine.apply_rollup(rollup("c1", 1, need(cpu=12, requirements=[same("rack")])), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=12, requirements=[same("rack")])), now=0)
     plan = engine.cycle(now=1)
 
     [reason] = engine.why_not("c1").values()
@@ -133,8 +134,9 @@ def test_why_not_names_a_hard_spread_that_cannot_be_met() -> None:
     engine = ShardEngine()
     fleet(engine, 4, prefix="a", state=MachineState.IDLE, zone="a")
     fleet(engine, 1, prefix="b", state=MachineState.CONFIGURED, zone="b", cluster="other")
-    engine.apply_rollup(rollup("other", 1, need(cpu=4, priority=99)), now=0)
-    engine.apply_rollup(
+    apply(engine, rollup("other", 1, need(cpu=4, priority=99)), now=0)
+    apply(
+        engine,
         rollup("c1", 1, need(cpu=16, spread=[spread_over("topology.kubernetes.io/zone")])),
         now=0,
     )
@@ -148,7 +150,7 @@ def test_why_not_names_a_hard_spread_that_cannot_be_met() -> None:
 def test_why_not_is_empty_for_a_satisfied_cluster_and_unknown_clusters() -> None:
     engine = ShardEngine()
     fleet(engine, 1, state=MachineState.IDLE)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=4)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=4)), now=0)
     engine.cycle(now=1)
 
     assert engine.why_not("c1") == {}

@@ -9,6 +9,7 @@ import numpy as np
 from shard_engine.engine import ShardEngine
 from shard_engine.model import MachineState
 from shard_engine.topology import _distinct
+from tests.rollups import apply
 from tests.unit.engine.engine_fleet import (
     Carrier,
     fleet,
@@ -35,7 +36,7 @@ def test_a_gang_goes_to_one_rack_that_can_hold_all_of_it() -> None:
     engine = ShardEngine()
     fleet(engine, 3, prefix="r1", state=MachineState.IDLE, labels={"rack": "r1"}, price=0.1)
     fleet(engine, 5, prefix="r2", state=MachineState.IDLE, labels={"rack": "r2"}, price=0.2)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=16, requirements=[same("rack")])), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=16, requirements=[same("rack")])), now=0)
 
     ids = machine_ids(engine.cycle(now=1).actions)
 
@@ -48,11 +49,11 @@ def test_a_gang_stays_in_its_domain_when_it_grows() -> None:
     fleet(engine, 4, prefix="r1", state=MachineState.IDLE, labels={"rack": "r1"})
     fleet(engine, 4, prefix="r2", state=MachineState.IDLE, labels={"rack": "r2"})
     carrier = Carrier(engine)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=8, requirements=[same("rack")])), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=8, requirements=[same("rack")])), now=0)
     first = machine_ids(carrier.run(now=1)[0].actions)
     rack = first[0][:2]
 
-    engine.apply_rollup(rollup("c1", 2, need(cpu=12, requirements=[same("rack")])), now=2)
+    apply(engine, rollup("c1", 2, need(cpu=12, requirements=[same("rack")])), now=2)
     grown = machine_ids(carrier.run(now=3)[0].actions)
 
     assert {i[:2] for i in first} == {rack}
@@ -63,7 +64,7 @@ def test_a_gang_restricted_by_values_only_uses_those_domains() -> None:
     engine = ShardEngine()
     fleet(engine, 4, prefix="r1", state=MachineState.IDLE, labels={"rack": "r1"})
     fleet(engine, 4, prefix="r2", state=MachineState.IDLE, labels={"rack": "r2"})
-    engine.apply_rollup(rollup("c1", 1, need(cpu=8, requirements=[same("rack", "r2")])), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=8, requirements=[same("rack", "r2")])), now=0)
 
     ids = machine_ids(engine.cycle(now=1).actions)
 
@@ -74,7 +75,7 @@ def test_a_hard_spread_keeps_zones_within_max_skew() -> None:
     engine = ShardEngine()
     for zone in ("a", "b", "c"):
         fleet(engine, 10, prefix=zone, state=MachineState.IDLE, zone=zone, price=1.0)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=36, spread=[spread_over(ZONE, 1)])), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=36, spread=[spread_over(ZONE, 1)])), now=0)
 
     ids = machine_ids(engine.cycle(now=1).actions)
 
@@ -85,7 +86,7 @@ def test_a_hard_spread_stops_at_max_skew_when_a_zone_runs_dry() -> None:
     engine = ShardEngine()
     fleet(engine, 10, prefix="a", state=MachineState.IDLE, zone="a")
     fleet(engine, 1, prefix="b", state=MachineState.IDLE, zone="b")
-    engine.apply_rollup(rollup("c1", 1, need(cpu=40, spread=[spread_over(ZONE, 2)])), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=40, spread=[spread_over(ZONE, 2)])), now=0)
 
     plan = engine.cycle(now=1)
 
@@ -97,9 +98,7 @@ def test_a_soft_spread_prefers_balance_but_places_everything() -> None:
     engine = ShardEngine()
     fleet(engine, 10, prefix="a", state=MachineState.IDLE, zone="a")
     fleet(engine, 1, prefix="b", state=MachineState.IDLE, zone="b")
-    engine.apply_rollup(
-        rollup("c1", 1, need(cpu=40, spread=[spread_over(ZONE, 1, hard=False)])), now=0
-    )
+    apply(engine, rollup("c1", 1, need(cpu=40, spread=[spread_over(ZONE, 1, hard=False)])), now=0)
 
     plan = engine.cycle(now=1)
 
@@ -112,7 +111,7 @@ def test_existing_machines_count_toward_the_spread() -> None:
     fleet(engine, 2, prefix="have", state=MachineState.CONFIGURED, zone="a", cluster="c1")
     for zone in ("a", "b"):
         fleet(engine, 5, prefix=zone, state=MachineState.IDLE, zone=zone)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=16, spread=[spread_over(ZONE, 1)])), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=16, spread=[spread_over(ZONE, 1)])), now=0)
 
     ids = machine_ids(engine.cycle(now=1).actions)
 

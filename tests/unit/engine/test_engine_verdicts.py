@@ -7,12 +7,13 @@ import pytest
 from shard_engine.engine import ShardEngine
 from shard_engine.model import MachineState
 from shard_engine.verdicts import UnmetReason
+from tests.rollups import apply
 from tests.unit.engine.engine_fleet import Carrier, fleet, need, rollup, zone_in
 
 
 def test_before_the_first_cycle_the_answer_is_cycle_zero_with_no_verdicts() -> None:
     engine = ShardEngine()
-    engine.apply_rollup(rollup("c1", 1, need(cpu=4)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=4)), now=0)
 
     answer = engine.inspect_needs()
 
@@ -23,7 +24,7 @@ def test_a_covered_need_is_satisfied_and_counts_the_machines_sent_to_it() -> Non
     engine = ShardEngine()
     fleet(engine, 2, prefix="idle", state=MachineState.IDLE)
     fleet(engine, 3, prefix="spec", state=MachineState.SPECULATIVE)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=16)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=16)), now=0)
 
     engine.cycle(now=10)
     (verdict,) = engine.inspect_needs().verdicts
@@ -37,7 +38,7 @@ def test_a_covered_need_is_satisfied_and_counts_the_machines_sent_to_it() -> Non
 def test_a_need_nothing_can_serve_says_no_matching_supply_with_its_deficit_and_age() -> None:
     engine = ShardEngine()
     fleet(engine, 2, state=MachineState.IDLE, zone="zone-a")
-    engine.apply_rollup(rollup("c1", 1, need(cpu=8, requirements=[zone_in("zone-z")])), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=8, requirements=[zone_in("zone-z")])), now=0)
 
     engine.cycle(now=1)
     engine.cycle(now=2)
@@ -57,8 +58,8 @@ def test_a_need_nothing_can_serve_says_no_matching_supply_with_its_deficit_and_a
 def test_a_need_held_off_by_higher_priorities_is_priority_starved_and_sees_the_supply() -> None:
     engine = ShardEngine()
     fleet(engine, 3, state=MachineState.CONFIGURED, cluster="high")
-    engine.apply_rollup(rollup("high", 1, need(cpu=12, priority=900)), now=0)
-    engine.apply_rollup(rollup("low", 1, need(cpu=4, priority=100)), now=0)
+    apply(engine, rollup("high", 1, need(cpu=12, priority=900)), now=0)
+    apply(engine, rollup("low", 1, need(cpu=4, priority=100)), now=0)
 
     engine.cycle(now=1)
     (low,) = engine.inspect_needs("low").verdicts
@@ -71,8 +72,8 @@ def test_a_need_held_off_by_higher_priorities_is_priority_starved_and_sees_the_s
 def test_preemption_reports_the_victims_it_took_and_what_they_hold() -> None:
     engine = ShardEngine()
     fleet(engine, 2, state=MachineState.CONFIGURED, cluster="low")
-    engine.apply_rollup(rollup("low", 1, need(cpu=8, priority=10)), now=0)
-    engine.apply_rollup(rollup("high", 1, need(cpu=8, priority=1_000_000)), now=0)
+    apply(engine, rollup("low", 1, need(cpu=8, priority=10)), now=0)
+    apply(engine, rollup("high", 1, need(cpu=8, priority=1_000_000)), now=0)
 
     engine.cycle(now=1)
     (high,) = engine.inspect_needs("high").verdicts
@@ -84,8 +85,8 @@ def test_preemption_reports_the_victims_it_took_and_what_they_hold() -> None:
 
 def test_verdicts_come_highest_priority_first_and_a_limit_keeps_the_total() -> None:
     engine = ShardEngine()
-    engine.apply_rollup(rollup("a", 1, need(cpu=1, priority=5), need(cpu=2, priority=50)), now=0)
-    engine.apply_rollup(rollup("b", 1, need(cpu=1, priority=20)), now=0)
+    apply(engine, rollup("a", 1, need(cpu=1, priority=5), need(cpu=2, priority=50)), now=0)
+    apply(engine, rollup("b", 1, need(cpu=1, priority=20)), now=0)
     engine.cycle(now=1)
 
     every = engine.inspect_needs()
@@ -97,7 +98,7 @@ def test_verdicts_come_highest_priority_first_and_a_limit_keeps_the_total() -> N
 
 def test_an_unknown_cluster_has_no_verdicts_and_a_negative_limit_is_refused() -> None:
     engine = ShardEngine()
-    engine.apply_rollup(rollup("a", 1, need(cpu=1)), now=0)
+    apply(engine, rollup("a", 1, need(cpu=1)), now=0)
     engine.cycle(now=1)
 
     assert engine.inspect_needs("nobody").total == 0
@@ -108,10 +109,10 @@ def test_an_unknown_cluster_has_no_verdicts_and_a_negative_limit_is_refused() ->
 def test_dry_runs_leave_the_last_cycle_as_it_was() -> None:
     engine = ShardEngine()
     fleet(engine, 1, state=MachineState.IDLE)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=4)), now=0)
+    apply(engine, rollup("c1", 1, need(cpu=4)), now=0)
     Carrier(engine).run(now=1)
 
-    engine.apply_rollup(rollup("c1", 2, need(cpu=40)), now=2)
+    apply(engine, rollup("c1", 2, need(cpu=40)), now=2)
     engine.cycle(now=3, dry_run=True)
     answer = engine.inspect_needs()
 

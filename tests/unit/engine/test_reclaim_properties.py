@@ -33,6 +33,7 @@ from shard_engine.model import (
     Reclaim,
     Requirement,
 )
+from tests.rollups import apply
 from tests.unit.engine.engine_fleet import Carrier, machine, need, rollup
 
 CLUSTERS = ("c0", "c1", "c2")
@@ -163,7 +164,7 @@ class ReclaimHistory(RuleBasedStateMachine):
     @rule(cluster=st.sampled_from(CLUSTERS), wanted=st.lists(needs(), max_size=3))
     def roll_up(self, cluster: str, wanted: list[Need]) -> None:
         self.ts += 1
-        outcome = self.engine.apply_rollup(rollup(cluster, self.ts, *wanted), now=self.now)
+        outcome = apply(self.engine, rollup(cluster, self.ts, *wanted), now=self.now)
         if outcome.status == "applied":
             entry = self.engine._table.entry(self.engine._clusters.index_of(cluster))
             assert entry is not None

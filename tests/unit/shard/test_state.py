@@ -16,6 +16,7 @@ from shard_engine.model import (
     Rollup,
 )
 from shard_engine.model import Operator as Op
+from tests.rollups import apply
 
 
 @dataclass
@@ -149,7 +150,7 @@ def test_unbinding_forgets_the_workload_and_victim_terms_come_from_the_needs_in_
         reclamation_penalty=1.0,
         app_class=AppClass.LATENCY_SENSITIVE,
     )
-    state.engine.apply_rollup(Rollup("c1", timestamp_ns=1, needs=(need,)), now=100.0)
+    apply(state.engine, Rollup("c1", timestamp_ns=1, needs=(need,)), now=100.0)
     state.hold("m1", "simcloud")
     state.observe(_record("m1", MachineState.CONFIGURED, "c1"), Workload(500, need.key))
     terms = state.victim_terms()
