@@ -26,6 +26,7 @@ from activities.context import (
     ensure_holder,
     not_holder,
 )
+from bigfleet.attribution import META_NEED, META_OPERATION_SEQ, META_PRIORITY, META_SHARD
 from bigfleet.v1alpha1 import provider_pb2
 from providers.errors import (
     Fenced,
@@ -40,12 +41,6 @@ from workflows import contracts as c
 from workflows.errors import BOOTSTRAP_UNAVAILABLE, FENCED, INVALID_ARGUMENT, LEASE_LOST
 
 log = logging.getLogger(__name__)
-
-# Keys of the attribution a shard stores with each configured machine.
-META_SHARD = "bigfleet.io/shard"
-META_NEED = "bigfleet.io/need"
-META_PRIORITY = "bigfleet.io/priority"
-META_OPERATION_SEQ = "bigfleet.io/operation-seq"
 
 BOOTSTRAP_TIMEOUT_S = 20.0
 # Provider calls in flight at once from one shard process. Batches fan out one

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Protocol, assert_never
 
+from bigfleet.attribution import META_NEED, META_PRIORITY
 from bigfleet.shard.choices import TransferProfile
 from bigfleet.shard.core import (
     DeleteOp,
@@ -82,9 +83,6 @@ log = logging.getLogger(__name__)
 
 ProfileKey = tuple[str, str, str, int]
 
-# What a shard stamps into a machine's shard_metadata (production: activities.machines).
-_META_NEED = "bigfleet.io/need"
-_META_PRIORITY = "bigfleet.io/priority"
 _NO_WORKLOAD = Workload()
 
 
@@ -351,7 +349,7 @@ class BigFleetPolicy:
     def _configure(self, shard: _Shard, mid: str, op: _Op) -> None:
         provider = shard.provider_of(mid)
         assert provider is not None
-        metadata = {_META_NEED: op.need_key, _META_PRIORITY: str(op.priority)}
+        metadata = {META_NEED: op.need_key, META_PRIORITY: str(op.priority)}
         self.fleet.providers[provider].configure(mid, op.cluster, b"", shard.token(), metadata)
 
     def _echo(self, record: MachineRecord) -> Workload:
@@ -359,10 +357,10 @@ class BigFleetPolicy:
         echo = self.fleet.echo(record.provider, record.id)
         if not echo:
             return _NO_WORKLOAD  # idle, speculative, failed: most changes echo nothing
-        raw = echo.get(_META_PRIORITY, "")
+        raw = echo.get(META_PRIORITY, "")
         return Workload(
             priority=int(raw) if raw.lstrip("-").isdigit() else None,
-            need_key=echo.get(_META_NEED, ""),
+            need_key=echo.get(META_NEED, ""),
         )
 
     # -- observing the providers ------------------------------------------------------------

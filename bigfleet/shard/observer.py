@@ -19,7 +19,7 @@ import logging
 from collections.abc import Mapping
 
 from activities.context import ProviderCalls
-from activities.machines import META_NEED, META_PRIORITY
+from bigfleet.attribution import META_NEED, META_PRIORITY
 from bigfleet.shard.convert import InvalidMachine, machine_record, metadata_priority
 from bigfleet.shard.state import ShardState, Workload
 from bigfleet.v1alpha1 import provider_pb2

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 
-from activities.machines import META_NEED
+from bigfleet.attribution import META_NEED
 from bigfleet.shard import telemetry
 from bigfleet.shard.lease import LeaseKeeper
 from bigfleet.shard.state import ShardState

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from activities.machines import META_NEED, META_PRIORITY, state_name
+from activities.machines import state_name
+from bigfleet.attribution import META_NEED, META_OPERATION_SEQ, META_PRIORITY, META_SHARD
 from bigfleet.v1alpha1 import provider_pb2
 from providers.model import State
 from shard_engine import engine as engine_module
@@ -42,8 +43,8 @@ def test_every_operation_a_workflow_runs_is_one_the_engine_can_claim_after_a_res
 
 
 def test_the_attribution_keys_are_namespaced_and_distinct() -> None:
-    keys = {META_NEED, META_PRIORITY}
-    assert all(k.startswith("bigfleet.io/") for k in keys) and len(keys) == 2
+    keys = {META_SHARD, META_NEED, META_PRIORITY, META_OPERATION_SEQ}
+    assert all(k.startswith("bigfleet.io/") for k in keys) and len(keys) == 4
 
 
 def test_transfer_kinds_keep_the_names_recorded_histories_and_the_instruction_log_hold() -> None:
