@@ -160,32 +160,21 @@ def budgets_list(
         return
 
     async def main() -> None:
-        from bigfleet.identity import client_security
         from bigfleet.store.decisions import DecisionStore
-        from providers.client import ProviderClient
         from shard_engine.budgets import DrainReason, Subject, use_of
         from workflows import search_attributes as sa
 
         found = connections.endpoints(database_url=database_url, address=address)
-        providers = dict(found.providers) or {p.name: p.address for p in settings.providers}
         subjects: dict[str, Subject] = {}
-        security = client_security(settings.tls)
-        for name, provider_address in sorted(providers.items()):
-            runtime.REACHING.append(f"provider {name} at {provider_address}")
-            provider = ProviderClient(provider_address, security=security, name=name)
-            try:
-                listing = await provider.list_all()
-            finally:
-                await provider.close()
-            for m in listing.machines:
-                subjects[m.id] = Subject(
-                    instance_type=m.instance_type,
-                    capacity_type=_capacity_label(m.capacity_type),
-                    resources=frozenset(
-                        k for k, v in m.allocatable.resources.items() if v not in ("", "0")
-                    ),
-                    cluster_id=m.cluster,
-                )
+        for m in await connections.provider_machines(found, settings):
+            subjects[m.id] = Subject(
+                instance_type=m.instance_type,
+                capacity_type=_capacity_label(m.capacity_type),
+                resources=frozenset(
+                    k for k, v in m.allocatable.resources.items() if v not in ("", "0")
+                ),
+                cluster_id=m.cluster,
+            )
         client = await connections.temporal_client(address, namespace)
         draining: list[tuple[Subject, DrainReason]] = []
         async for wf in client.list_workflows(

@@ -3,6 +3,7 @@
     --database-url / --address flags
       ──► BIGFLEET_* variables ──► a running ``make dev`` stack (bigfleet.endpoints)
       ──► bootstrap.open_store (no migration) / bootstrap.temporal_client
+      ──► the providers' machines (the stack's providers, else BIGFLEET_PROVIDERS)
 
 Each helper records what it is about to reach in :data:`runtime.REACHING`,
 so an unreachable peer ends the command with one line naming it. The
@@ -27,8 +28,16 @@ if TYPE_CHECKING:
     from temporalio.service import TLSConfig
 
     from bigfleet.store import Store
+    from bigfleet.v1alpha1 import provider_pb2
 
-__all__ = ["endpoints", "open_store", "temporal_address", "temporal_client", "temporal_tls"]
+__all__ = [
+    "endpoints",
+    "open_store",
+    "provider_machines",
+    "temporal_address",
+    "temporal_client",
+    "temporal_tls",
+]
 
 
 def endpoints(database_url: str | None = None, address: str | None = None) -> Endpoints:
@@ -56,6 +65,31 @@ async def open_store(database_url: str | None = None) -> AsyncIterator[Store]:
         yield store
     finally:
         await db.close()
+
+
+async def provider_machines(found: Endpoints, current: Settings) -> list[provider_pb2.Machine]:
+    """Every machine every provider lists: the running stack's providers, else BIGFLEET_PROVIDERS.
+
+    Providers are asked one at a time in name order, each over the process's
+    mutual TLS when configured, and each connection is closed before the
+    next is opened; the machines come back in that order. The first provider
+    that cannot be reached ends the command naming it (:data:`runtime.REACHING`).
+    """
+    from bigfleet.identity import client_security
+    from providers.client import ProviderClient
+
+    providers = dict(found.providers) or {p.name: p.address for p in current.providers}
+    security = client_security(current.tls)
+    machines: list[provider_pb2.Machine] = []
+    for name, provider_address in sorted(providers.items()):
+        REACHING.append(f"provider {name} at {provider_address}")
+        provider = ProviderClient(provider_address, security=security, name=name)
+        try:
+            listing = await provider.list_all()
+        finally:
+            await provider.close()
+        machines.extend(listing.machines)
+    return machines
 
 
 def temporal_address(address: str | None) -> str:

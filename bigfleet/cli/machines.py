@@ -43,9 +43,7 @@ def machines_list(
     (those of the running dev stack or BIGFLEET_PROVIDERS), running
     workflows from Temporal.
     """
-    from bigfleet.identity import client_security
     from bigfleet.v1alpha1 import provider_pb2
-    from providers.client import ProviderClient
     from workflows import search_attributes as sa
 
     settings = runtime.settings()
@@ -58,20 +56,9 @@ def machines_list(
         found = connections.endpoints(database_url=database_url, address=address)
         async with connections.open_store(database_url) as store:
             rows = await store.machines(cluster_id=cluster or None)
-        providers = dict(found.providers) or {p.name: p.address for p in settings.providers}
         states: dict[str, str] = {}
-        security = client_security(settings.tls)
-        for name, provider_address in sorted(providers.items()):
-            runtime.REACHING.append(f"provider {name} at {provider_address}")
-            provider = ProviderClient(provider_address, security=security, name=name)
-            try:
-                listing = await provider.list_all()
-            finally:
-                await provider.close()
-            for m in listing.machines:
-                states[m.id] = provider_pb2.MachineState.Name(m.state).removeprefix(
-                    "MACHINE_STATE_"
-                )
+        for m in await connections.provider_machines(found, settings):
+            states[m.id] = provider_pb2.MachineState.Name(m.state).removeprefix("MACHINE_STATE_")
         client = await connections.temporal_client(address, namespace)
         running: dict[str, str] = {}
         async for wf in client.list_workflows("ExecutionStatus = 'Running'"):
