@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from bigfleet.store.pool import Repository
 from bigfleet.store.shards import LeaseLost
@@ -106,13 +107,7 @@ class MachineRepository(Repository):
         """
         meta = json.dumps(dict(shard_metadata or {}), sort_keys=True)
         async with self._engine.begin() as conn:
-            live = (
-                await conn.execute(
-                    text("SELECT epoch FROM shards WHERE id = :sid FOR SHARE"), {"sid": shard_id}
-                )
-            ).first()
-            if live is None or int(live[0]) != shard_epoch:
-                raise LeaseLost(shard_id, shard_epoch)
+            await _hold_epoch(conn, shard_id, shard_epoch)
             changed = (
                 await conn.execute(
                     text(
@@ -166,23 +161,15 @@ class MachineRepository(Repository):
                     f"superseded: the ownership row is at sequence {current[1]} "
                     f"of shard {current[0]}" + (f"; {detail}" if detail else "")
                 )
-            await conn.execute(
-                text(
-                    """
-                    INSERT INTO assignment_log (machine_id, shard_id, shard_epoch, cluster_id,
-                                                operation, operation_seq, detail)
-                    VALUES (:mid, :sid, :epoch, :cid, :op, :seq, :detail)
-                    """
-                ),
-                {
-                    "mid": machine_id,
-                    "sid": shard_id,
-                    "epoch": shard_epoch,
-                    "cid": cluster_id,
-                    "op": operation,
-                    "seq": operation_seq,
-                    "detail": detail,
-                },
+            await _log_outcome(
+                conn,
+                machine_id=machine_id,
+                shard_id=shard_id,
+                shard_epoch=shard_epoch,
+                cluster_id=cluster_id,
+                operation=operation,
+                operation_seq=operation_seq,
+                detail=detail,
             )
             return changed is not None
 
@@ -206,13 +193,7 @@ class MachineRepository(Repository):
         :class:`LeaseLost` when the epoch is no longer current.
         """
         async with self._engine.begin() as conn:
-            live = (
-                await conn.execute(
-                    text("SELECT epoch FROM shards WHERE id = :sid FOR SHARE"), {"sid": shard_id}
-                )
-            ).first()
-            if live is None or int(live[0]) != shard_epoch:
-                raise LeaseLost(shard_id, shard_epoch)
+            await _hold_epoch(conn, shard_id, shard_epoch)
             row = (
                 await conn.execute(
                     text(
@@ -235,22 +216,15 @@ class MachineRepository(Repository):
             ).first()
             if row is None:
                 return False
-            await conn.execute(
-                text(
-                    """
-                    INSERT INTO assignment_log (machine_id, shard_id, shard_epoch, cluster_id,
-                                                operation, operation_seq, detail)
-                    VALUES (:mid, :sid, :epoch, :cid, 'reconcile', :seq, :detail)
-                    """
-                ),
-                {
-                    "mid": machine_id,
-                    "sid": shard_id,
-                    "epoch": shard_epoch,
-                    "cid": cluster_id,
-                    "seq": int(row[0]),
-                    "detail": detail,
-                },
+            await _log_outcome(
+                conn,
+                machine_id=machine_id,
+                shard_id=shard_id,
+                shard_epoch=shard_epoch,
+                cluster_id=cluster_id,
+                operation="reconcile",
+                operation_seq=int(row[0]),
+                detail=detail,
             )
             return True
 
@@ -399,3 +373,52 @@ class MachineRepository(Repository):
                 {"mid": machine_id},
             )
             return [(str(r[0]), int(r[1]), r[2]) for r in rows]
+
+
+async def _hold_epoch(conn: AsyncConnection, shard_id: str, shard_epoch: int) -> None:
+    """Share-lock ``shard_id``'s row; raise :class:`LeaseLost` unless it is at ``shard_epoch``.
+
+    The row stays share-locked until the transaction ends, so a lease
+    take-over (which updates the epoch) waits for the write that checked it:
+    a compare-and-set on the epoch cannot be overtaken between its check and
+    its write.
+    """
+    live = (
+        await conn.execute(
+            text("SELECT epoch FROM shards WHERE id = :sid FOR SHARE"), {"sid": shard_id}
+        )
+    ).first()
+    if live is None or int(live[0]) != shard_epoch:
+        raise LeaseLost(shard_id, shard_epoch)
+
+
+async def _log_outcome(
+    conn: AsyncConnection,
+    *,
+    machine_id: str,
+    shard_id: str,
+    shard_epoch: int,
+    cluster_id: str | None,
+    operation: str,
+    operation_seq: int,
+    detail: str,
+) -> None:
+    """Append one line to the assignment log, in the caller's transaction."""
+    await conn.execute(
+        text(
+            """
+            INSERT INTO assignment_log (machine_id, shard_id, shard_epoch, cluster_id,
+                                        operation, operation_seq, detail)
+            VALUES (:mid, :sid, :epoch, :cid, :op, :seq, :detail)
+            """
+        ),
+        {
+            "mid": machine_id,
+            "sid": shard_id,
+            "epoch": shard_epoch,
+            "cid": cluster_id,
+            "op": operation,
+            "seq": operation_seq,
+            "detail": detail,
+        },
+    )
