@@ -46,19 +46,29 @@ import math
 import os
 import random
 import re
-import secrets
 import signal
 import socket
 import sys
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import grpc
 
+from bench.stack import (
+    Stack,
+    json_line,
+    loadavg,
+    percentile,
+    rss_kib,
+    services,
+    split_load,
+    start_load,
+    start_shard,
+    stop_shard,
+)
 from bigfleet.v1alpha1 import capacity_pb2, shard_pb2
 
 # ------------------------------------------------------------------ load side
@@ -595,28 +605,6 @@ def echo_main(_args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ orchestrator
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
-
-
-def _percentile(values: Sequence[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    k = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[k]
-
-
 def _emit(scenario: str, metric: str, value: float, unit: str, **extra: Any) -> None:
     line: dict[str, Any] = {
         "bench": "ingest",
@@ -626,92 +614,8 @@ def _emit(scenario: str, metric: str, value: float, unit: str, **extra: Any) -> 
         "unit": unit,
     }
     line.update(extra)
-    line["loadavg"] = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    line["loadavg"] = loadavg()
     print(json.dumps(line), flush=True)
-
-
-async def _database(admin_url: str | None) -> tuple[str, Any]:
-    """A fresh database URL and a cleanup coroutine function."""
-    import asyncpg
-
-    name = f"bench_ingest_{os.getpid()}_{secrets.token_hex(3)}"
-    url = admin_url or "postgresql://postgres@127.0.0.1:5432/postgres"
-    try:
-        conn = await asyncpg.connect(url)
-    except OSError:
-        from bigfleet.store import EmbeddedPostgres
-
-        embedded = EmbeddedPostgres(Path(".bigfleet") / "bench-postgres")
-        url = await asyncio.to_thread(embedded.start)
-        conn = await asyncpg.connect(url)
-    await conn.execute(f'CREATE DATABASE "{name}"')
-    await conn.close()
-    head = url.rsplit("/", 1)[0]
-
-    async def drop() -> None:
-        c = await asyncpg.connect(url)
-        await c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await c.close()
-
-    return f"{head}/{name}", drop
-
-
-@dataclass
-class Stack:
-    temporal: str
-    provider: str
-    admin_url: str | None
-    switch_interval_ms: float | None = None
-    cycle_seconds: float = 5.0
-    plain_gc: bool = False
-
-
-async def _json_line(stream: asyncio.StreamReader, within: float) -> dict[str, Any]:
-    while True:
-        raw = await asyncio.wait_for(stream.readline(), timeout=within)
-        if not raw:
-            raise RuntimeError("child ended without answering")
-        text = raw.decode().strip()
-        if text.startswith("{"):
-            data: dict[str, Any] = json.loads(text)
-            return data
-
-
-async def _start_shard(stack: Stack, child: str = "shard") -> tuple[Any, Any]:
-    """The process under test (a real shard on a fresh database, or the floor's echo server)."""
-    if child == "echo":  # the floor: no shard, no database
-        shard = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bench.ingest", "--child", "echo", stdout=asyncio.subprocess.PIPE
-        )
-
-        async def drop() -> None:
-            return None
-
-    else:
-        url, drop = await _database(stack.admin_url)
-        shard = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "bench.ingest",
-            "--child",
-            "shard",
-            "--database-url",
-            url,
-            "--temporal",
-            stack.temporal,
-            "--provider",
-            stack.provider,
-            "--cycle-seconds",
-            str(stack.cycle_seconds),
-            *(
-                []
-                if stack.switch_interval_ms is None
-                else ["--switch-interval-ms", str(stack.switch_interval_ms)]
-            ),
-            *(["--plain-gc"] if stack.plain_gc else []),
-            stdout=asyncio.subprocess.PIPE,
-        )
-    return shard, drop
 
 
 async def _scenario(
@@ -729,17 +633,17 @@ async def _scenario(
     unmet: bool = False,
     child: str = "shard",
 ) -> None:
-    shard, drop = await _start_shard(stack, child)
+    shard, drop = await start_shard(stack, child)
     assert shard.stdout is not None
     try:
-        ready = await _json_line(shard.stdout, 120)
+        ready = await json_line(shard.stdout, 120)
         address, pid = ready["address"], int(ready["pid"])
         threads = {
             "sessions": ready.get("sessions_tid"),
             "loop": ready.get("loop_tid"),
         }
         await asyncio.sleep(1.0)
-        rss_before = _rss_kib(pid)
+        rss_before = rss_kib(pid)
         per = [sessions // loaders + (1 if i < sessions % loaders else 0) for i in range(loaders)]
         delay = 3.0 + sessions / 4000  # every loader opens its sessions before the clock starts
         loads = [
@@ -778,31 +682,24 @@ async def _scenario(
         opened = 0
         for proc in loads:
             assert proc.stdout is not None
-            opened += int((await _json_line(proc.stdout, 120 + sessions / 100))["opened"])
-        rss_open = _rss_kib(pid)
+            opened += int((await json_line(proc.stdout, 120 + sessions / 100))["opened"])
+        rss_open = rss_kib(pid)
         t0 = time.monotonic()
         results = []
         cpu0 = _cpu_seconds(pid)
         split0 = {k: _cpu_seconds(pid, tid) for k, tid in threads.items() if tid}
         for proc in loads:
             assert proc.stdout is not None
-            results.append(await _json_line(proc.stdout, seconds + 120))
+            results.append(await json_line(proc.stdout, seconds + 120))
             await proc.wait()
         cpu = _cpu_seconds(pid) - cpu0
         split = {k: _cpu_seconds(pid, threads[k]) - v for k, v in split0.items()}
         elapsed = max(seconds, time.monotonic() - t0)
-        rss_after = _rss_kib(pid)
+        rss_after = rss_kib(pid)
         shard.send_signal(signal.SIGTERM)
-        stats = await _json_line(shard.stdout, 60)
+        stats = await json_line(shard.stdout, 60)
     finally:
-        if shard.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                shard.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(shard.wait(), 20)
-            except TimeoutError:
-                shard.kill()
-        await drop()
+        await stop_shard(shard, drop)
     latencies = [x for r in results for x in r["latencies_ms"]]
     refused: dict[str, int] = {}
     for r in results:
@@ -828,12 +725,12 @@ async def _scenario(
     )
     hellos = [x for r in results for x in r.get("hello_ms", [])]
     if hellos:
-        _emit(name, "hello_p99", _percentile(hellos, 99), "ms", hellos=len(hellos), **common)
+        _emit(name, "hello_p99", percentile(hellos, 99), "ms", hellos=len(hellos), **common)
         _emit(name, "hello_max", max(hellos), "ms", **common)
     if mode != "idle":
         _emit(name, "rate", acked / seconds, "1/s", offered=rate or None, **common)
-        _emit(name, "ack_p50", _percentile(latencies, 50), "ms", **common)
-        _emit(name, "ack_p99", _percentile(latencies, 99), "ms", **common)
+        _emit(name, "ack_p50", percentile(latencies, 50), "ms", **common)
+        _emit(name, "ack_p99", percentile(latencies, 99), "ms", **common)
         _emit(name, "ack_max", max(latencies or [float("nan")]), "ms", **common)
         _emit(name, "shed", shed, "streams", **common)
         _emit(name, "shard_cores", cpu / elapsed, "cores", **common)
@@ -882,38 +779,6 @@ async def _scenario(
         )
 
 
-async def _load(
-    address: str, prefix: str, *, sessions: int, mode: str, seconds: float, **opts: Any
-) -> Any:
-    """One load process (``--child load``) against ``address``; its stdout is piped."""
-    flags: list[str] = []
-    for key, value in opts.items():
-        if value is True:
-            flags.append(f"--{key.replace('_', '-')}")
-        elif value is not False and value is not None:
-            flags += [f"--{key.replace('_', '-')}", str(value)]
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "bench.ingest",
-        "--child",
-        "load",
-        "--address",
-        address,
-        "--prefix",
-        prefix,
-        "--sessions",
-        str(sessions),
-        "--mode",
-        mode,
-        "--seconds",
-        str(seconds),
-        *flags,
-        stdout=asyncio.subprocess.PIPE,
-        limit=1 << 26,
-    )
-
-
 async def _recovery(stack: Stack, args: argparse.Namespace) -> None:
     """``recovery``: the normal cadence, a burst of overload on top, the cadence again — one shard.
 
@@ -931,34 +796,29 @@ async def _recovery(stack: Stack, args: argparse.Namespace) -> None:
     name = "recovery"
     warm, burst, after = args.warm_seconds, args.burst_seconds, args.after_seconds
     period = 10.0
-    shard, drop = await _start_shard(stack)
+    shard, drop = await start_shard(stack)
     assert shard.stdout is not None
     rss: list[tuple[float, int]] = []
     try:
-        ready = await _json_line(shard.stdout, 120)
+        ready = await json_line(shard.stdout, 120)
         address, pid = ready["address"], int(ready["pid"])
         await asyncio.sleep(1.0)
-        rss_start = _rss_kib(pid)
+        rss_start = rss_kib(pid)
         start_at = time.time() + 10.0 + args.clusters / 400
         total = warm + burst + after
-        halves = [args.clusters // 2, args.clusters - args.clusters // 2]
-        steady = [
-            await _load(
-                address,
-                f"steady-{i}",
-                sessions=n,
-                connections=n,
-                mode="cadence",
-                seconds=total,
-                needs=5,
-                period=period,
-                unmet=True,
-                start_at=start_at,
-                reconnect=True,
-            )
-            for i, n in enumerate(halves)
-        ]
-        flood = await _load(
+        steady = await split_load(
+            address,
+            "steady",
+            clusters=args.clusters,
+            mode="cadence",
+            seconds=total,
+            needs=5,
+            period=period,
+            unmet=True,
+            start_at=start_at,
+            reconnect=True,
+        )
+        flood = await start_load(
             address,
             "burst",
             sessions=200,
@@ -971,31 +831,24 @@ async def _recovery(stack: Stack, args: argparse.Namespace) -> None:
             reconnect=True,
         )
         for proc in (*steady, flood):
-            await _json_line(proc.stdout, 300)  # sessions opened
+            await json_line(proc.stdout, 300)  # sessions opened
         t0 = time.monotonic() + max(0.0, start_at - time.time())
 
         async def sample() -> None:
             while True:
-                rss.append((time.monotonic() - t0, _rss_kib(pid)))
+                rss.append((time.monotonic() - t0, rss_kib(pid)))
                 await asyncio.sleep(1.0)
 
         sampler = asyncio.create_task(sample())
-        results = [await _json_line(proc.stdout, total + 300) for proc in steady]
-        burst_result = await _json_line(flood.stdout, total + 300)
+        results = [await json_line(proc.stdout, total + 300) for proc in steady]
+        burst_result = await json_line(flood.stdout, total + 300)
         for proc in (*steady, flood):
             await proc.wait()
         sampler.cancel()
         shard.send_signal(signal.SIGTERM)
-        stats = await _json_line(shard.stdout, 60)
+        stats = await json_line(shard.stdout, 60)
     finally:
-        if shard.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                shard.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(shard.wait(), 20)
-            except TimeoutError:
-                shard.kill()
-        await drop()
+        await stop_shard(shard, drop)
     pairs = [
         (sent, ms) for r in results for sent, ms in zip(r["sent_s"], r["latencies_ms"], strict=True)
     ]
@@ -1007,7 +860,7 @@ async def _recovery(stack: Stack, args: argparse.Namespace) -> None:
         lat = [ms for sent, ms in pairs if lo <= sent < hi]
         due = sum(1 for t in scheduled if lo <= t < hi)
         within = sum(1 for ms in lat if ms <= period * 1000)
-        windows.append((lo, due, within, _percentile(lat, 99)))
+        windows.append((lo, due, within, percentile(lat, 99)))
 
     def settled_from(k: int) -> bool:
         """Every window from ``k`` on has (nearly) every roll-up acked within its 10 s."""
@@ -1029,11 +882,11 @@ async def _recovery(stack: Stack, args: argparse.Namespace) -> None:
     def phase(lo: float, hi: float) -> list[float]:
         return [ms for sent, ms in pairs if lo <= sent < hi]
 
-    _emit(name, "cadence_p99_before", _percentile(phase(5.0, warm), 99), "ms", **common)
-    _emit(name, "cadence_p99_burst", _percentile(phase(warm, end_burst), 99), "ms", **common)
+    _emit(name, "cadence_p99_before", percentile(phase(5.0, warm), 99), "ms", **common)
+    _emit(name, "cadence_p99_burst", percentile(phase(warm, end_burst), 99), "ms", **common)
     settled = phase(end_burst + 30.0, total)
-    _emit(name, "cadence_p99_after_30s", _percentile(settled, 99), "ms", **common)
-    _emit(name, "cadence_p50_after_30s", _percentile(settled, 50), "ms", **common)
+    _emit(name, "cadence_p99_after_30s", percentile(settled, 99), "ms", **common)
+    _emit(name, "cadence_p50_after_30s", percentile(settled, 50), "ms", **common)
     _emit(
         name,
         "recovered_after",
@@ -1093,25 +946,20 @@ def _cpu_seconds(pid: int, tid: int | None = None) -> float:
 
 
 async def run(args: argparse.Namespace) -> int:
-    from bigfleet.temporal import start_dev_server
-    from providers.config import ProviderConfig
-    from providers.server import start_provider_server
+    async with services(quota_scale=0.05) as (temporal, provider):
+        stack = Stack(
+            temporal,
+            provider,
+            args.pg,
+            args.switch_interval_ms,
+            args.cycle_seconds,
+            args.plain_gc,
+        )
+        return await _run(stack, args)
 
-    env = await start_dev_server(port=_free_port(), ui=False)
-    provider = await start_provider_server(
-        ProviderConfig(
-            kind="sim-cloud", time_factor=0.001, quota_scale=0.05, interruption_scale=0.0
-        ),
-        "127.0.0.1:0",
-    )
-    stack = Stack(
-        env.client.service_client.config.target_host,
-        provider.address,
-        args.pg,
-        args.switch_interval_ms,
-        args.cycle_seconds,
-        args.plain_gc,
-    )
+
+async def _run(stack: Stack, args: argparse.Namespace) -> int:
+    """Every scenario asked for, each on a fresh shard process; 2 for an unknown one."""
     wanted = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     # Each scenario's load; the closed loop's shape unless it says otherwise.
     closed: dict[str, Any] = dict(
@@ -1150,18 +998,12 @@ async def run(args: argparse.Namespace) -> int:
     unknown = [s for s in wanted if s not in shapes and s != "recovery"]
     if unknown:
         print(f"unknown scenario {unknown[0]!r} (known: {', '.join(shapes)})", file=sys.stderr)
-        await provider.stop(grace=None)
-        await env.shutdown()
         return 2
-    try:
-        for scenario in wanted:
-            if scenario == "recovery":
-                await _recovery(stack, args)
-            else:
-                await _scenario(stack, scenario, **shapes[scenario])
-    finally:
-        await provider.stop(grace=None)
-        await env.shutdown()
+    for scenario in wanted:
+        if scenario == "recovery":
+            await _recovery(stack, args)
+        else:
+            await _scenario(stack, scenario, **shapes[scenario])
     return 0
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import signal
@@ -32,14 +31,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.ingest import (
+from bench.stack import (
     Stack,
-    _free_port,
-    _json_line,
-    _load,
-    _percentile,
-    _rss_kib,
-    _start_shard,
+    json_line,
+    loadavg,
+    percentile,
+    rss_kib,
+    services,
+    split_load,
+    start_shard,
+    stop_shard,
 )
 
 WINDOW_S = 10.0
@@ -52,83 +53,52 @@ def _fds(pid: int) -> int:
         return -1
 
 
-def _loadavg() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-
-
 def _emit(metric: str, value: Any, unit: str, **extra: Any) -> None:
     line = {"bench": "soak", "metric": metric, "value": value, "unit": unit, **extra}
-    line["loadavg"] = _loadavg()
+    line["loadavg"] = loadavg()
     print(json.dumps(line), flush=True)
 
 
 async def soak(args: argparse.Namespace) -> int:
-    from bigfleet.temporal import start_dev_server
-    from providers.config import ProviderConfig
-    from providers.server import start_provider_server
-
-    env = await start_dev_server(port=_free_port(), ui=False)
-    provider = await start_provider_server(
-        ProviderConfig(
-            kind="sim-cloud", time_factor=0.001, quota_scale=0.2, interruption_scale=0.0
-        ),
-        "127.0.0.1:0",
-    )
-    stack = Stack(env.client.service_client.config.target_host, provider.address, args.pg)
     seconds = args.minutes * 60.0
     samples: list[tuple[float, int, int, str]] = []
-    try:
-        shard, drop = await _start_shard(stack)
+    async with services(quota_scale=0.2) as (temporal, provider):
+        shard, drop = await start_shard(Stack(temporal, provider, args.pg))
         assert shard.stdout is not None
         try:
-            ready = await _json_line(shard.stdout, 120)
+            ready = await json_line(shard.stdout, 120)
             address, pid = ready["address"], int(ready["pid"])
             start_at = time.time() + 10.0 + args.clusters / 400
-            halves = [args.clusters // 2, args.clusters - args.clusters // 2]
-            loads = [
-                await _load(
-                    address,
-                    f"soak-{i}",
-                    sessions=n,
-                    connections=n,
-                    mode="open",
-                    seconds=seconds,
-                    needs=5,
-                    rate=args.rate * n / args.clusters,
-                    start_at=start_at,
-                    reconnect=True,  # a shed stream comes back after its hint
-                )
-                for i, n in enumerate(halves)
-            ]
+            loads = await split_load(
+                address,
+                "soak",
+                clusters=args.clusters,
+                mode="open",
+                seconds=seconds,
+                needs=5,
+                rate=args.rate,
+                start_at=start_at,
+                reconnect=True,  # a shed stream comes back after its hint
+            )
             for proc in loads:
-                await _json_line(proc.stdout, 300)
+                await json_line(proc.stdout, 300)
             t0 = time.monotonic() + max(0.0, start_at - time.time())
             await asyncio.sleep(max(0.0, t0 - time.monotonic()))
 
             async def sample() -> None:
                 while True:
-                    samples.append((time.monotonic() - t0, _rss_kib(pid), _fds(pid), _loadavg()))
+                    samples.append((time.monotonic() - t0, rss_kib(pid), _fds(pid), loadavg()))
                     await asyncio.sleep(WINDOW_S)
 
             sampler = asyncio.create_task(sample())
-            results = [await _json_line(proc.stdout, seconds + 300) for proc in loads]
+            results = [await json_line(proc.stdout, seconds + 300) for proc in loads]
             for proc in loads:
                 await proc.wait()
             sampler.cancel()
             shard.send_signal(signal.SIGTERM)
-            stats = await _json_line(shard.stdout, 60)
+            stats = await json_line(shard.stdout, 60)
         finally:
-            if shard.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    shard.send_signal(signal.SIGTERM)
-                try:
-                    await asyncio.wait_for(shard.wait(), 20)
-                except TimeoutError:
-                    shard.kill()
-            await drop()
-    finally:
-        await provider.stop(grace=None)
-        await env.shutdown()
+            await stop_shard(shard, drop)
     return _report(args, seconds, t0, samples, results, stats)
 
 
@@ -165,8 +135,8 @@ def _report(
                 "fds": fds,
                 "acked": len(lat),
                 "due": due,
-                "ack_p50_ms": round(_percentile(lat, 50), 1),
-                "ack_p99_ms": round(_percentile(lat, 99), 1),
+                "ack_p50_ms": round(percentile(lat, 50), 1),
+                "ack_p99_ms": round(percentile(lat, 99), 1),
                 "cycle_mean_ms": round(sum(cyc) / len(cyc), 1) if cyc else None,
                 "cycle_max_ms": max(cyc) if cyc else None,
                 "loadavg": load,
@@ -194,8 +164,8 @@ def _report(
         len(all_lat),
         "rollups",
         scheduled=len(scheduled),
-        ack_p50_ms=round(_percentile(all_lat, 50), 1),
-        ack_p99_ms=round(_percentile(all_lat, 99), 1),
+        ack_p50_ms=round(percentile(all_lat, 50), 1),
+        ack_p99_ms=round(percentile(all_lat, 99), 1),
         rate=args.rate,
         clusters=args.clusters,
     )

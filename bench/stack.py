@@ -1,0 +1,281 @@
+"""The stack a roll-up ingestion bench runs on, and the child processes it starts.
+
+``bench ingest`` and ``bench soak`` both measure one real shard process fed
+by load processes; this is what they share, so the two start, feed and stop
+their shard the same way::
+
+    services(quota_scale=…)   a Temporal dev server and a simulated cloud (this process)
+      └─ Stack                 where a shard child finds them, and how it is tuned
+           start_shard          a real shard (``bench.ingest --child shard``) on a fresh database
+           start_load           a load process (``bench.ingest --child load``) against it
+           split_load           C clusters over two load processes, a connection each
+           stop_shard           SIGTERM, then kill after 20 s; the database dropped
+
+and the readings taken of a child: :func:`json_line` (its answers),
+:func:`rss_kib`, :func:`loadavg`, :func:`percentile`. The children's own code
+(the shard, the load generator, the floor's echo server) stays in
+``bench.ingest``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "Stack",
+    "free_port",
+    "json_line",
+    "loadavg",
+    "percentile",
+    "rss_kib",
+    "services",
+    "split_load",
+    "start_load",
+    "start_shard",
+    "stop_shard",
+]
+
+Drop = Callable[[], Awaitable[None]]
+"""Drops the database a shard child ran on (nothing for the floor's echo server)."""
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on now (for the Temporal dev server)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def rss_kib(pid: int) -> int:
+    """A process's resident memory (KiB, ``VmRSS``); 0 when the kernel does not say."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def loadavg() -> str:
+    """The machine's 1, 5 and 15 minute load averages, as printed beside every figure."""
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The nearest-rank ``q``-th percentile; NaN for no values (a window nothing landed in)."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+@contextlib.asynccontextmanager
+async def services(*, quota_scale: float) -> AsyncIterator[tuple[str, str]]:
+    """A Temporal dev server and a simulated cloud: (Temporal address, provider address).
+
+    The cloud runs in this process, 1,000 times faster than real time and
+    without spot interruptions; ``quota_scale`` sets how much it can create
+    (little, so needs stay unmet, or some, so machines come and go). Both
+    are stopped when the block ends.
+    """
+    from bigfleet.temporal import start_dev_server
+    from providers.config import ProviderConfig
+    from providers.server import start_provider_server
+
+    env = await start_dev_server(port=free_port(), ui=False)
+    provider = await start_provider_server(
+        ProviderConfig(
+            kind="sim-cloud", time_factor=0.001, quota_scale=quota_scale, interruption_scale=0.0
+        ),
+        "127.0.0.1:0",
+    )
+    try:
+        yield env.client.service_client.config.target_host, provider.address
+    finally:
+        await provider.stop(grace=None)
+        await env.shutdown()
+
+
+async def _database(admin_url: str | None) -> tuple[str, Drop]:
+    """A fresh database URL and a cleanup coroutine function."""
+    import asyncpg
+
+    name = f"bench_ingest_{os.getpid()}_{secrets.token_hex(3)}"
+    url = admin_url or "postgresql://postgres@127.0.0.1:5432/postgres"
+    try:
+        conn = await asyncpg.connect(url)
+    except OSError:
+        from bigfleet.store import EmbeddedPostgres
+
+        embedded = EmbeddedPostgres(Path(".bigfleet") / "bench-postgres")
+        url = await asyncio.to_thread(embedded.start)
+        conn = await asyncpg.connect(url)
+    await conn.execute(f'CREATE DATABASE "{name}"')
+    await conn.close()
+    head = url.rsplit("/", 1)[0]
+
+    async def drop() -> None:
+        c = await asyncpg.connect(url)
+        await c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await c.close()
+
+    return f"{head}/{name}", drop
+
+
+@dataclass
+class Stack:
+    """Where a shard child finds Temporal, the provider and PostgreSQL, and how it is tuned."""
+
+    temporal: str
+    provider: str
+    admin_url: str | None
+    switch_interval_ms: float | None = None
+    cycle_seconds: float = 5.0
+    plain_gc: bool = False
+
+
+async def json_line(stream: asyncio.StreamReader, within: float) -> dict[str, Any]:
+    """A child's next JSON answer (other lines skipped); fails when it ends or falls silent."""
+    while True:
+        raw = await asyncio.wait_for(stream.readline(), timeout=within)
+        if not raw:
+            raise RuntimeError("child ended without answering")
+        text = raw.decode().strip()
+        if text.startswith("{"):
+            data: dict[str, Any] = json.loads(text)
+            return data
+
+
+async def _no_database() -> None:
+    """The floor's echo server ran on no database: nothing to drop."""
+
+
+async def start_shard(stack: Stack, child: str = "shard") -> tuple[Any, Drop]:
+    """The process under test (a real shard on a fresh database, or the floor's echo server)."""
+    drop: Drop
+    if child == "echo":  # the floor: no shard, no database
+        shard = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bench.ingest", "--child", "echo", stdout=asyncio.subprocess.PIPE
+        )
+        drop = _no_database
+    else:
+        url, drop = await _database(stack.admin_url)
+        shard = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "bench.ingest",
+            "--child",
+            "shard",
+            "--database-url",
+            url,
+            "--temporal",
+            stack.temporal,
+            "--provider",
+            stack.provider,
+            "--cycle-seconds",
+            str(stack.cycle_seconds),
+            *(
+                []
+                if stack.switch_interval_ms is None
+                else ["--switch-interval-ms", str(stack.switch_interval_ms)]
+            ),
+            *(["--plain-gc"] if stack.plain_gc else []),
+            stdout=asyncio.subprocess.PIPE,
+        )
+    return shard, drop
+
+
+async def stop_shard(shard: Any, drop: Drop) -> None:
+    """Make sure the shard child has ended, then drop its database.
+
+    Called whether or not the bench asked it to stop already: a child still
+    running gets SIGTERM, and is killed if it has not ended 20 s later, so
+    a failed run leaves no shard process and no database behind.
+    """
+    if shard.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            shard.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(shard.wait(), 20)
+        except TimeoutError:
+            shard.kill()
+    await drop()
+
+
+async def start_load(
+    address: str, prefix: str, *, sessions: int, mode: str, seconds: float, **opts: Any
+) -> Any:
+    """One load process (``--child load``) against ``address``; its stdout is piped.
+
+    Each option becomes a flag (``start_at`` → ``--start-at``): ``True`` a
+    bare flag, ``False`` and ``None`` none, anything else its value.
+    """
+    flags: list[str] = []
+    for key, value in opts.items():
+        if value is True:
+            flags.append(f"--{key.replace('_', '-')}")
+        elif value is not False and value is not None:
+            flags += [f"--{key.replace('_', '-')}", str(value)]
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.ingest",
+        "--child",
+        "load",
+        "--address",
+        address,
+        "--prefix",
+        prefix,
+        "--sessions",
+        str(sessions),
+        "--mode",
+        mode,
+        "--seconds",
+        str(seconds),
+        *flags,
+        stdout=asyncio.subprocess.PIPE,
+        limit=1 << 26,
+    )
+
+
+async def split_load(
+    address: str,
+    prefix: str,
+    *,
+    clusters: int,
+    mode: str,
+    seconds: float,
+    rate: float | None = None,
+    **opts: Any,
+) -> list[Any]:
+    """``clusters`` clusters over two load processes (``prefix-0``, ``prefix-1``).
+
+    Two, so that one process's Python is not the bottleneck; each cluster
+    has a connection of its own, and an offered ``rate`` (roll-ups/s, open
+    loop) is shared in proportion to the clusters each process holds.
+    """
+    halves = [clusters // 2, clusters - clusters // 2]
+    return [
+        await start_load(
+            address,
+            f"{prefix}-{i}",
+            sessions=n,
+            connections=n,
+            mode=mode,
+            seconds=seconds,
+            **({} if rate is None else {"rate": rate * n / clusters}),
+            **opts,
+        )
+        for i, n in enumerate(halves)
+    ]
