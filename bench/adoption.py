@@ -29,7 +29,7 @@ import gc
 import random
 import time
 
-from bench.cycle import RECLAIM_AT_ONCE, build, carry, churn, emit, percentile
+from bench.cycle import RECLAIM_AT_ONCE, advance, emit, percentile, world_500k
 from bigfleet.decisions import Decision, DecisionLog, Mode, decisions_of
 from shard_engine.budgets import Budget, DrainReason, Scope
 
@@ -56,16 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cycles", type=int, default=60)
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args(argv)
-    world = build(
-        machines=500_000,
-        clusters=100,
-        needs_per_cluster=15,
-        types=40,
-        zones=6,
-        racks=40,
-        seed=args.seed,
-        config=RECLAIM_AT_ONCE,
-    )
+    world = world_500k(seed=args.seed, config=RECLAIM_AT_ONCE)
     engine = world.engine
     # The engine never reads a clock; a stopwatch given to it times each stage (CPU here).
     engine._stopwatch = time.process_time  # what bench.cycle.build does not pass in
@@ -83,10 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         rows: list[int] = []
         plan = None
         for n in range(5 + args.cycles):
-            if plan is not None:
-                carry(world, plan)
-            churn(world, rng, pending=0.18, excess=0.18, grow=40)
-            world.now += 1
+            advance(world, rng, plan, pending=0.18, excess=0.18, grow=40)
             gc.disable()
             started_cpu, started = time.process_time(), time.perf_counter()
             plan = engine.cycle(now=world.now)

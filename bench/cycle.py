@@ -392,6 +392,40 @@ def _aggregate(plan: NeedPlan) -> dict[str, float]:
     }
 
 
+def world_500k(*, seed: int, config: EngineConfig | None) -> World:
+    """The 500K-machine shard of ``cycle_steady_500k`` and ``cycle_burst_500k``.
+
+    ``bench adoption`` runs its burst on the same world, so its figures
+    compare with these.
+    """
+    return build(
+        machines=500_000,
+        clusters=100,
+        needs_per_cluster=15,
+        types=40,
+        zones=6,
+        racks=40,
+        seed=seed,
+        config=config,
+    )
+
+
+def advance(
+    world: World,
+    rng: random.Random,
+    plan: Plan | None,
+    *,
+    pending: float,
+    excess: float,
+    grow: int,
+) -> None:
+    """The second between two cycles: the last plan carried out, demand moved, the clock on."""
+    if plan is not None:
+        carry(world, plan)
+    churn(world, rng, pending=pending, excess=excess, grow=grow)
+    world.now += 1
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """The ``q``-th percentile (nearest rank)."""
     ordered = sorted(values)
@@ -433,10 +467,7 @@ def run_cycles(
     plan: Plan | None = None
     gc.collect()
     for n in range(warmup + cycles):
-        if plan is not None:
-            carry(world, plan)
-        churn(world, rng, pending=pending, excess=excess, grow=grow)
-        world.now += 1
+        advance(world, rng, plan, pending=pending, excess=excess, grow=grow)
         gc.disable()
         cpu = time.process_time()
         start = time.perf_counter()
@@ -481,16 +512,7 @@ def bench_cycle(
 ) -> None:
     """cycle_steady_500k / cycle_burst_500k / cycle_steady_500k_default_reclaim."""
     start = time.perf_counter()
-    world = build(
-        machines=500_000,
-        clusters=100,
-        needs_per_cluster=15,
-        types=40,
-        zones=6,
-        racks=40,
-        seed=seed,
-        config=config,
-    )
+    world = world_500k(seed=seed, config=config)
     emit(name, "build_s", time.perf_counter() - start, "s")
     samples = run_cycles(
         world,
