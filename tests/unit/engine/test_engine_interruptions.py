@@ -29,6 +29,7 @@ from shard_engine.model import (
     Reclaim,
     Release,
 )
+from tests.rollups import apply
 from tests.unit.engine.engine_fleet import (
     Carrier,
     fleet,
@@ -47,7 +48,7 @@ def covered(config: EngineConfig | None = None) -> tuple[ShardEngine, list[str]]
     engine = ShardEngine(config or EngineConfig())
     held = fleet(engine, 3, prefix="spot", state=MachineState.CONFIGURED, cluster="c1", **SPOT)
     fleet(engine, 3, prefix="spec", state=MachineState.SPECULATIVE, price=1.0)
-    engine.apply_rollup(rollup("c1", 1, need(cpu=12)), now=1)
+    apply(engine, rollup("c1", 1, need(cpu=12)), now=1)
     assert engine.cycle(now=1).actions == ()  # exactly covered
     return engine, held
 
