@@ -157,23 +157,6 @@ def host_ref(machine_id: str) -> str:
     return f"i-{(serial * 0x9E3779B97F4A7C15 + 0x1F) % (16**17):017x}"
 
 
-def matches(shape: Shape, requirements: Sequence[Requirement]) -> bool:
-    """The benchmark's own (small) matcher, used only to lay out the world."""
-    labels = dict(shape.labels)
-    labels[ZONE] = shape.zone
-    labels[CAPACITY] = shape.capacity_type.name.lower().replace("_", "-")
-    labels["node.kubernetes.io/instance-type"] = shape.instance_type
-    for req in requirements:
-        value = labels.get(req.key)
-        if req.operator == Operator.IN and value not in req.values:
-            return False
-        if req.operator == Operator.NOT_IN and value in req.values:
-            return False
-        if req.operator in (Operator.EXISTS, Operator.SAME) and value is None:
-            return False
-    return True
-
-
 @dataclass
 class NeedPlan:
     """A need of the world: its base demand (what the layout covers) plus churn in machines."""
@@ -281,22 +264,21 @@ def build(
                 interruption_penalty=rng.choice((0.0, 0.5, 5.0, 50.0)),
                 reclamation_penalty=rng.choice((0.0, 0.0, 8.0, 8192.0)),
             )
-            plans.append(NeedPlan(wanted, shape, laid=count))
+            plan = NeedPlan(wanted, shape, laid=count)
+            plans.append(plan)
+            # A machine counts for one need of its cluster (ADR 0128): each need's
+            # base demand is what was laid out for it, and its machines are bound
+            # to it as a shard's are after a restart (the provider's attribution).
+            plan.base_cpu = count * shape.cpu * 0.95
+            plan.base_memory = count * shape.memory * 0.5
+            plan.need = replace(plan.need, aggregate=_aggregate(plan))
             for _ in range(count):
                 engine.upsert_machine(
                     record(f"sim-{serial:09d}", shape, MachineState.CONFIGURED, cluster),
                     now=world.now,
+                    need_key=plan.need.key,
                 )
                 serial += 1
-        # Needs of one cluster may match each other's machines; the supply rule counts
-        # every matching machine for every need, so base demand is what is laid out.
-        for plan in plans:
-            for other in plans:
-                if matches(other.shape, plan.need.requirements):
-                    share = other.laid
-                    plan.base_cpu += share * other.shape.cpu * 0.95
-                    plan.base_memory += share * other.shape.memory * 0.5
-            plan.need = replace(plan.need, aggregate=_aggregate(plan))
         world.needs[cluster] = plans
     while serial < machines:
         shape = rng.choice(shapes if rng.random() < 0.17 else cloud)

@@ -15,6 +15,7 @@ and the next cycle assigns it there before anything else.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import chain, repeat
@@ -33,6 +34,7 @@ from shard_engine import (
     verdicts,
 )
 from shard_engine.actions import ActionKind, ActionLog, ActionTable
+from shard_engine.binding import Bindings
 from shard_engine.catalog import Profile, ProfileCatalog
 from shard_engine.clusters import NO_CLUSTER, ClusterIndex
 from shard_engine.config import EngineConfig, VictimWeights
@@ -61,6 +63,7 @@ from shard_engine.needs import (
     ValidatedRollup,
 )
 from shard_engine.pending import REASON_PAUSED
+from shard_engine.pools import TIER_BOUND, PoolKey
 from shard_engine.requirements import RELATIVE_TOLERANCE, RequirementMasks
 from shard_engine.worksheet import ClusterMemo, Worksheet
 
@@ -148,6 +151,11 @@ def _flight_target(kind: int, cluster: int) -> int:
     return cluster
 
 
+_PLACING = frozenset(
+    {int(ActionKind.ASSIGN_IDLE), int(ActionKind.PROVISION), int(ActionKind.PREEMPT)}
+)
+"""Kinds that place a machine for a need: committing them binds it there (``binding``)."""
+
 _KIND_OF: dict[int, ActionKind] = {int(kind): kind for kind in ActionKind}
 """``ActionKind`` members by value (a dictionary lookup is cheaper than the enum call)."""
 
@@ -204,6 +212,7 @@ class ShardEngine:
         self._last: verdicts.LastCycle | None = None
         self._cycles = 0
         self._fleet_idle = FleetIdle(self.config.fleet_idle_wait_seconds)
+        self._bindings = Bindings()
 
     # -- observations ------------------------------------------------------------
     def set_fleet_idle(self, offers: Sequence[RemoteIdle]) -> None:
@@ -216,14 +225,27 @@ class ShardEngine:
         """
         self._fleet_idle.update(offers)
 
-    def upsert_machine(self, record: MachineRecord, *, now: float) -> None:
+    def upsert_machine(self, record: MachineRecord, *, now: float, need_key: str = "") -> None:
         """Record a new or changed observation of a machine.
 
-        Raises :class:`InvalidMachine` (a ``ValueError`` naming the field) for
-        a NaN or negative price, probability or allocatable; nothing is
-        changed then. A machine in flight stays in flight.
+        ``need_key`` is the need of its cluster the machine serves, when its
+        provider echoes it (the attribution a configure stamped): the
+        machine is bound to that need (``binding``), as it was before a
+        restart. Raises :class:`InvalidMachine` (a ``ValueError`` naming the
+        field) for a NaN or negative price, probability or allocatable;
+        nothing is changed then. A machine in flight stays in flight.
         """
-        self._inventory.upsert(record, now=now)
+        row = self._upsert(record, now=now)
+        if need_key and record.cluster and record.state.has_host:
+            self._bindings.bind([row], self._clusters.index_of(record.cluster), need_key)
+
+    def _upsert(self, record: MachineRecord, *, now: float) -> int:
+        """The inventory's upsert; a machine new to its row starts bound to nothing."""
+        fresh = self._inventory.row(record.id) is None
+        row = self._inventory.upsert(record, now=now)
+        if fresh:
+            self._bindings.unbind([row])
+        return row
 
     def remove_machine(self, machine_id: str) -> None:
         """Forget a machine (the provider no longer reports it)."""
@@ -236,6 +258,7 @@ class ShardEngine:
         self._flights.pop(row, None)
         self._promises.pop(row, None)
         self._suspects.discard(row)
+        self._bindings.unbind([row])
         self._inventory.remove(row)
 
     def validate(self, rollup: Rollup, *, now: float) -> ValidatedRollup:
@@ -341,7 +364,9 @@ class ShardEngine:
 
         self._catalog.ensure_dimensions()
         inventory.ensure_tables()
-        sheet = Worksheet(inventory, now, self._memo)
+        sheet = Worksheet(
+            inventory, now, self._memo, bindings=self._bindings, flying=self._flying_toward()
+        )
         demands = [
             self._table.demand(entry)
             for entry in self._table.entries()
@@ -466,6 +491,23 @@ class ShardEngine:
                 drains[row] = reason
         return drains
 
+    def _flying_toward(self) -> Callable[[int], Sequence[int]]:
+        """Rows in flight or promised toward a cluster; indexed on first use in a cycle."""
+        index: dict[int, list[int]] | None = None
+
+        def toward(cluster: int) -> Sequence[int]:
+            nonlocal index
+            if index is None:
+                index = {}
+                for row, flight in self._flights.items():
+                    if flight.target >= 0:
+                        index.setdefault(flight.target, []).append(row)
+                for row, promise in self._promises.items():
+                    index.setdefault(promise.cluster, []).append(row)
+            return index.get(cluster, ())
+
+        return toward
+
     def _assign_promises(self, sheet: Worksheet, demands: Mapping[int, Demand]) -> None:
         """Stage 0: a machine freed by preemption goes to its preemptor before anyone else."""
         inventory = self._inventory
@@ -570,6 +612,21 @@ class ShardEngine:
                     strict=True,
                 )
             )
+        bindings = self._bindings
+        for s, kind in enumerate(log.kind):
+            if kind in _PLACING:
+                bindings.bind(log.rows[s], targets[s], log.need_key(s))
+        for cluster, moves in sheet.rebinds.items():
+            for was, now_key, profile, machines in moves:
+                bound_pool = pools.find(PoolKey(TIER_BOUND, cluster, profile))
+                if bound_pool is not None:
+                    bindings.rebind(
+                        pools.members(bound_pool).astype(np.int64),
+                        cluster=cluster,
+                        was=was,
+                        now=now_key,
+                        machines=math.ceil(machines - 1e-9),
+                    )
         if promises:
             for row in named:
                 promises.pop(row, None)
@@ -616,7 +673,7 @@ class ShardEngine:
         row = self._inventory.row(machine_id)
         if row is None:
             if record is not None:
-                self._inventory.upsert(record, now=now)
+                self._upsert(record, now=now)
             return
         flight = self._flights.pop(row, None)
         if record is None:
@@ -662,6 +719,8 @@ class ShardEngine:
         source = int(self._inventory.cluster[row])
         self._promises.pop(row, None)
         self._inventory.set_flags(row, flags=FLAG_IN_FLIGHT, target=target)
+        if need_key and target >= 0:
+            self._bindings.bind([row], target, need_key)
         self._flights[row] = _Flight(
             kind=kind,
             target=target,

@@ -26,6 +26,8 @@ one need become one batched :class:`Provision` (recorded as segments of an
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import numpy.typing as npt
 
@@ -83,9 +85,24 @@ def cluster_have(
             return cached[1], cached[2]
     supply = sheet.supply_row(cluster)
     have = demand_supply(demand, supply, alloc)
-    claims = claim(demand.matrix, demand.aggregate, supply, alloc)
+    claims = claim(
+        demand.matrix,
+        demand.aggregate,
+        supply,
+        alloc,
+        partial(sheet.bound, cluster, demand.keys, len(supply)),
+        demand.priority,
+    )
     if claims is not None:  # machines shared by several needs count for one each
         have = combine(claims.own * claims.sub, claims.shapes)
+        if claims.displaced:
+            keys = demand.keys
+            sheet.rebinds[cluster] = [
+                (keys[j], keys[i], profile, machines)
+                for j, i, profile, machines in claims.displaced
+            ]
+        else:
+            sheet.rebinds.pop(cluster, None)
     deficit = demand.aggregate - have
     slack = demand.slack(tolerance)
     short: list[int] = np.flatnonzero((deficit > slack).any(axis=1)).tolist()
@@ -112,7 +129,14 @@ def own_supply(
     if cache is not None and key in cache:
         claims = cache[key]
     else:
-        claims = claim(demand.matrix, demand.aggregate, supply, alloc)
+        claims = claim(
+            demand.matrix,
+            demand.aggregate,
+            supply,
+            alloc,
+            partial(sheet.bound, demand.cluster, demand.keys, len(supply)),
+            demand.priority,
+        )
         if cache is not None:
             cache[key] = claims
     if claims is None:

@@ -30,6 +30,7 @@ promises them to the preemptor:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 
 import numpy as np
 import numpy.typing as npt
@@ -404,7 +405,14 @@ def _place_gang(
     previous_key = demand.keys[item.index]
     # What the gang may count as held: less what the cluster's other needs claim (ADR 0128).
     supply = sheet.supply_row(item.cluster)
-    claims = claim(demand.matrix, demand.aggregate, supply, alloc)
+    claims = claim(
+        demand.matrix,
+        demand.aggregate,
+        supply,
+        alloc,
+        partial(sheet.bound, item.cluster, demand.keys, len(supply)),
+        demand.priority,
+    )
     row = supply.astype(np.float64) if claims is None else claims.supply(item.index, len(supply))
     choice = choose_gang_domain(
         codes=codes,

@@ -62,6 +62,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import numpy.typing as npt
@@ -277,7 +278,13 @@ def reclaim_excess(
         settled = np.zeros(len(supply), dtype=np.int64)
         settled[profiles] = available
         have = _settled_have(peaks.matrix, settled, alloc)
-        claims = claim(peaks.matrix, peaks.aggregate, settled, alloc)
+        claims = claim(
+            peaks.matrix,
+            peaks.aggregate,
+            settled,
+            alloc,
+            partial(sheet.bound, cluster, demand.keys, len(settled), settled_only=True),
+        )
         if claims is not None:  # machines shared by several needs count for one each
             have = combine(claims.own * claims.sub, claims.shapes)
         surplus = have - peaks.aggregate

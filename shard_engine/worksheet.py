@@ -13,6 +13,7 @@ only if — the plan is committed. A dry run simply throws the worksheet away.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shard_engine.actions import ActionLog
+from shard_engine.binding import Bindings
 from shard_engine.inventory import Inventory
 from shard_engine.pools import TIER_BOUND, TIER_IDLE, TIER_SPECULATIVE, PoolKey
 
@@ -69,6 +71,9 @@ class ClusterMemo:
     reclaim_cursor: int = 0
     victims: dict[int, tuple[tuple[int, int, int], tuple[Any, ...]]] = field(default_factory=dict)
     starved: dict[tuple[int, str], Starved] = field(default_factory=dict)
+    bound: dict[tuple[int, bool], tuple[tuple[Any, ...], npt.NDArray[np.float64] | None]] = field(
+        default_factory=dict
+    )
 
 
 @dataclass(slots=True)
@@ -87,6 +92,12 @@ class Worksheet:
     taken: set[int] = field(default_factory=set)
     drawn: set[int] = field(default_factory=set)
     gang_choices: dict[tuple[int, str], int] = field(default_factory=dict)
+    # What each machine was placed for, and the rows in flight toward a cluster.
+    bindings: Bindings | None = None
+    flying: Callable[[int], Sequence[int]] | None = None
+    # Per cluster: (from need, to need, profile, machines) a higher-priority need
+    # took over from a lower one; committing rebinds that many machines.
+    rebinds: dict[int, list[tuple[str, str, int, float]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.free[TIER_IDLE] = self.inventory.free_idle.astype(np.int64)
@@ -113,6 +124,55 @@ class Worksheet:
             row = self.inventory.supply_row(cluster).astype(np.int64)
             self.supply[cluster] = row
         row[profile] += machines
+
+    def bound(
+        self, cluster: int, keys: Sequence[str], width: int, *, settled_only: bool = False
+    ) -> npt.NDArray[np.float64] | None:
+        """Machines per (need, profile) counting toward ``cluster`` that were placed for its needs.
+
+        Counts settled configured machines not taken this cycle and, unless
+        ``settled_only``, machines in flight or promised toward the cluster;
+        ``keys`` are the cluster's needs in cycle order, ``width`` the
+        profiles to count. None when no such machine is bound to any of them.
+        """
+        if self.bindings is None:
+            return None
+        # Unchanged while the cluster's inventory is and this cycle moved nothing of it.
+        memo_key = (self.inventory.version(cluster), width, settled_only, tuple(keys))
+        still = not self.touched(cluster)
+        if still:
+            cached = self.memo.bound.get((cluster, settled_only))
+            if cached is not None and cached[0] == memo_key:
+                return cached[1]
+        found = self._bound(cluster, keys, width, settled_only=settled_only)
+        if still:
+            self.memo.bound[(cluster, settled_only)] = (memo_key, found)
+        return found
+
+    def _bound(
+        self, cluster: int, keys: Sequence[str], width: int, *, settled_only: bool
+    ) -> npt.NDArray[np.float64] | None:
+        pools = self.inventory.pools
+        parts = []
+        for pool in pools.by_cluster.get(cluster, ()):
+            left = pools.count(pool) - self.consumed.get(pool, 0)
+            if left > 0:
+                parts.append(pools.members(pool)[:left])
+        if not settled_only and self.flying is not None:
+            flying = self.flying(cluster)
+            if flying:
+                parts.append(np.asarray(flying, dtype=np.int32))
+        if not parts:
+            return None
+        rows = np.concatenate(parts).astype(np.int64)
+        if self.taken:
+            rows = rows[~np.isin(rows, np.fromiter(self.taken, np.int64, len(self.taken)))]
+        profiles = self.inventory.profile[rows].astype(np.int64)
+        inside = profiles < width
+        assert self.bindings is not None
+        return self.bindings.counts(
+            rows[inside], profiles[inside], cluster=cluster, keys=keys, width=width
+        )
 
     # -- taking machines -----------------------------------------------------------------
     def available(self, pool: int | None) -> int:

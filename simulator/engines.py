@@ -106,9 +106,9 @@ def default_workers(shards: int) -> int:
 
 
 # -- operations (run where the engine lives) --------------------------------------------
-def upsert(engine: ShardEngine, record: MachineRecord, now: float) -> None:
+def upsert(engine: ShardEngine, record: MachineRecord, now: float, need_key: str = "") -> None:
     """``upsert_machine``."""
-    engine.upsert_machine(record, now=now)
+    engine.upsert_machine(record, now=now, need_key=need_key)
 
 
 def settle(engine: ShardEngine, machine_id: str, record: MachineRecord | None, now: float) -> None:
@@ -452,8 +452,8 @@ class EngineHandle:
         promises: dict[str, str] = self._engines().call(self._shard_id, promised)
         return promises
 
-    def upsert_machine(self, record: MachineRecord, *, now: float) -> None:
-        self._engines().post(self._shard_id, upsert, record, now)
+    def upsert_machine(self, record: MachineRecord, *, now: float, need_key: str = "") -> None:
+        self._engines().post(self._shard_id, upsert, record, now, need_key)
 
     def settle(self, machine_id: str, record: MachineRecord | None, *, now: float) -> None:
         self._engines().post(self._shard_id, settle, machine_id, record, now)

@@ -52,7 +52,7 @@ class EngineView(Protocol):
 
     def promised(self) -> Mapping[str, str]: ...
 
-    def upsert_machine(self, record: MachineRecord, *, now: float) -> None: ...
+    def upsert_machine(self, record: MachineRecord, *, now: float, need_key: str = "") -> None: ...
 
     def settle(self, machine_id: str, record: MachineRecord | None, *, now: float) -> None: ...
 
@@ -243,7 +243,7 @@ class ShardState(Generic[E]):
         if declared is not None:
             record = replace(record, state=MachineState.FAILED, last_error=declared)
         self._read_back(record, workload)
-        self._engine.upsert_machine(record, now=self._clock())
+        self._engine.upsert_machine(record, now=self._clock(), need_key=workload.need_key)
         self._push(record)
 
     def _read_back(self, record: MachineRecord, workload: Workload) -> None:

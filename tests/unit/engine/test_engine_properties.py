@@ -15,7 +15,6 @@ from collections import Counter
 from dataclasses import replace
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -276,11 +275,6 @@ EngineHistory.TestCase.settings = settings(
 TestEngineHistory = EngineHistory.TestCase
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known defect (ADR 0128): claims re-divide held machines each cycle, so nested "
-    "masks can provision again in the next cycle; strict, so a fix turns this red",
-)
 @settings(max_examples=80, deadline=None)
 @given(
     records=st.lists(st.tuples(st.sampled_from(CLUSTERS), st.integers(0, 4)), max_size=30),

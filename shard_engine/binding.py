@@ -1,0 +1,134 @@
+"""Bindings: each machine remembers the need of its cluster it was placed for.
+
+Claims (ADR 0128) decide which need of a cluster a held machine counts for,
+because the inventory keeps supply per cluster, not per need. Re-divided
+from scratch every cycle, they let a broad need claim a share of machines
+that were bought for a narrower one after it, which then looked short and
+bought again the next cycle (the strict expected failure of ADR 0128; the
+500K-machine cycle bench ran 100 needs short for good, 120 ms a cycle where
+7 ms had been enough). So the engine records, per machine row, the (cluster,
+need key) an AssignIdle, Provision or Preempt placed it for, or that the
+provider echoes back in the machine's attribution after a restart; a need
+claims the machines bound to it before anything else, and claims only
+divide what nobody is bound to or a need no longer wants.
+
+A binding is a hint, never a count: it is read only for machines that count
+toward the same cluster at the moment (:meth:`Worksheet.bound`), and a
+need key the cluster no longer sends simply matches no need. So nothing has
+to unbind a machine when it drains, fails or moves; the next placement
+binds it anew. Codes for (cluster, need key) pairs are interned; their
+number grows with the distinct needs ever placed for, which is small next
+to the machines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["NO_BINDING", "Bindings"]
+
+NO_BINDING = -1
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+
+
+class Bindings:
+    """A (cluster, need key) code per machine row; see the module docstring."""
+
+    __slots__ = ("_cluster", "_codes", "_key", "_rows")
+
+    def __init__(self) -> None:
+        self._rows: npt.NDArray[np.int32] = np.full(0, NO_BINDING, dtype=np.int32)
+        self._codes: dict[tuple[int, str], int] = {}
+        self._key: list[str] = []
+        self._cluster: npt.NDArray[np.int32] = np.zeros(0, dtype=np.int32)
+
+    def _code(self, cluster: int, key: str) -> int:
+        code = self._codes.get((cluster, key))
+        if code is None:
+            code = len(self._key)
+            self._codes[(cluster, key)] = code
+            self._key.append(key)
+            if code >= len(self._cluster):
+                self._cluster = np.resize(self._cluster, max(64, 2 * len(self._cluster)))
+            self._cluster[code] = cluster
+        return code
+
+    def _fit(self, top: int) -> None:
+        if top >= len(self._rows):
+            grown = np.full(max(top + 1, 2 * len(self._rows), 1024), NO_BINDING, dtype=np.int32)
+            grown[: len(self._rows)] = self._rows
+            self._rows = grown
+
+    def bind(self, rows: Sequence[int] | IntArray, cluster: int, key: str) -> None:
+        """Record that ``rows`` were placed for need ``key`` of ``cluster``."""
+        index = np.asarray(rows, dtype=np.int64)
+        if len(index) == 0:
+            return
+        if cluster < 0 or not key:
+            self.unbind(index)
+            return
+        self._fit(int(index.max()))
+        self._rows[index] = self._code(cluster, key)
+
+    def unbind(self, rows: Sequence[int] | IntArray) -> None:
+        """Forget what ``rows`` were placed for (a new machine on a reused row, a removal)."""
+        index = np.asarray(rows, dtype=np.int64)
+        index = index[index < len(self._rows)]
+        self._rows[index] = NO_BINDING
+
+    def rebind(self, rows: IntArray, *, cluster: int, was: str, now: str, machines: int) -> int:
+        """Move up to ``machines`` of ``rows`` bound to need ``was`` over to ``now``; how many."""
+        code = self._codes.get((cluster, was))
+        if code is None or machines <= 0:
+            return 0
+        inside = rows[rows < len(self._rows)]
+        mine = inside[self._rows[inside] == code][:machines]
+        self.bind(mine, cluster, now)
+        return len(mine)
+
+    def need_of(self, row: int) -> tuple[int, str] | None:
+        """(cluster, need key) ``row`` is bound to, or None."""
+        if row >= len(self._rows) or self._rows[row] < 0:
+            return None
+        code = int(self._rows[row])
+        return int(self._cluster[code]), self._key[code]
+
+    def counts(
+        self,
+        rows: IntArray,
+        profiles: IntArray,
+        *,
+        cluster: int,
+        keys: Sequence[str],
+        width: int,
+    ) -> FloatArray | None:
+        """Machines per (need, profile) among ``rows`` bound to one of ``cluster``'s ``keys``.
+
+        ``rows`` are machines counting toward ``cluster`` and ``profiles``
+        their profiles; ``keys`` the cluster's needs in cycle order. None
+        when none of them is bound to any of those needs.
+        """
+        if not self._key:
+            return None
+        lookup = np.full(len(self._key) + 1, -1, dtype=np.int64)  # the last: no binding
+        found = False
+        for i, key in enumerate(keys):
+            code = self._codes.get((cluster, key))
+            if code is not None:
+                lookup[code] = i
+                found = True
+        if not found:
+            return None
+        inside = rows < len(self._rows)
+        codes = np.full(len(rows), -1, dtype=np.int64)
+        codes[inside] = self._rows[rows[inside]]
+        need = lookup[codes]  # -1 (no binding) reads the last entry: -1
+        known = need >= 0
+        if not known.any():
+            return None
+        flat = np.bincount(need[known] * width + profiles[known], minlength=len(keys) * width)
+        return flat.reshape(len(keys), width).astype(np.float64)

@@ -1,0 +1,103 @@
+"""Bindings: a machine counts first for the need it was placed for (ADR 0152).
+
+Each case is small enough to work out on paper: 4-core machines, needs in
+cores. The case that claims alone (least contested first, without
+bindings) get wrong is ADR 0128's, kept as the explicit example of
+``test_engine_properties.py::test_with_nothing_configured_a_second_cycle_issues_no_action``:
+a need with a spread claims machines bought for the need pinned to a zone.
+"""
+
+from __future__ import annotations
+
+from shard_engine.engine import ShardEngine
+from shard_engine.model import MachineState, Operator, Requirement
+from tests.rollups import apply
+from tests.unit.engine.engine_fleet import Carrier, fleet, machine_ids, need, rollup
+
+ZONE = "topology.kubernetes.io/zone"
+IN_A = Requirement(ZONE, Operator.IN, ("zone-a",))
+
+
+def nested() -> ShardEngine:
+    """c1 holds 3 machines in zone-b and 2 in zone-a; free slots in both zones.
+
+    "12 cores anywhere" comes first in cycle order (higher priority), then
+    "8 cores in zone-a". Exactly covered if the broad need takes zone-b.
+    """
+    engine = ShardEngine()
+    fleet(engine, 3, prefix="b", zone="zone-b", state=MachineState.CONFIGURED, cluster="c1")
+    fleet(engine, 2, prefix="a", zone="zone-a", state=MachineState.CONFIGURED, cluster="c1")
+    fleet(engine, 4, prefix="spec-a", zone="zone-a", state=MachineState.SPECULATIVE)
+    fleet(engine, 4, prefix="spec-b", zone="zone-b", state=MachineState.SPECULATIVE)
+    anywhere = need(cpu=12, priority=2000)
+    in_a = need(cpu=8, priority=1000, requirements=[IN_A])
+    apply(engine, rollup("c1", 1, anywhere, in_a), now=0)
+    return engine
+
+
+def test_a_broad_need_takes_what_a_narrow_need_cannot_use_first() -> None:
+    assert nested().cycle(now=1).actions == ()
+
+
+def test_what_was_bought_for_a_need_stays_its_own_the_next_cycle() -> None:
+    engine = ShardEngine()
+    fleet(engine, 4, prefix="spec-a", zone="zone-a", state=MachineState.SPECULATIVE)
+    anywhere = need(cpu=8, priority=2000)
+    in_a = need(cpu=8, priority=1000, requirements=[IN_A])
+    apply(engine, rollup("c1", 1, anywhere, in_a), now=0)
+    carrier = Carrier(engine)
+
+    first = carrier.run(now=1)[0]
+
+    assert len(machine_ids(first.actions)) == 4  # 16 cores, all in zone-a
+    assert [plan.actions for plan in carrier.run(now=2, cycles=3)] == [(), (), ()]
+
+
+def test_a_restarted_engine_reads_the_binding_back_from_the_attribution() -> None:
+    """The same cluster as ``nested`` but the zone-b machines bound to the zone-a need's
+    key would be nonsense; bound to the broad need they decide as before a restart."""
+    engine = ShardEngine()
+    anywhere = need(cpu=12, priority=2000)
+    in_a = need(cpu=8, priority=1000, requirements=[IN_A])
+    from tests.unit.engine.engine_fleet import machine
+
+    for i in range(3):
+        engine.upsert_machine(
+            machine(f"b-{i}", zone="zone-b", state=MachineState.CONFIGURED, cluster="c1"),
+            now=0,
+            need_key=anywhere.key,
+        )
+    for i in range(2):
+        engine.upsert_machine(
+            machine(f"a-{i}", zone="zone-a", state=MachineState.CONFIGURED, cluster="c1"),
+            now=0,
+            need_key=in_a.key,
+        )
+    fleet(engine, 4, prefix="spec-a", zone="zone-a", state=MachineState.SPECULATIVE)
+    apply(engine, rollup("c1", 1, anywhere, in_a), now=0)
+
+    assert engine.cycle(now=1).actions == ()
+
+
+def test_a_higher_priority_need_short_takes_over_a_lower_ones_machines_once() -> None:
+    """Production (8 cores) arrives where batch holds all 4 machines (16 cores).
+
+    Production is counted first, so batch is the one short by 8 cores: 2
+    machines are bought for it. From then on production owns the 2 machines
+    it took over, batch owns its 2 old and 2 new ones: nothing more is bought.
+    """
+    engine = ShardEngine()
+    fleet(engine, 4, prefix="spec", state=MachineState.SPECULATIVE)
+    batch = need(cpu=16, priority=100_000)
+    apply(engine, rollup("tiers", 1, batch), now=0)
+    carrier = Carrier(engine)
+    carrier.run(now=1)
+    fleet(engine, 4, prefix="more", state=MachineState.SPECULATIVE)
+    production = need(cpu=8, priority=1_000_000)
+    apply(engine, rollup("tiers", 2, batch, production), now=2)
+
+    [bought] = carrier.run(now=3)
+
+    assert len(machine_ids(bought.actions)) == 2
+    assert {a.need_key for a in bought.actions} == {batch.key}  # type: ignore[union-attr]
+    assert [plan.actions for plan in carrier.run(now=4, cycles=3)] == [(), (), ()]
