@@ -24,13 +24,19 @@ group (provider, zone, instance type, capacity type) and, for the
 remainders, per instance type (:func:`quota_kind`), so a scarce type ends
 up even across shards whatever its zones: four GPU machines over two shards
 are two and two (ADR 0111).
+
+Every round, whether or not anything is lacking, :func:`idle_offers` tells
+each shard which idle machines the *other* shards hold (:class:`RemoteIdle`),
+so a shard waits briefly for one of them instead of buying (ADR 0129): a
+shard that can still buy never reports a shortfall, so step 1 alone never
+sees it.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -39,10 +45,12 @@ from shard_engine.model import Operator, Requirement
 __all__ = [
     "Instruction",
     "ProfileSupply",
+    "RemoteIdle",
     "ShardShortfall",
     "ShardView",
     "TransferKind",
     "distribute_evenly",
+    "idle_offers",
     "labels_satisfy",
     "plan_transfers",
     "quota_group",
@@ -131,6 +139,68 @@ class Instruction:
     priority: int
     # For preemption: the victims' priority must be strictly below this.
     below_priority: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteIdle:
+    """Idle machines of one shape that another shard holds (its last report).
+
+    What :func:`idle_offers` hands a shard and ``ShardEngine.set_fleet_idle``
+    takes (``fleet_idle.FleetIdle`` decides whether a need waits for one).
+    """
+
+    shard_id: str
+    labels: Mapping[str, str]
+    allocatable: Mapping[str, float]
+    count: int
+
+
+def idle_offers(
+    views: Mapping[str, ShardView],
+    *,
+    receivers: Collection[str] | None = None,
+    planned: Iterable[Instruction] = (),
+    max_share: float = 0.05,
+) -> dict[str, tuple[RemoteIdle, ...]]:
+    """For each receiving shard, the idle machines of every *other* shard, per profile.
+
+    ``views`` are the shards' latest reports; ``receivers`` the shards that
+    may take a transfer (the active ones; every reporting shard when None),
+    and every shard that reports is a donor, a draining one included (its
+    idle machines are the first that should move). ``planned`` is what this
+    round's :func:`plan_transfers` already handed out: an idle machine it
+    moves is no longer on offer, and a donor's ``max_share`` budget (the
+    same sanity limit as :func:`plan_transfers`) shrinks by what it gives.
+    Each offer is capped at what is left of that budget, since a need that
+    waits for more than the coordinator can move in a round waits in vain.
+
+    Every receiver gets an entry, empty when nothing is on offer, so the
+    caller replaces a shard's stale offers. Offers are sorted by donor and
+    profile key (a stable answer, and what a shard's Phase 1 tries first).
+    """
+    budget = {sid: max(1, int(v.total_machines * max_share)) for sid, v in views.items()}
+    taken: dict[tuple[str, tuple[str, str, str, int]], int] = defaultdict(int)
+    for ins in planned:
+        if ins.donor in budget:
+            budget[ins.donor] -= ins.count
+        if ins.kind == TransferKind.IDLE:
+            key = (ins.provider, ins.instance_type, ins.zone, ins.capacity_type)
+            taken[(ins.donor, key)] += ins.count
+    on_offer: list[RemoteIdle] = []
+    for donor, view in sorted(views.items()):
+        for supply in sorted(view.supply, key=lambda s: s.key):
+            count = min(supply.idle - taken[(donor, supply.key)], budget[donor])
+            if count > 0:
+                on_offer.append(
+                    RemoteIdle(
+                        shard_id=donor,
+                        labels=dict(supply.labels),
+                        allocatable=dict(supply.allocatable),
+                        count=count,
+                    )
+                )
+    wanted = sorted(views if receivers is None else receivers)
+    return {r: tuple(o for o in on_offer if o.shard_id != r) for r in wanted}
 
 
 def labels_satisfy(requirements: Iterable[Requirement], labels: Mapping[str, str]) -> bool:

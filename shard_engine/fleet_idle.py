@@ -27,20 +27,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from shard_engine.coordination import labels_satisfy
+# RemoteIdle is the coordinator's word (``coordination.idle_offers`` computes them).
+from shard_engine.coordination import RemoteIdle, labels_satisfy
 from shard_engine.model import Need, Operator
 
 __all__ = ["FleetIdle", "RemoteIdle"]
-
-
-@dataclass(frozen=True, slots=True)
-class RemoteIdle:
-    """Idle machines of one shape that another shard holds (its last report)."""
-
-    shard_id: str
-    labels: Mapping[str, str]
-    allocatable: Mapping[str, float]
-    count: int
 
 
 @dataclass(slots=True)

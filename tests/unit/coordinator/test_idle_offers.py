@@ -1,0 +1,132 @@
+"""Each shard is offered the other shards' idle machines, per profile (ADR 0129)."""
+
+from __future__ import annotations
+
+from shard_engine.coordination import (
+    Instruction,
+    ProfileSupply,
+    RemoteIdle,
+    ShardShortfall,
+    ShardView,
+    TransferKind,
+    idle_offers,
+    plan_transfers,
+)
+
+GP = {"cpu": 128.0, "memory": 768.0}
+GPU = {"cpu": 224.0, "nvidia.com/gpu": 8.0}
+
+
+def _supply(
+    instance_type: str, alloc: dict[str, float], *, idle: int, zone: str = "z1"
+) -> ProfileSupply:
+    return ProfileSupply(
+        provider="metal",
+        instance_type=instance_type,
+        zone=zone,
+        capacity_type=4,
+        labels={"node.kubernetes.io/instance-type": instance_type, "zone": zone},
+        allocatable=alloc,
+        idle=idle,
+        speculative=10,
+    )
+
+
+def _views() -> dict[str, ShardView]:
+    return {
+        "a": ShardView("a", 100, (_supply("gp", GP, idle=4), _supply("gpu", GPU, idle=1))),
+        "b": ShardView("b", 100, (_supply("gp", GP, idle=2, zone="z2"),)),
+        "c": ShardView("c", 100, ()),
+    }
+
+
+def test_a_shard_is_offered_every_other_shards_idle_machines_and_never_its_own() -> None:
+    offers = idle_offers(_views())
+
+    assert sorted(offers) == ["a", "b", "c"]
+    assert [
+        (o.shard_id, o.labels["node.kubernetes.io/instance-type"], o.count) for o in offers["c"]
+    ] == [
+        ("a", "gp", 4),
+        ("a", "gpu", 1),
+        ("b", "gp", 2),
+    ]
+    assert offers["a"] == (RemoteIdle("b", _supply("gp", GP, idle=2, zone="z2").labels, GP, 2),)
+    assert all(o.shard_id != "b" for o in offers["b"])
+    assert len(offers["b"]) == 2
+
+
+def test_speculative_and_configured_machines_are_not_offered() -> None:
+    view = ShardView(
+        "a",
+        100,
+        (
+            ProfileSupply(
+                "metal",
+                "gp",
+                "z1",
+                4,
+                {},
+                GP,
+                idle=0,
+                speculative=16,
+                configured_by_priority={0: 3},
+            ),
+        ),
+    )
+    assert idle_offers({"a": view, "b": ShardView("b", 10)}) == {"a": (), "b": ()}
+
+
+def test_only_receivers_get_offers_but_every_shard_donates() -> None:
+    offers = idle_offers(_views(), receivers=["c"])
+
+    assert list(offers) == ["c"]
+    assert {o.shard_id for o in offers["c"]} == {"a", "b"}
+
+
+def test_idle_machines_a_planned_transfer_takes_are_no_longer_on_offer() -> None:
+    moved = Instruction(
+        kind=TransferKind.IDLE,
+        donor="a",
+        receiver="b",
+        provider="metal",
+        instance_type="gp",
+        zone="z1",
+        capacity_type=4,
+        count=3,
+        cluster_id="svc",
+        need_key="k",
+        priority=0,
+    )
+    offers = idle_offers(_views(), planned=[moved])
+
+    gp_from_a = [o for o in offers["c"] if o.shard_id == "a" and o.allocatable == GP]
+    assert [o.count for o in gp_from_a] == [1]
+
+
+def test_an_offer_is_capped_at_what_the_donor_may_give_in_one_round() -> None:
+    # 40 machines at max_share 0.05: at most 2 leave the donor per round.
+    views = {"a": ShardView("a", 40, (_supply("gp", GP, idle=6),)), "b": ShardView("b", 40)}
+    assert [o.count for o in idle_offers(views)["b"]] == [2]
+    speculative = Instruction(
+        TransferKind.SPECULATIVE, "a", "b", "metal", "gp", "z1", 4, 2, "svc", "k", 0
+    )
+    assert idle_offers(views, planned=[speculative])["b"] == ()
+
+
+def test_what_is_offered_is_what_the_planner_would_move() -> None:
+    """An offer fits a shortfall exactly when the planner's idle step covers it."""
+    views = _views()
+    (offer,) = [o for o in idle_offers(views)["c"] if o.allocatable == GPU]
+    short = ShardView(
+        "c",
+        100,
+        shortfalls=(ShardShortfall("train", "k", 900_000, {"nvidia.com/gpu": 8.0 * offer.count}),),
+    )
+    (moved,) = plan_transfers({**views, "c": short})
+    assert (moved.kind, moved.donor, moved.instance_type, moved.count) == (
+        TransferKind.IDLE,
+        "a",
+        "gpu",
+        offer.count,
+    )
