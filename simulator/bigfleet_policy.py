@@ -280,6 +280,7 @@ class BigFleetPolicy:
 
     def _send_rollups(self, now: float) -> None:
         for cluster_id, cluster in self.clusters.items():
+            cluster.advance(now)
             if not cluster.dirty:
                 continue
             msg = cluster.rollup(0)

@@ -27,6 +27,7 @@ a few numpy operations per pod.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -97,6 +98,8 @@ class ClusterModel:
         # A node is offered for release once it has been empty this long (ADR 0125).
         self.release_after_s = release_after_s
         self._now = 0.0  # the latest instant the model saw (roll-ups carry no clock)
+        # When the next empty node becomes nameable (``releasable``), as of the last roll-up.
+        self._release_due = math.inf
         self.pods: dict[str, PodState] = {}
         # pod -> (its roll-up aggregation key, the request the roll-up adds for it)
         self._keys: dict[str, tuple[AggregationKey, Vector]] = {}
@@ -431,7 +434,30 @@ class ClusterModel:
         )
         msg.release.SetInParent()  # present, even empty: reclaim only what is named
         msg.release.machine_ids.extend(self.releasable())
+        after = self._now - self.release_after_s
+        self._release_due = min(
+            (
+                since + self.release_after_s
+                for on, since in zip(self._on_node, self._empty_since, strict=True)
+                if not on and since > after
+            ),
+            default=math.inf,
+        )
         return msg
+
+    def advance(self, now: float) -> None:
+        """Time passed without an event: an empty node may have become nameable.
+
+        ``releasable`` grows with time alone, but nothing else marks a quiet
+        cluster dirty, so a cluster whose pods all left kept its empty nodes
+        for the rest of the run: the roll-up sent when they emptied named
+        none (not empty long enough) and no later one was built. Once the
+        first of them has been empty ``release_after_s``, the roll-up
+        changes and is sent again.
+        """
+        self._now = max(self._now, now)
+        if now >= self._release_due:
+            self.dirty = True
 
     def releasable(self) -> list[str]:
         """Nodes the cluster can give up with the least disruption (wire extension 1001).
