@@ -60,6 +60,7 @@ from shard_engine.coordination import (
     Instruction,
     ShardShortfall,
     ShardView,
+    idle_offers,
     plan_transfers,
 )
 from shard_engine.dealing import Dealable, deal, rack_of
@@ -426,18 +427,25 @@ class BigFleetPolicy:
 
     # -- the coordinator ----------------------------------------------------------------------
     def _coordinate(self, now: float) -> None:
+        """One coordinator round: plan transfers for the shortfalls, then hand out idle offers.
+
+        Every round, whether or not anything is lacking, each shard is told
+        the idle machines the other shards hold (``idle_offers``, less what
+        this round's transfers take), as production's coordinator round does.
+        """
         lacking = dict(
             zip(self.shards, self.engines.call_each(self.shards, ops.lacking), strict=True)
         )
-        if not any(lacking.values()):
-            return
         busy = dict(zip(self.shards, self.engines.call_each(self.shards, ops.busy), strict=True))
         views = {
             sid: self._view(shard, busy[sid], lacking[sid]) for sid, shard in self.shards.items()
         }
-        for instruction in plan_transfers(views):
+        planned = plan_transfers(views) if any(lacking.values()) else []
+        for instruction in planned:
             self.stats[f"transfer:{instruction.kind}"] += 1
             self._transfer(instruction, now)
+        for sid, offers in idle_offers(views, planned=planned).items():
+            self.engines.post(sid, ops.fleet_idle, offers)
 
     def _view(
         self,

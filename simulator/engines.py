@@ -54,6 +54,7 @@ from bigfleet.shard import choices
 from bigfleet.shard.choices import CrossShardVictim, TransferProfile, VictimTerms
 from bigfleet.shard.convert import InvalidRollup, rollup_from_wire
 from bigfleet.v1alpha1 import capacity_pb2
+from shard_engine.coordination import RemoteIdle
 from shard_engine.engine import EngineConfig, RollupRejected, ShardEngine
 from shard_engine.model import Action, MachineRecord, MachineState, Need, Shortfall
 
@@ -171,6 +172,11 @@ def lacking(engine: ShardEngine) -> tuple[tuple[Shortfall, Need | None], ...]:
         need = next((n for n in engine.needs_of(sf.cluster_id) if n.key == sf.need_key), None)
         out.append((sf, need))
     return tuple(out)
+
+
+def fleet_idle(engine: ShardEngine, offers: tuple[RemoteIdle, ...]) -> None:
+    """The other shards' idle machines, this coordinator round (``set_fleet_idle``)."""
+    engine.set_fleet_idle(offers)
 
 
 def cycle(engine: ShardEngine, now: float) -> tuple[Action, ...]:

@@ -1,8 +1,9 @@
 """Issue 18's hand-made traces replay to the answers worked out on paper beside them.
 
 Each trace in ``simulator/traces`` named here has a ``.md`` file beside it
-with the derivation. One shard, the shipped catalogs (``quota_scale`` 1:
-GPU racks of 4 servers), seed 7, the real engine.
+with the derivation. One shard unless the case is about shards, the
+shipped catalogs (``quota_scale`` 1: GPU racks of 4 servers), seed 7, the
+real engine.
 """
 
 from __future__ import annotations
@@ -10,7 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from shard_engine.model import Action, Provision
+import pytest
+
+from shard_engine.engine import EngineConfig
+from shard_engine.model import Action, AssignIdle, Provision
 from simulator.driver import RunOptions, run_policy
 from simulator.golden import TRACES
 from simulator.trace import load_trace
@@ -21,17 +25,33 @@ class Provisions:
 
     def __init__(self) -> None:
         self.seen: list[tuple[float, tuple[str, ...]]] = []
+        # (shard, cluster, machine) of every machine created or handed an idle one
+        self.created: list[tuple[str, str, str]] = []
+        self.reused: list[tuple[str, str, str]] = []
 
     def plan(self, shard_id: str, now: float, actions: Sequence[Action]) -> None:
         self.seen += [(now, a.machine_ids) for a in actions if isinstance(a, Provision)]
+        for a in actions:
+            if isinstance(a, Provision):
+                self.created += [(shard_id, a.cluster_id, m) for m in a.machine_ids]
+            elif isinstance(a, AssignIdle):
+                self.reused.append((shard_id, a.cluster_id, a.machine_id))
 
     def operation(self, shard_id: str, op: object) -> None:
         return None
 
 
-def replay(name: str, tap: Provisions | None = None) -> dict[str, Any]:
+def replay(
+    name: str,
+    tap: Provisions | None = None,
+    *,
+    shards: int = 1,
+    engine: EngineConfig | None = None,
+) -> dict[str, Any]:
     trace = load_trace(TRACES / f"{name}.jsonl")
-    options = RunOptions(quota_scale=1.0, seed=7, shards=1, workers=1)
+    options = RunOptions(
+        quota_scale=1.0, seed=7, shards=shards, workers=1, engine=engine or EngineConfig()
+    )
     return run_policy(trace, "bigfleet", options, tap=tap).summary
 
 
@@ -63,3 +83,48 @@ def test_the_anti_correlated_burst_runs_on_the_six_nodes_that_hold_it() -> None:
     assert (tier["placed"], tier["never_placed"]) == (24, 0)
     assert summary["nodes_joined"] == 6
     assert summary["fragmentation_pod_minutes"] == 0.0
+
+
+# idle-two-shards: 4 servers of gp-2x9354-768g ($1.20/h amortised), billed from the
+# claim at t = 10 s to the end of the run (10,800 s) however they are used after.
+ONE_SET = 4 * 1.20 * (10_800 - 10) / 3600  # $14.39
+SECOND_SET = 4 * 1.20 * (10_800 - 5_400) / 3600  # $7.20, claimed when svc-b arrives
+
+
+def test_the_second_cluster_reuses_the_first_clusters_idle_servers_on_one_shard() -> None:
+    tap = Provisions()
+    summary = replay("idle-two-shards", tap)
+
+    assert summary["cost_usd"] == pytest.approx(ONE_SET, abs=0.01)
+    assert {c for _s, c, _m in tap.created} == {"svc-a"}
+    assert sorted(m for _s, c, m in tap.reused if c == "svc-b") == sorted(
+        m for _s, _c, m in tap.created
+    )
+
+
+def test_on_two_shards_the_second_cluster_takes_the_other_shards_idle_servers() -> None:
+    tap = Provisions()
+    summary = replay("idle-two-shards", tap, shards=2)
+
+    assert summary["cost_usd"] == pytest.approx(ONE_SET, abs=0.01)
+    assert summary["cost_usd"] == replay("idle-two-shards")["cost_usd"]
+    created = {(s, c) for s, c, _m in tap.created}
+    assert created == {("shard-00", "svc-a")}, "no new server for svc-b"
+    reused = sorted(m for s, c, m in tap.reused if (s, c) == ("shard-01", "svc-b"))
+    assert reused == sorted(m for _s, _c, m in tap.created)
+    tier = summary["time_to_capacity"]["p100000"]
+    assert (tier["placed"], tier["never_placed"]) == (8, 0)
+
+
+def test_without_the_fleet_idle_wait_the_second_shard_claims_four_more_servers() -> None:
+    tap = Provisions()
+    summary = replay(
+        "idle-two-shards", tap, shards=2, engine=EngineConfig(fleet_idle_wait_seconds=0)
+    )
+
+    assert summary["cost_usd"] == pytest.approx(ONE_SET + SECOND_SET, abs=0.01)  # $21.59
+    assert sorted({(s, c) for s, c, _m in tap.created}) == [
+        ("shard-00", "svc-a"),
+        ("shard-01", "svc-b"),
+    ]
+    assert len(tap.created) == 8
