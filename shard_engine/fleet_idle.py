@@ -68,10 +68,14 @@ class FleetIdle:
     ) -> bool:
         """Should this need wait for another shard's idle machine instead of buying now?
 
-        True when an offer fits the need (requirements, ``min_unit``, and it
-        offers something the deficit lacks) and the need has waited less
-        than ``wait_seconds`` since it first did; the offer's machines are
-        then spent for this cycle. False otherwise, and the wait is over.
+        True when the offers that fit the need (requirements, ``min_unit``,
+        and they offer something the deficit lacks) together cover the whole
+        deficit, and the need has waited less than ``wait_seconds`` since it
+        first did; the machines it waits for are then spent for this cycle.
+        False otherwise, and the wait is over: the coordinator's idle step
+        moves machines only for a shortfall they cover whole, so a need
+        larger than what is on offer buys now (what it buys of its own first
+        leaves a smaller shortfall, which the idle step may then cover).
         """
         since_key = (cluster, key)
         if not self.offers or any(r.operator is Operator.SAME for r in need.requirements):
@@ -80,19 +84,33 @@ class FleetIdle:
         started = self.waiting_since.get(since_key, now)
         if now - started >= self.wait_seconds:
             return False  # waited long enough: buy (the entry stays until the need is met)
+        remaining = {k: v for k, v in deficit.items() if v > 0}
+        spend: list[tuple[int, int]] = []
         for i, offer in enumerate(self.offers):
+            if not remaining:
+                break
             if self._left[i] <= 0 or not labels_satisfy(need.requirements, offer.labels):
                 continue
             if any(offer.allocatable.get(k, 0.0) < v for k, v in need.min_unit.items() if v > 0):
                 continue
-            machines = _machines_for(deficit, offer.allocatable)
+            machines = _machines_for(remaining, offer.allocatable)
             if machines <= 0:
                 continue
-            self._left[i] -= min(machines, self._left[i])
-            self.waiting_since[since_key] = started
-            return True
-        self.waiting_since.pop(since_key, None)
-        return False
+            take = min(machines, self._left[i])
+            spend.append((i, take))
+            for name in list(remaining):
+                remaining[name] -= take * offer.allocatable.get(name, 0.0)
+                if remaining[name] <= 1e-9 * max(1.0, deficit[name]):
+                    del remaining[name]
+        if remaining:
+            # The coordinator's idle step covers a shortfall whole or not at all, so a
+            # need the offers cannot cover would wait the whole bound for nothing.
+            self.waiting_since.pop(since_key, None)
+            return False
+        for i, take in spend:
+            self._left[i] -= take
+        self.waiting_since[since_key] = started
+        return True
 
     def met(self, cluster: int, key: str) -> None:
         """The need is covered: a later shortage waits afresh."""

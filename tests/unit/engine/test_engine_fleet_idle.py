@@ -106,3 +106,29 @@ def test_a_gang_does_not_wait_for_single_machines_of_another_shard() -> None:
     apply(engine, rollup("train", 1, need(cpu=8, requirements=[same("rack")])), now=0)
 
     assert len(of_kind(engine.cycle(now=1), Provision)) == 1
+
+
+def test_a_need_larger_than_what_is_on_offer_buys_now_instead_of_waiting_in_vain() -> None:
+    # Two machines' worth against one remote idle machine: the coordinator's idle step
+    # covers a shortfall whole or not at all, so waiting would only lose the minute.
+    engine = shard_b()
+    engine.set_fleet_idle([offer(1)])
+    engine.apply_rollup(rollup("web", 1, need(cpu=8)), now=0)
+
+    plan = engine.cycle(now=1)
+
+    assert len(of_kind(plan, Provision)) == 1
+    assert not any(
+        why.startswith("awaiting another shard") for why in engine.why_not("web").values()
+    )
+
+
+def test_offers_of_two_shards_that_cover_a_need_together_make_it_wait() -> None:
+    engine = shard_b()
+    engine.set_fleet_idle([offer(1), RemoteIdle("c", LABELS, ALLOC, 1)])
+    engine.apply_rollup(rollup("web", 1, need(cpu=8)), now=0)
+
+    plan = engine.cycle(now=1)
+
+    assert of_kind(plan, Provision) == []
+    assert len(plan.shortfalls) == 1
