@@ -218,10 +218,14 @@ class ShardEngine:
     def set_fleet_idle(self, offers: Sequence[RemoteIdle]) -> None:
         """The idle machines the *other* shards hold, as the coordinator last saw them.
 
-        Replaces the previous set. A need one of them fits waits for it
+        Replaces the previous set. A need they cover waits for them
         (``fleet_idle``, ADR 0129) rather than creating or claiming capacity,
-        for at most ``fleet_idle_wait_seconds``. Never called: the shard buys
-        as a lone shard would.
+        for at most ``fleet_idle_wait_seconds``. The offers come from
+        ``coordination.idle_offers`` every coordinator round: in production
+        the shard's reporter reads them from the coordinator's ``fleet_idle``
+        query after each report (and clears them when it cannot), in the
+        simulator the policy's coordinator round sets them. Until the first
+        call (or after an empty one) the shard buys as a lone shard would.
         """
         self._fleet_idle.update(offers)
 
