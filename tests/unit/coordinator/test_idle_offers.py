@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from shard_engine.coordination import (
     Instruction,
     ProfileSupply,
@@ -130,3 +133,38 @@ def test_what_is_offered_is_what_the_planner_would_move() -> None:
         "gpu",
         offer.count,
     )
+
+
+@given(
+    idle=st.lists(st.lists(st.integers(0, 6), min_size=1, max_size=3), min_size=1, max_size=4),
+    total=st.integers(1, 200),
+    moved=st.integers(0, 6),
+)
+def test_nothing_is_offered_that_is_not_idle_elsewhere_or_beyond_a_rounds_budget(
+    idle: list[list[int]], total: int, moved: int
+) -> None:
+    views = {
+        f"s{i}": ShardView(
+            f"s{i}",
+            total,
+            tuple(_supply(f"t{j}", GP, idle=n) for j, n in enumerate(counts)),
+        )
+        for i, counts in enumerate(idle)
+    }
+    planned = [
+        Instruction(TransferKind.IDLE, "s0", "s1", "metal", "t0", "z1", 4, moved, "c", "k", 0)
+    ]
+    offers = idle_offers(views, planned=planned)
+    budget = max(1, int(total * 0.05))
+    assert sorted(offers) == sorted(views)
+    for receiver, got in offers.items():
+        assert all(o.shard_id != receiver and o.count > 0 for o in got)
+        for o in got:
+            held = idle[int(o.shard_id[1:])][int(o.labels["node.kubernetes.io/instance-type"][1:])]
+            taken = (
+                moved
+                if (o.shard_id, o.labels["node.kubernetes.io/instance-type"]) == ("s0", "t0")
+                else 0
+            )
+            assert o.count <= held - taken
+            assert o.count <= budget - (moved if o.shard_id == "s0" else 0)
