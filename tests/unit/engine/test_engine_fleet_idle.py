@@ -113,7 +113,7 @@ def test_a_need_larger_than_what_is_on_offer_buys_now_instead_of_waiting_in_vain
     # covers a shortfall whole or not at all, so waiting would only lose the minute.
     engine = shard_b()
     engine.set_fleet_idle([offer(1)])
-    engine.apply_rollup(rollup("web", 1, need(cpu=8)), now=0)
+    apply(engine, rollup("web", 1, need(cpu=8)), now=0)
 
     plan = engine.cycle(now=1)
 
@@ -126,7 +126,7 @@ def test_a_need_larger_than_what_is_on_offer_buys_now_instead_of_waiting_in_vain
 def test_offers_of_two_shards_that_cover_a_need_together_make_it_wait() -> None:
     engine = shard_b()
     engine.set_fleet_idle([offer(1), RemoteIdle("c", LABELS, ALLOC, 1)])
-    engine.apply_rollup(rollup("web", 1, need(cpu=8)), now=0)
+    apply(engine, rollup("web", 1, need(cpu=8)), now=0)
 
     plan = engine.cycle(now=1)
 
