@@ -24,7 +24,6 @@ from shard_engine.coordination import (
     ProfileSupply,
     ShardShortfall,
     ShardView,
-    idle_offers,
     plan_transfers,
     quota_group,
 )
@@ -175,12 +174,7 @@ class CoordinatorActivities:
 
     @activity.defn(name=co.PLAN)
     async def plan(self, inp: co.PlanInput) -> co.PlanResult:
-        """Turn the shards' latest reports into transfer instructions and idle offers (pure).
-
-        Called every round, shortfalls or not, by a coordinator running the
-        fleet-idle patch: the offers are what each active shard is told the
-        other shards hold idle (``idle_offers``), less what these transfers take.
-        """
+        """Turn the shards' latest reports into transfer instructions (pure planning)."""
         # A shard that is not active (draining) takes nothing new: its shortfalls wait.
         active = set(await self._store.active_shards())
         views = {
@@ -189,21 +183,7 @@ class CoordinatorActivities:
         }
         planned = plan_transfers(views, max_share=inp.max_share)
         COORDINATOR_ROUNDS.labels("planned" if planned else "nothing-to-do").inc()
-        # Every active shard learns what the others hold idle (a draining one takes
-        # nothing new, so it is offered nothing; its idle machines are offered).
-        offers = idle_offers(
-            views, receivers=sorted(active & views.keys()), planned=planned, max_share=inp.max_share
-        )
-        return co.PlanResult(
-            transfers=planned,
-            offers={
-                shard: [
-                    co.IdleOffer(o.shard_id, dict(o.labels), dict(o.allocatable), o.count)
-                    for o in shard_offers
-                ]
-                for shard, shard_offers in offers.items()
-            },
-        )
+        return co.PlanResult(transfers=planned)
 
     @activity.defn(name=co.PLAN_DECOMMISSION)
     async def plan_decommission(self, inp: co.DecommissionInput) -> co.DecommissionPlan:

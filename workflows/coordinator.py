@@ -2,27 +2,15 @@
 
     shards ──report(ShardReport) signal──▶ CoordinatorWorkflow (id "bigfleet-coordinator")
         every round:  distribute unowned provider machines evenly over active shards
-                      plan transfers for the reported shortfalls, and each active
-                      shard's offers of the others' idle machines (pure, in an activity)
+                      plan transfers for the reported shortfalls (pure, in an activity)
                       one TransferWorkflow per instruction (visible, retryable)
         continue-as-new carries the term, the sequence and the latest reports
-    shards ──fleet_idle(FleetIdleQuery) query, after each report──▶ that shard's offers
 
 Every instruction carries the coordinator's (term, seq). The term comes from
 PostgreSQL and grows with every coordinator start; shards refuse instructions
 from a term lower than the highest they have seen. While the coordinator is
 down, shards keep serving from what they own (static stability); their
 reports wait as signals.
-
-Idle first, fleet-wide (ADR 0129): a shard that can still buy reports no
-shortfall, so the planner alone never moves another shard's idle machine to
-it. Each round therefore also computes, for every active shard, the idle
-machines the others hold; the shard reads them with the ``fleet_idle``
-query right after its report and hands them to its engine, whose Phase 1
-lets a need wait briefly for one (reported as a shortfall, which the next
-round's idle step answers). A query writes nothing to the history; the
-round's planning activity, now run every round, is gated by
-``FLEET_IDLE_PATCH``.
 """
 
 from __future__ import annotations
@@ -62,9 +50,6 @@ from workflows.coordinator_contracts import (
     DistributeInput,
     DistributeResult,
     DrainStart,
-    FleetIdleQuery,
-    FleetIdleReply,
-    IdleOffer,
     InstructionOutcome,
     InstructionRecord,
     PlanInput,
@@ -84,9 +69,6 @@ from workflows.coordinator_contracts import (
 )
 from workflows.membership import ClusterMoveWorkflow, HandoverWorkflow
 from workflows.retries import INSTRUCTION_RETRY, QUICK
-
-# Rounds plan every time (not only when a shortfall is reported), so idle offers are fresh.
-FLEET_IDLE_PATCH = "fleet-idle-offers"
 
 
 @workflow.defn(name="TransferWorkflow")
@@ -263,10 +245,6 @@ class CoordinatorWorkflow:
         self._pending: dict[str, TransferSpec | ms.ClusterMoveSpec | ms.HandoverSpec] = {}
         self._recent: list[dict[str, object]] = []
         self._tasks: set[asyncio.Future[None]] = set()
-        # The last round's idle offers per active shard and that round's seq (ADR 0129).
-        # Not carried through continue-as-new: the next run's first round plans afresh.
-        self._offers: dict[str, list[IdleOffer]] = {}
-        self._offers_seq = 0
 
     @workflow.signal(name="report")
     def report(self, report: ShardReport) -> None:
@@ -277,15 +255,6 @@ class CoordinatorWorkflow:
         if current is None or report.sent_at >= current.sent_at:
             self._state.reports[report.shard_id] = report
             self._new_reports = True
-
-    @workflow.query(name="fleet_idle")
-    def fleet_idle(self, query: FleetIdleQuery) -> FleetIdleReply:
-        """The idle machines the other shards held at the last round, for ``query.shard_id``.
-
-        Empty for a shard that is not active, has not reported, or before the
-        first round of this run.
-        """
-        return FleetIdleReply(list(self._offers.get(query.shard_id, [])), self._offers_seq)
 
     @workflow.query(name="status")
     def status(self) -> dict[str, object]:
@@ -387,20 +356,16 @@ class CoordinatorWorkflow:
                 if not self._in_flight(_cooldown_key(s)) and _cooldown_key(s) not in inp.cooldown
             ]
         )
-        # Before the patch a round planned only for reported shortfalls; now it plans
-        # every round, since the idle offers are wanted whether or not anything lacks.
-        offering = workflow.patched(FLEET_IDLE_PATCH)
-        if offering or any(r.shortfalls for r in reports):
-            result = await workflow.execute_activity(
-                PLAN,
-                PlanInput(reports, inp.max_share),
-                result_type=PlanResult,
-                start_to_close_timeout=QUICK,
-                retry_policy=INSTRUCTION_RETRY,
-            )
-            planned.transfers += result.transfers
-            if offering:
-                self._offers, self._offers_seq = result.offers, inp.seq
+        if any(r.shortfalls for r in reports):
+            planned.transfers += (
+                await workflow.execute_activity(
+                    PLAN,
+                    PlanInput(reports, inp.max_share),
+                    result_type=PlanResult,
+                    start_to_close_timeout=QUICK,
+                    retry_policy=INSTRUCTION_RETRY,
+                )
+            ).transfers
         for spec in planned.transfers:
             inp.seq += 1
             key = _cooldown_key(spec)
@@ -505,7 +470,6 @@ __all__ = [
     "COORDINATOR_QUEUE",
     "DISTRIBUTE",
     "FINISH_INSTRUCTION",
-    "FLEET_IDLE_PATCH",
     "PLAN",
     "PLAN_DECOMMISSION",
     "PREPARE_PREEMPTION",
@@ -524,9 +488,6 @@ __all__ = [
     "DistributeInput",
     "DistributeResult",
     "DrainStart",
-    "FleetIdleQuery",
-    "FleetIdleReply",
-    "IdleOffer",
     "InstructionOutcome",
     "InstructionRecord",
     "PlanInput",

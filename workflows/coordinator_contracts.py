@@ -87,36 +87,8 @@ class PlanInput:
 
 
 @dataclass
-class IdleOffer:
-    """Idle machines of one shape another shard holds (``shard_engine.coordination.RemoteIdle``)."""
-
-    shard_id: str
-    labels: dict[str, str]
-    allocatable: dict[str, float]
-    count: int
-
-
-@dataclass
 class PlanResult:
     transfers: list[TransferSpec]
-    # receiving shard -> the other shards' idle machines, after these transfers (ADR 0129)
-    offers: dict[str, list[IdleOffer]] = field(default_factory=dict)
-
-
-@dataclass
-class FleetIdleQuery:
-    """A shard asks, after its report, what the other shards hold idle."""
-
-    shard_id: str
-
-
-@dataclass
-class FleetIdleReply:
-    """What the coordinator's last round offered the shard; empty before its first."""
-
-    offers: list[IdleOffer] = field(default_factory=list)
-    # The round (coordinator sequence) the offers were planned in; 0 when none has been.
-    seq: int = 0
 
 
 @dataclass

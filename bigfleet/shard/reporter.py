@@ -6,12 +6,8 @@
     blocked preemption drains + the engine's shortfalls -> up to 100 ShortfallReports
         (with the need's requirements and min_unit, from the needs in force)
     -> signal CoordinatorWorkflow.report
-    -> query CoordinatorWorkflow.fleet_idle -> engine.set_fleet_idle (the other shards'
-       idle machines, as the coordinator's last round saw them; ADR 0129)
 
-When the coordinator is not running the shard carries on alone, and waits
-for no other shard's idle machine (its offers are cleared: nobody would
-move one).
+When the coordinator is not running the shard carries on alone.
 """
 
 from __future__ import annotations
@@ -19,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 
-from temporalio.client import Client, WorkflowQueryFailedError
+from temporalio.client import Client
 from temporalio.service import RPCError
 
 from bigfleet.shard.convert import requirement_specs
@@ -27,14 +23,13 @@ from bigfleet.shard.lease import LeaseKeeper
 from bigfleet.shard.state import ShardState
 from bigfleet.shard.supply import Held, profile_supply
 from bigfleet.shard.terms import CoordinatorTerms
-from shard_engine.coordination import RemoteIdle
 from shard_engine.engine import ShardEngine
 from shard_engine.model import Shortfall
 from workflows import coordinator as co
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MAX_REPORTED_SHORTFALLS", "CoordinatorReporter", "remote_idle"]
+__all__ = ["MAX_REPORTED_SHORTFALLS", "CoordinatorReporter"]
 
 MAX_REPORTED_SHORTFALLS = 100
 
@@ -123,41 +118,11 @@ class CoordinatorReporter:
         )
 
     async def send_report(self) -> bool:
-        """Signal the coordinator, then take its idle offers; False when it is not running.
-
-        The offers replace the engine's (``set_fleet_idle``). When the
-        coordinator cannot be reached, or does not answer the query (one from
-        before the query existed), they are cleared: a need must not wait
-        for a transfer nobody will plan.
-        """
-        handle = self._temporal.get_workflow_handle(co.COORDINATOR_ID)
+        """Signal the coordinator; False when it is not running (shards carry on alone)."""
         try:
+            handle = self._temporal.get_workflow_handle(co.COORDINATOR_ID)
             await handle.signal(co.CoordinatorWorkflow.report, self.build_report())
         except RPCError as err:
             log.debug("coordinator unreachable (%s); carrying on alone", err)
-            self._state.engine.set_fleet_idle(())
             return False
-        try:
-            reply = await handle.query(
-                co.CoordinatorWorkflow.fleet_idle, co.FleetIdleQuery(self._lease.shard_id)
-            )
-        except (RPCError, WorkflowQueryFailedError) as err:
-            log.debug("coordinator gave no idle offers (%s); buying as a lone shard", err)
-            self._state.engine.set_fleet_idle(())
-            return True
-        self._state.engine.set_fleet_idle(remote_idle(reply))
         return True
-
-
-def remote_idle(reply: co.FleetIdleReply) -> tuple[RemoteIdle, ...]:
-    """The coordinator's offers as the engine takes them (a shard never waits for itself)."""
-    return tuple(
-        RemoteIdle(
-            shard_id=o.shard_id,
-            labels=dict(o.labels),
-            allocatable=dict(o.allocatable),
-            count=o.count,
-        )
-        for o in reply.offers
-        if o.count > 0
-    )

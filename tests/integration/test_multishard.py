@@ -120,45 +120,6 @@ async def test_idle_machines_of_another_shard_are_given_before_new_ones_are_boug
     assert set(donor_gpus) <= set(await _owned_gpus(stack, "shard-0")), "ownership moved"
 
 
-async def test_a_shard_that_could_buy_takes_another_shards_idle_machines_instead(
-    stack: DevStack,
-) -> None:
-    """Fleet idle (ADR 0129): shard-0 owns two GPU slots of its own, enough for the
-    cluster, so it reports no shortfall; yet shard-1's two idle GPU hosts go first."""
-    await eventually(lambda: all(len(p.owned) == 6 for p in stack.shards), what="distribution")
-    own_gpus = await _owned_gpus(stack, "shard-0")
-    donor_gpus = await _owned_gpus(stack, "shard-1")
-    client = next(iter(stack.provider_clients.values()))
-    for i, machine_id in enumerate(donor_gpus):
-        await client.create(machine_id, FencingToken("setup", 1, i + 1))
-    await eventually(
-        lambda: (
-            sum(
-                1
-                for m in shard(stack, "shard-1").engine.machines()
-                if m.id in donor_gpus and m.state.name == "IDLE"
-            )
-            == 2
-        ),
-        what="shard-1 sees two idle GPU machines",
-    )
-    # The coordinator's next rounds tell shard-0 what shard-1 holds idle.
-    await coordinator_settled(stack, more_rounds=2)
-    await _connect(stack, "gpu-a", machines=2)  # first contact: shard-0
-    machines = await eventually(
-        lambda: _two(configured_for(stack, "gpu-a")), within=90, what="2 GPU machines configured"
-    )
-    assert {m.id for m in machines} == set(donor_gpus), "the other shard's idle hosts were used"
-    listing = await client.list()
-    states = {m.id: m.state for m in listing.machines}
-    assert all(states[m] == provider_pb2.MACHINE_STATE_SPECULATIVE for m in own_gpus), (
-        "nothing new was created"
-    )
-    assert stack.store is not None
-    kinds = [i.kind for i in await stack.store.instructions() if i.status == "applied"]
-    assert kinds.count("idle") >= 1 and "speculative" not in kinds
-
-
 async def test_an_instruction_from_an_older_term_is_refused(stack: DevStack) -> None:
     assert stack.coordinator is not None
     await eventually(lambda: all(len(p.owned) == 6 for p in stack.shards), what="distribution")

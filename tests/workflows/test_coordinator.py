@@ -14,8 +14,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.testing import WorkflowEnvironment
 
 from bigfleet.temporal import start_time_skipping
-from tests.waiting import eventually
-from tests.workflows.histories.coordinator import DONOR, RECEIVER, _shards, _workers, offer, report
+from tests.workflows.histories.coordinator import _shards, _workers, report
 from workflows import coordinator as co
 
 
@@ -53,34 +52,3 @@ async def test_a_report_waiting_when_the_coordinator_starts_is_planned_in_its_fi
     finished = sorted(c for c in shards.calls if c.startswith("finish"))
     # seq 3 the cluster move, 4 the handover, 5 the idle transfer, 6 the preemption
     assert finished == [f"finish {seq} applied" for seq in (3, 4, 5, 6)]
-
-
-async def test_after_a_round_each_shard_reads_the_idle_offers_planned_for_it(
-    own_env: WorkflowEnvironment,
-) -> None:
-    env = own_env
-    shards = _shards()
-    async with _workers(env, shards):
-        handle = await env.client.start_workflow(
-            co.CoordinatorWorkflow.run,
-            co.CoordinatorInput(term=3, interval_s=30.0, max_share=0.5, rounds_per_run=5),
-            id="coordinator-fleet-idle",
-            task_queue=co.COORDINATOR_QUEUE,
-            id_conflict_policy=WorkflowIDConflictPolicy.TERMINATE_EXISTING,
-        )
-
-        async def planned() -> co.FleetIdleReply | None:
-            reply = await handle.query(
-                co.CoordinatorWorkflow.fleet_idle, co.FleetIdleQuery(RECEIVER)
-            )
-            return reply if reply.seq > 0 else None
-
-        reply = await eventually(planned, within=60.0, what="the first round's offers")
-        donor = await handle.query(co.CoordinatorWorkflow.fleet_idle, co.FleetIdleQuery(DONOR))
-        stranger = await handle.query(co.CoordinatorWorkflow.fleet_idle, co.FleetIdleQuery("z"))
-        await handle.terminate("done")
-    assert reply.offers == [offer()]
-    assert donor.offers == [] and donor.seq == reply.seq
-    assert stranger.offers == []
-    # No shortfall was reported, yet the round planned: the offers are wanted every round.
-    assert "plan" in shards.calls

@@ -73,11 +73,6 @@ def report() -> co.ShardReport:
     )
 
 
-def offer() -> co.IdleOffer:
-    """What the first round's plan offers shard b: two idle GPU machines of shard a."""
-    return co.IdleOffer(DONOR, {"zone": "z1"}, {"nvidia.com/gpu": 1.0}, 2)
-
-
 @dataclass
 class Shards:
     """The coordinator's store and planner and both shards' halves, scripted and recorded."""
@@ -104,8 +99,7 @@ class Shards:
             if self._rounds > 1:
                 return co.PlanResult([])
             return co.PlanResult(
-                [_spec(co.TransferKind.IDLE), _spec(co.TransferKind.PREEMPT, below=900_000)],
-                offers={RECEIVER: [offer()], DONOR: []},
+                [_spec(co.TransferKind.IDLE), _spec(co.TransferKind.PREEMPT, below=900_000)]
             )
 
         @activity.defn(name=ms.PLAN_MEMBERSHIP)

@@ -11,10 +11,7 @@ running workflows must still replay: add the new ones under new names).
 machine missed its creating deadline, recorded with the ProvisionWorkflow
 from before failed machines were handed to RecoverWorkflows (commit
 214c718). It proves the ``recover-failed-machines`` patch keeps such
-histories replaying; keep it. Likewise ``coordinator_rounds_before_fleet_idle.json``:
-the coordinator's two rounds from before a round planned every time (the
-second round, with no shortfall, ran no plan activity); it proves the
-``fleet-idle-offers`` patch keeps running coordinators replaying.
+histories replaying; keep it.
 """
 
 from __future__ import annotations
