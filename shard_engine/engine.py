@@ -221,11 +221,10 @@ class ShardEngine:
         Replaces the previous set. A need they cover waits for them
         (``fleet_idle``, ADR 0129) rather than creating or claiming capacity,
         for at most ``fleet_idle_wait_seconds``. The offers come from
-        ``coordination.idle_offers`` every coordinator round: in production
-        the shard's reporter reads them from the coordinator's ``fleet_idle``
-        query after each report (and clears them when it cannot), in the
-        simulator the policy's coordinator round sets them. Until the first
-        call (or after an empty one) the shard buys as a lone shard would.
+        ``coordination.idle_offers`` every coordinator round. The simulator's
+        coordinator round sets them; production does not yet (ADR 0129: its
+        first wiring double-resolved shortfalls and was withdrawn). Until the
+        first call (or after an empty one) the shard buys as a lone shard would.
         """
         self._fleet_idle.update(offers)
 
