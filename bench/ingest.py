@@ -647,35 +647,18 @@ async def _scenario(
         per = [sessions // loaders + (1 if i < sessions % loaders else 0) for i in range(loaders)]
         delay = 3.0 + sessions / 4000  # every loader opens its sessions before the clock starts
         loads = [
-            await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "bench.ingest",
-                "--child",
-                "load",
-                "--address",
+            await start_load(
                 address,
-                "--prefix",
                 f"{name}-{i}",
-                "--sessions",
-                str(n),
-                "--connections",
-                str(max(1, connections // loaders)),
-                "--mode",
-                mode,
-                "--seconds",
-                str(seconds),
-                "--needs",
-                str(needs),
-                "--rate",
-                str(rate / loaders),
-                "--period",
-                str(period),
-                "--delay",
-                str(delay),
-                *(["--unmet"] if unmet else []),
-                stdout=asyncio.subprocess.PIPE,
-                limit=1 << 26,
+                sessions=n,
+                mode=mode,
+                seconds=seconds,
+                connections=max(1, connections // loaders),
+                needs=needs,
+                rate=rate / loaders,
+                period=period,
+                delay=delay,
+                unmet=unmet,
             )
             for i, n in enumerate(per)
         ]

@@ -31,6 +31,7 @@ from shard_engine.clusters import NO_CLUSTER
 from shard_engine.identifiers import StringsSnapshot
 from shard_engine.model import (
     REASON_INTERRUPTION,
+    REASON_RECLAIM,
     Action,
     AssignIdle,
     Preempt,
@@ -385,21 +386,11 @@ class ActionTable:
                     )
                     for m in machines
                 )
-            elif kind == ActionKind.RECLAIM:
+            elif kind == ActionKind.RECLAIM or kind == ActionKind.INTERRUPT:
                 cluster_id, grace = name(clusters[s]), graces[s]
+                why = REASON_INTERRUPTION if kind == ActionKind.INTERRUPT else REASON_RECLAIM
                 out.extend(
-                    Reclaim(machine_id=m, cluster_id=cluster_id, grace_seconds=grace)
-                    for m in machines
-                )
-            elif kind == ActionKind.INTERRUPT:
-                cluster_id, grace = name(clusters[s]), graces[s]
-                out.extend(
-                    Reclaim(
-                        machine_id=m,
-                        cluster_id=cluster_id,
-                        grace_seconds=grace,
-                        reason=REASON_INTERRUPTION,
-                    )
+                    Reclaim(machine_id=m, cluster_id=cluster_id, grace_seconds=grace, reason=why)
                     for m in machines
                 )
             elif kind == ActionKind.RELEASE:

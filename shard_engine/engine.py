@@ -242,6 +242,12 @@ class ShardEngine:
         if need_key and record.cluster and record.state.has_host:
             self._bindings.bind([row], self._clusters.index_of(record.cluster), need_key)
 
+    def placed_for(self, machine_id: str) -> str:
+        """The key of the need the machine is bound to in its cluster ("" for none)."""
+        row = self._inventory.row(machine_id)
+        bound = None if row is None else self._bindings.need_of(row)
+        return "" if bound is None else bound[1]
+
     def _upsert(self, record: MachineRecord, *, now: float) -> int:
         """The inventory's upsert; a machine new to its row starts bound to nothing."""
         fresh = self._inventory.row(record.id) is None

@@ -290,9 +290,11 @@ class Reclaim:
     machine_id: str
     cluster_id: str
     grace_seconds: int
-    reason: str = "reclaim"
+    reason: str = "reclaim"  # REASON_RECLAIM
 
 
+REASON_RECLAIM = "reclaim"
+"""``Reclaim.reason`` of the engine's own reclaim of excess (Phase 3)."""
 REASON_INTERRUPTION = "interruption"
 """``Reclaim.reason`` of a drain ahead of an announced interruption (``interruptions``)."""
 

@@ -50,6 +50,8 @@ def test_what_was_bought_for_a_need_stays_its_own_the_next_cycle() -> None:
     first = carrier.run(now=1)[0]
 
     assert len(machine_ids(first.actions)) == 4  # 16 cores, all in zone-a
+    bound = sorted(engine.placed_for(m) for m in machine_ids(first.actions))
+    assert bound == sorted([anywhere.key] * 2 + [in_a.key] * 2)
     assert [plan.actions for plan in carrier.run(now=2, cycles=3)] == [(), (), ()]
 
 
@@ -76,6 +78,9 @@ def test_a_restarted_engine_reads_the_binding_back_from_the_attribution() -> Non
     fleet(engine, 4, prefix="spec-a", zone="zone-a", state=MachineState.SPECULATIVE)
     apply(engine, rollup("c1", 1, anywhere, in_a), now=0)
 
+    assert engine.placed_for("b-0") == anywhere.key
+    assert engine.placed_for("a-1") == in_a.key
+    assert engine.placed_for("spec-a-0000") == ""
     assert engine.cycle(now=1).actions == ()
 
 
@@ -100,4 +105,9 @@ def test_a_higher_priority_need_short_takes_over_a_lower_ones_machines_once() ->
 
     assert len(machine_ids(bought.actions)) == 2
     assert {a.need_key for a in bought.actions} == {batch.key}  # type: ignore[union-attr]
+    # The two machines production took over are rebound to it at commit.
+    first = [f"spec-{i:04d}" for i in range(4)]
+    assert sorted(engine.placed_for(m) for m in first) == sorted(
+        [batch.key] * 2 + [production.key] * 2
+    )
     assert [plan.actions for plan in carrier.run(now=4, cycles=3)] == [(), (), ()]
