@@ -40,7 +40,7 @@ from functools import partial
 from typing import Protocol, assert_never
 
 from bigfleet.attribution import META_NEED, META_PRIORITY
-from bigfleet.shard.choices import TransferProfile
+from bigfleet.shard.choices import CrossShardVictim, TransferProfile, VictimTerms
 from bigfleet.shard.core import (
     DeleteOp,
     DrainOp,
@@ -51,8 +51,11 @@ from bigfleet.shard.core import (
     VerifyOp,
     run_now,
 )
-from bigfleet.shard.state import ShardState, Workload
+from bigfleet.shard.sequences import OperationSequences
+from bigfleet.shard.state import ShardState, Sighting, Workload
 from bigfleet.shard.supply import Held, profile_supply
+from bigfleet.shard.terms import CoordinatorTerms
+from bigfleet.shard.transfers import CrossShardTransfers
 from providers.errors import ProviderError
 from providers.model import FencingToken
 from shard_engine.catalog import LABEL_RACK
@@ -60,6 +63,7 @@ from shard_engine.coordination import (
     Instruction,
     ShardShortfall,
     ShardView,
+    TransferKind,
     idle_offers,
     plan_transfers,
 )
@@ -77,12 +81,16 @@ from simulator.engines import (
     WorkerEngines,
 )
 from simulator.fleet import Fleet
+from workflows.coordinator_contracts import AdoptInput, ReleaseInput
 
 __all__ = ["BigFleetOptions", "BigFleetPolicy", "CoreTap"]
 
 log = logging.getLogger(__name__)
 
 ProfileKey = tuple[str, str, str, int]
+
+#: The simulated coordinator's term: one coordinator, never replaced.
+_TERM = 1
 
 _NO_WORKLOAD = Workload()
 
@@ -95,6 +103,8 @@ class BigFleetOptions:
     cycle_interval_s: float = 10.0
     rollup_interval_s: float = 10.0
     report_interval_s: float = 30.0
+    #: The share of a shard's machines one coordinator instruction may move (both sides).
+    max_instruction_share: float = 0.05
     engine: EngineConfig = field(default_factory=EngineConfig)
     #: Worker processes holding the engines (1: in this process). Decisions do not depend on it.
     workers: int = 1
@@ -116,7 +126,8 @@ class _Op:
     cluster: str = ""
     need_key: str = ""
     priority: int = 0
-    receiver: str = ""
+    #: For a handover: the coordinator instruction (its seq) it drains for.
+    instruction: int = 0
 
 
 class _Shard:
@@ -133,6 +144,19 @@ class _Shard:
             clock=lambda: policy.now,
         )
         self.core = ShardCore(self.state, _VirtualActuator(self), shard_id=shard_id)
+        # Production's half of the coordinator's instructions, over the simulated ledger.
+        self.transfers = CrossShardTransfers(
+            _Ledger(policy),
+            shard_id=shard_id,
+            state=self.state,
+            engine_config=policy.options.engine,
+            sequences=OperationSequences(),
+            reads=_Reads(self),
+            choices=_Choices(self),
+            core=self.core,
+            terms=CoordinatorTerms(),
+            max_share=policy.options.max_instruction_share,
+        )
 
     def provider_of(self, machine_id: str) -> str | None:
         return self.state.provider_of(machine_id)
@@ -140,6 +164,94 @@ class _Shard:
     def token(self) -> FencingToken:
         self.seq += 1
         return FencingToken(self.shard_id, 1, self.seq)
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    """The simulated ledger's record of one machine (``transfers.OwnedRow``)."""
+
+    machine_id: str
+    shard_id: str
+    operation_seq: int = 0
+
+
+class _Ledger:
+    """Ownership in virtual time (``transfers.OwnershipLedger``): the policy's owner map."""
+
+    def __init__(self, policy: BigFleetPolicy) -> None:
+        self._owner = policy.owner
+
+    async def transfer(
+        self, *, donor: str, receiver: str, machine_ids: Sequence[str], term: int, seq: int
+    ) -> list[str]:
+        moved = [mid for mid in machine_ids if self._owner.get(mid) == donor]
+        for mid in moved:
+            self._owner[mid] = receiver
+        return moved
+
+    async def machines_by_id(self, machine_ids: Sequence[str]) -> list[_Row]:
+        return [_Row(mid, self._owner[mid]) for mid in machine_ids if mid in self._owner]
+
+    async def quarantine(self, machine_id: str, shard_id: str, reason: str) -> bool:
+        return self._owner.get(machine_id) == shard_id
+
+
+class _Reads:
+    """A machine read from its provider core (``transfers.MachineReads``)."""
+
+    def __init__(self, shard: _Shard) -> None:
+        self._policy = shard.policy
+
+    async def read(self, provider: str, machine_id: str) -> Sighting | None:
+        try:
+            record = self._policy.fleet.machine(provider, machine_id)
+        except KeyError:
+            return None
+        return Sighting(record, self._policy.echo(record))
+
+
+class _Choices:
+    """The donor's choices where the engines live (``choices.DonorChoices``).
+
+    The machines the virtual actuator is following count as busy, as the
+    production executor's in-flight machines do.
+    """
+
+    def __init__(self, shard: _Shard) -> None:
+        self._shard = shard
+
+    def donations(
+        self, *, profile: TransferProfile, state: MachineState, count: int
+    ) -> tuple[MachineRecord, ...]:
+        shard = self._shard
+        chosen: tuple[MachineRecord, ...] = shard.policy.engines.call(
+            shard.shard_id, ops.donations, profile, state, count, frozenset(shard.ops)
+        )
+        return chosen
+
+    def victims(
+        self,
+        *,
+        profile: TransferProfile,
+        below_priority: int,
+        count: int,
+        priorities: Mapping[str, int],
+        terms: Mapping[str, VictimTerms],
+        config: EngineConfig,
+    ) -> list[CrossShardVictim]:
+        shard = self._shard
+        chosen: list[CrossShardVictim] = shard.policy.engines.call(
+            shard.shard_id,
+            ops.victims,
+            profile,
+            below_priority,
+            count,
+            frozenset(shard.ops),
+            dict(priorities),
+            dict(terms),
+            config,
+        )
+        return chosen
 
 
 class _VirtualActuator:
@@ -210,6 +322,9 @@ class BigFleetPolicy:
         self.profiles: dict[ProfileKey, MachineRecord] = {}
         self.stats: Counter[str] = Counter()
         self._applied: dict[str, bytes] = {}  # cluster -> its last applied roll-up, timestamp 0
+        self._instructions = 0  # the coordinator's instruction sequence
+        # A cross-shard preemption's instruction -> the victims whose drain has not ended.
+        self._preempting: dict[int, tuple[ReleaseInput, set[str]]] = {}
         self._next_cycle = 0.0
         self._next_rollup = 0.0
         self._next_report = options.report_interval_s
@@ -354,7 +469,7 @@ class BigFleetPolicy:
         metadata = {META_NEED: op.need_key, META_PRIORITY: str(op.priority)}
         self.fleet.providers[provider].configure(mid, op.cluster, b"", shard.token(), metadata)
 
-    def _echo(self, record: MachineRecord) -> Workload:
+    def echo(self, record: MachineRecord) -> Workload:
         """What the provider echoes of the machine's workload (production's read-back)."""
         echo = self.fleet.echo(record.provider, record.id)
         if not echo:
@@ -395,14 +510,14 @@ class BigFleetPolicy:
             for cluster in self.clusters.values():
                 if cluster.has_node(record.id):
                     cluster.remove_node(record.id, now, reason="interrupt")
-        shard.state.observe(record, self._echo(record))
+        shard.state.observe(record, self.echo(record))
 
     def _progress(self, shard: _Shard, record: MachineRecord, op: _Op, now: float) -> None:
         """The machine's operation moved on: follow it as production's workflows do."""
         mid = record.id
         state = record.state
         if op.kind == "provision" and state is MachineState.IDLE:
-            shard.state.observe(record, self._echo(record))
+            shard.state.observe(record, self.echo(record))
             op.kind = "assign"
             try:
                 self._configure(shard, mid, op)
@@ -412,14 +527,10 @@ class BigFleetPolicy:
             return
         if op.kind == "handover":
             shard.ops.pop(mid, None)
-            if state is MachineState.IDLE:
-                self._hand_over(shard, record, op)
-                return
-            shard.state.stay(mid)
-            shard.state.observe(record, self._echo(record))
+            self._drained(op.instruction, mid)
             return
         shard.ops.pop(mid, None)
-        shard.state.settle(mid, record, workload=self._echo(record))
+        shard.state.settle(mid, record, workload=self.echo(record))
         if state is MachineState.CONFIGURED and op.kind in ("assign", "provision"):
             cluster = self.clusters.get(record.cluster)
             if cluster is not None:
@@ -440,7 +551,11 @@ class BigFleetPolicy:
         views = {
             sid: self._view(shard, busy[sid], lacking[sid]) for sid, shard in self.shards.items()
         }
-        planned = plan_transfers(views) if any(lacking.values()) else []
+        planned = (
+            plan_transfers(views, max_share=self.options.max_instruction_share)
+            if any(lacking.values())
+            else []
+        )
         for instruction in planned:
             self.stats[f"transfer:{instruction.kind}"] += 1
             self._transfer(instruction, now)
@@ -487,66 +602,60 @@ class BigFleetPolicy:
         )
 
     def _transfer(self, instruction: Instruction, now: float) -> None:
-        """Carry out one instruction; the donor chooses with ``bigfleet.shard.choices``."""
-        donor = self.shards[instruction.donor]
-        receiver = self.shards[instruction.receiver]
-        profile = TransferProfile(
-            provider=instruction.provider,
-            instance_type=instruction.instance_type,
-            zone=instruction.zone,
-            capacity_type=instruction.capacity_type,
-        )
-        if instruction.kind == "preempt":
-            self._preempt_for(instruction, donor, profile)
-            return
-        wanted = MachineState.IDLE if instruction.kind == "idle" else MachineState.SPECULATIVE
-        chosen = self.engines.call(
-            donor.shard_id,
-            ops.donations,
-            profile,
-            wanted,
-            instruction.count,
-            frozenset(donor.ops),
-        )
-        for record in chosen:
-            self._move(donor, receiver, record)
+        """Carry out one instruction as the coordinator's ``TransferWorkflow`` does.
 
-    def _move(self, donor: _Shard, receiver: _Shard, record: MachineRecord) -> None:
-        """The machine leaves the donor (one ``give_away``) and the receiver holds it."""
-        departure = donor.state.give_away([record.id])
-        if record.id not in departure.held:
-            return
-        receiver.state.hold(record.id, departure.provider(record.id))
-        receiver.state.observe(record, self._echo(record))
-        self.owner[record.id] = receiver.shard_id
+        Both halves are production's ``CrossShardTransfers``: the donor releases
+        (or first prepares a preemption, whose drains the virtual actuator runs),
+        the receiver adopts what the ledger moved.
+        """
+        self._instructions += 1
+        release = ReleaseInput(_TERM, self._instructions, instruction)
+        if instruction.kind is TransferKind.PREEMPT:
+            self._preempt(release)
+        else:
+            self._release(release)
 
-    def _preempt_for(
-        self, instruction: Instruction, donor: _Shard, profile: TransferProfile
-    ) -> None:
-        """Drain the donor's victims (``choose_cross_shard_victims``) and hand them over idle."""
-        victims = self.engines.call(
-            donor.shard_id,
-            ops.victims,
-            profile,
-            instruction.below_priority,
-            instruction.count,
-            frozenset(donor.ops),
-            dict(donor.state.priorities()),
-            donor.state.victim_terms(),
-            self.options.engine,
-        )
-        for victim in victims:
-            # The simulated coordinator has no terms: every victim leaves under (0, 0).
-            donor.state.mark_leaving(victim.machine_id, term=0, seq=0)
+    def _release(self, release: ReleaseInput) -> None:
+        spec = release.spec
+        donor, receiver = self.shards[spec.donor], self.shards[spec.receiver]
+        released = run_now(donor.transfers.release_machines(release))
+        if released.refused:
+            self.stats["transfers_refused"] += 1
+            log.info("instruction %d refused by %s: %s", release.seq, spec.donor, released.refused)
+        if released.moved:
+            adopt = AdoptInput(release.term, release.seq, released.moved)
+            run_now(receiver.transfers.adopt_machines(adopt))
+
+    def _preempt(self, release: ReleaseInput) -> None:
+        """The donor prepares its victims' drains; the hand-over follows once all ended."""
+        donor = self.shards[release.spec.donor]
+        plan = run_now(donor.transfers.prepare_preemption(release))
+        if plan.refused:
+            self.stats["transfers_refused"] += 1
+        waiting: set[str] = set()
+        for start in plan.drains:
+            drain = start.input
+            mid = drain.machine.machine_id
             self.stats["preemptions_cross_shard"] += 1
-            self.evict(victim.machine_id, victim.cluster_id, "preempt")
-            handover = _Op("handover", receiver=instruction.receiver)
-            if not self.call(donor, victim.machine_id, handover, grace=victim.grace_seconds):
-                donor.state.stay(victim.machine_id)
-                donor.state.settle(victim.machine_id, donor.state.machine(victim.machine_id))
+            self.evict(mid, drain.cluster_id, "preempt")
+            handover = _Op("handover", instruction=release.seq)
+            if self.call(donor, mid, handover, grace=drain.grace_seconds):
+                waiting.add(mid)
+        self._preempting[release.seq] = (release, waiting)
+        if plan.drains and not waiting:
+            self._drained(release.seq, None)
 
-    def _hand_over(self, donor: _Shard, record: MachineRecord, op: _Op) -> None:
-        self._move(donor, self.shards[op.receiver], record)
+    def _drained(self, instruction: int, machine_id: str | None) -> None:
+        """A victim's drain ended; after the last, the donor hands over those now idle."""
+        entry = self._preempting.get(instruction)
+        if entry is None:
+            return
+        release, waiting = entry
+        waiting.discard(machine_id or "")
+        if waiting:
+            return
+        del self._preempting[instruction]
+        self._release(release)
 
     # -- reading --------------------------------------------------------------------------------
     def machines_by_state(self) -> Counter[str]:

@@ -16,7 +16,9 @@ simulator used to score victims without the learned drain times.)
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 from shard_engine.engine import EngineConfig, ShardEngine
 from shard_engine.model import MachineRecord, MachineState
@@ -31,6 +33,8 @@ from shard_engine.transfers import (
 
 __all__ = [
     "CrossShardVictim",
+    "DonorChoices",
+    "EngineChoices",
     "TransferProfile",
     "VictimTerms",
     "busy",
@@ -88,3 +92,58 @@ def victims(
         saturation=saturation_of(machines, busy=taken),
         config=config,
     )
+
+
+class DonorChoices(Protocol):
+    """How a donor's carry-out (``bigfleet.shard.transfers``) reaches these choices.
+
+    :class:`EngineChoices` over an engine in this process (production); the
+    simulator's answers from wherever its engines live.
+    """
+
+    def donations(
+        self, *, profile: TransferProfile, state: MachineState, count: int
+    ) -> Sequence[MachineRecord]: ...
+
+    def victims(
+        self,
+        *,
+        profile: TransferProfile,
+        below_priority: int,
+        count: int,
+        priorities: Mapping[str, int],
+        terms: Mapping[str, VictimTerms],
+        config: EngineConfig,
+    ) -> Sequence[CrossShardVictim]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class EngineChoices:
+    """:func:`donations` and :func:`victims` over one engine in this process."""
+
+    engine: ShardEngine
+
+    def donations(
+        self, *, profile: TransferProfile, state: MachineState, count: int
+    ) -> tuple[MachineRecord, ...]:
+        return donations(self.engine, profile=profile, state=state, count=count)
+
+    def victims(
+        self,
+        *,
+        profile: TransferProfile,
+        below_priority: int,
+        count: int,
+        priorities: Mapping[str, int],
+        terms: Mapping[str, VictimTerms],
+        config: EngineConfig,
+    ) -> tuple[CrossShardVictim, ...]:
+        return victims(
+            self.engine,
+            profile=profile,
+            below_priority=below_priority,
+            count=count,
+            priorities=priorities,
+            terms=terms,
+            config=config,
+        )

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from activities.context import ProviderCalls
 from bigfleet.attribution import META_NEED, META_PRIORITY
 from bigfleet.shard.convert import InvalidMachine, machine_record, metadata_priority
-from bigfleet.shard.state import ShardState, Workload
+from bigfleet.shard.state import ShardState, Sighting, Workload
 from bigfleet.v1alpha1 import provider_pb2
 from providers.errors import ProviderError
 from shard_engine.engine import ShardEngine
@@ -80,15 +80,35 @@ class ProviderObserver:
         """Fold one fresh provider observation into the shard's state."""
         if self._state.lifecycle.is_quarantined(machine.id):
             return
+        sighting = _sighting(provider, machine)
+        if sighting is not None:
+            self._state.observe(sighting.record, sighting.workload)
+
+    async def read(self, provider: str, machine_id: str) -> Sighting | None:
+        """Get one machine from its provider, without folding it in (None: unreadable).
+
+        The read the cross-shard transfers make of a machine they adopt or hand
+        over; a failed read is logged and counts as no answer.
+        """
         try:
-            record = machine_record(provider, machine)
-        except InvalidMachine as err:
-            log.warning("ignoring machine from %s: %s", provider, err)
-            return
-        self._state.observe(
-            record,
-            Workload(
-                priority=metadata_priority(machine, META_PRIORITY),
-                need_key=machine.shard_metadata.get(META_NEED, ""),
-            ),
-        )
+            machine = await self.provider(provider).get(machine_id)
+        except (ProviderError, KeyError) as err:
+            log.warning("reading %s from %s: %s", machine_id, provider, err)
+            return None
+        return _sighting(provider, machine)
+
+
+def _sighting(provider: str, machine: provider_pb2.Machine) -> Sighting | None:
+    """The engine's record of a provider Machine and the workload it echoes (None: invalid)."""
+    try:
+        record = machine_record(provider, machine)
+    except InvalidMachine as err:
+        log.warning("ignoring machine from %s: %s", provider, err)
+        return None
+    return Sighting(
+        record,
+        Workload(
+            priority=metadata_priority(machine, META_PRIORITY),
+            need_key=machine.shard_metadata.get(META_NEED, ""),
+        ),
+    )

@@ -32,6 +32,7 @@ from temporalio.client import Client
 from activities.context import ProviderCalls
 from bigfleet.decisions import DecisionLog
 from bigfleet.shard.capacity_hints import CapacityHints
+from bigfleet.shard.choices import EngineChoices
 from bigfleet.shard.context import ShardActivityContext
 from bigfleet.shard.core import ShardCore
 from bigfleet.shard.executor import Executor
@@ -76,7 +77,7 @@ class ShardParts:
     outcomes: OutcomeRecorder
     core: ShardCore
     executor: Executor
-    transfers: CrossShardTransfers
+    transfers: CrossShardTransfers[ShardEngine]
     membership: ShardMembership
     reporter: CoordinatorReporter
     reconciler: Reconciler
@@ -139,13 +140,13 @@ def assemble(
         state=state,
         engine_config=options.engine,
         sequences=sequences,
-        observer=observer,
-        executor=executor,
+        reads=observer,
+        choices=EngineChoices(engine),
+        deadlines=executor.deadlines_for,
         core=core,
         terms=terms,
         poll=options.poll,
         max_share=options.max_instruction_share,
-        clock=clock,
     )
     membership = ShardMembership(
         store,

@@ -35,7 +35,15 @@ from bigfleet.shard.lifecycle import MachineLifecycle
 from shard_engine.model import MachineRecord, MachineState, Need
 from shard_engine.transfers import VictimTerms
 
-__all__ = ["Departure", "EngineView", "NodeSink", "ShardState", "Workload", "victim_terms"]
+__all__ = [
+    "Departure",
+    "EngineView",
+    "NodeSink",
+    "ShardState",
+    "Sighting",
+    "Workload",
+    "victim_terms",
+]
 
 
 class EngineView(Protocol):
@@ -70,6 +78,18 @@ class Workload:
     priority: int | None = None
     #: The key of the need it was configured for ("" for none).
     need_key: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Sighting:
+    """One machine as its provider reports it now: the record and the workload it echoes.
+
+    What a read of one machine yields (``ProviderObserver.read`` in production,
+    the provider cores in the simulator); :meth:`ShardState.observe` folds it in.
+    """
+
+    record: MachineRecord
+    workload: Workload
 
 
 class NodeSink(Protocol):

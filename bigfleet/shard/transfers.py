@@ -1,93 +1,140 @@
 """Cross-shard transfers: this shard's half of the coordinator's instructions.
 
     release_machines    (donor)     unbound idle or speculative machines of one profile
-                                    leave the engine, then move by CAS in PostgreSQL
+                                    leave the engine, then move in the ownership ledger
     prepare_preemption  (donor)     victims for another shard's need leave the engine;
-                                    one DrainWorkflow each (started by the coordinator)
+                                    one drain each (started by the coordinator)
     release_machines    (donor, kind "preempt") the drained victims that reached IDLE move
     retire_machines     (any)       a decommissioned domain's machines are quarantined
                                     for good (configured ones drained first)
-    adopt_machines      (receiver)  machines PostgreSQL now records as ours are owned,
+    adopt_machines      (receiver)  machines the ledger now records as ours are owned,
                                     observed, and continue above the donor's sequences
 
 Which machines move is decided by pure functions of the engine
 (``shard_engine.transfers``: ``choose_donations`` and
 ``choose_cross_shard_victims``, which uses local preemption's victim score),
-whose inputs ``bigfleet.shard.choices`` gathers for production and the
-simulator alike; this module carries the choice out.
+whose inputs ``bigfleet.shard.choices`` gathers; this module carries the
+choice out.
 
 Every instruction is checked against the highest coordinator term seen first
 (a zombie coordinator's instruction is refused), and against the share of
 this shard's machines one instruction may move. A machine leaves the shard
 by one call, ``ShardState.give_away``, with no await between choosing and
-removing it, so a cycle cannot plan on it meanwhile; any the store refuses
+removing it, so a cycle cannot plan on it meanwhile; any the ledger refuses
 come back unchanged (``ShardState.take_back``).
+
+Production and ``bigfleet simulate`` run this same class. It reaches the
+outside through four ports, so it imports no Temporal, SQL or gRPC:
+
+    ledger      who owns each machine (production: PostgreSQL, by compare-and-set;
+                the simulator: its ownership map)
+    reads       one machine read from its provider (production: the provider's Get;
+                the simulator: the provider cores)
+    choices     the donor's choices (production: over the engine in this process;
+                the simulator: wherever its engines live)
+    deadlines   the deadlines a prepared drain carries (the executor's policy)
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Generic, Protocol, TypeVar
 
-from bigfleet.shard import choices
+from bigfleet.shard.choices import DonorChoices
 from bigfleet.shard.core import ShardCore
-from bigfleet.shard.executor import Executor, workflow_id
-from bigfleet.shard.observer import ProviderObserver
 from bigfleet.shard.sequences import OperationSequences
-from bigfleet.shard.state import ShardState
+from bigfleet.shard.state import EngineView, ShardState, Sighting
 from bigfleet.shard.terms import CoordinatorTerms
-from bigfleet.store import Store
-from bigfleet.v1alpha1 import provider_pb2
-from providers.errors import ProviderError
-from shard_engine.engine import EngineConfig, ShardEngine
-from shard_engine.model import MachineState, Reclaim
+from shard_engine.engine import EngineConfig
+from shard_engine.model import MachineRecord, MachineState, Reclaim
 from shard_engine.transfers import TransferProfile
 from workflows import coordinator_contracts as co
 from workflows.contracts import (
     OP_DRAIN,
     REASON_DECOMMISSION,
     REASON_PREEMPT,
+    DeadlinePolicy,
+    Deadlines,
     DrainInput,
     MachineTarget,
     PollPolicy,
 )
+from workflows.ids import workflow_id
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CrossShardTransfers"]
+__all__ = ["CrossShardTransfers", "MachineReads", "OwnedRow", "OwnershipLedger"]
+
+E = TypeVar("E", bound=EngineView)
 
 
-class CrossShardTransfers:
+class OwnedRow(Protocol):
+    """The ledger's record of one machine, as far as a transfer reads it."""
+
+    @property
+    def machine_id(self) -> str: ...
+
+    @property
+    def shard_id(self) -> str: ...
+
+    @property
+    def operation_seq(self) -> int: ...
+
+
+class OwnershipLedger(Protocol):
+    """Who owns each machine (``bigfleet.store.Store`` in production)."""
+
+    async def transfer(
+        self, *, donor: str, receiver: str, machine_ids: Sequence[str], term: int, seq: int
+    ) -> list[str]:
+        """Move what ``donor`` still owns to ``receiver``; the ids that moved."""
+        ...
+
+    async def machines_by_id(self, machine_ids: Sequence[str]) -> Sequence[OwnedRow]: ...
+
+    async def quarantine(self, machine_id: str, shard_id: str, reason: str) -> bool: ...
+
+
+class MachineReads(Protocol):
+    """One machine read from its provider (``ProviderObserver.read`` in production)."""
+
+    async def read(self, provider: str, machine_id: str) -> Sighting | None: ...
+
+
+class CrossShardTransfers(Generic[E]):
     """Carries out coordinator instructions that move machines between shards."""
 
     def __init__(
         self,
-        store: Store,
+        ledger: OwnershipLedger,
         *,
         shard_id: str,
-        state: ShardState[ShardEngine],
+        state: ShardState[E],
         engine_config: EngineConfig,
         sequences: OperationSequences,
-        observer: ProviderObserver,
-        executor: Executor,
+        reads: MachineReads,
+        choices: DonorChoices,
         core: ShardCore,
         terms: CoordinatorTerms,
-        poll: PollPolicy,
         max_share: float,
-        clock: Callable[[], float],
+        deadlines: Callable[[MachineRecord], Deadlines] | None = None,
+        poll: PollPolicy | None = None,
     ) -> None:
-        self._store = store
+        """``deadlines`` and ``poll`` are what a prepared drain carries; without them,
+        the defaults (the simulator starts no workflow from them)."""
+        self._ledger = ledger
         self._shard_id = shard_id
         self._state = state
         self._config = engine_config
         self._sequences = sequences
-        self._observer = observer
-        self._executor = executor
+        self._reads = reads
+        self._choices = choices
+        self._deadlines = deadlines if deadlines is not None else _default_deadlines
         self._core = core
         self._terms = terms
-        self._poll = poll
+        self._poll = poll if poll is not None else PollPolicy()
         self._max_share = max_share
-        self._clock = clock
 
     def _limit(self) -> int:
         """The most machines one instruction may move: a share of what this shard owns."""
@@ -100,7 +147,7 @@ class CrossShardTransfers:
 
         Chosen synchronously (no await between choosing and removing them from
         the engine, so the cycle cannot plan on them meanwhile), then moved by
-        compare-and-set in PostgreSQL; any the store refuses come back.
+        compare-and-set in the ownership ledger; any it refuses come back.
         """
         refused = self._terms.check(inp.term)
         if refused:
@@ -122,15 +169,14 @@ class CrossShardTransfers:
                 f"moving {spec.count} machines exceeds the limit of {limit} "
                 f"({self._max_share:.0%} of {len(self._state.owned)})",
             )
-        chosen = choices.donations(
-            self._state.engine,
+        chosen = self._choices.donations(
             profile=_profile(spec),
             state=MachineState.IDLE if spec.kind == "idle" else MachineState.SPECULATIVE,
             count=spec.count,
         )
         departure = self._state.give_away([r.id for r in chosen])
         moved_ids = set(
-            await self._store.transfer(
+            await self._ledger.transfer(
                 donor=self._shard_id,
                 receiver=spec.receiver,
                 machine_ids=[r.id for r in chosen],
@@ -163,8 +209,7 @@ class CrossShardTransfers:
                 [], f"preempting {spec.count} machines exceeds the limit of {limit}"
             )
         already = self._state.leaving_for(inp.term, inp.seq)
-        victims = choices.victims(
-            self._state.engine,
+        victims = self._choices.victims(
             profile=_profile(spec),
             below_priority=spec.below_priority,
             count=spec.count - len(already),
@@ -190,7 +235,7 @@ class CrossShardTransfers:
                         operation_seq=seq,
                         reason=REASON_PREEMPT,
                         victim_priority=victim.priority,
-                        deadlines=self._executor.deadlines_for(record),
+                        deadlines=self._deadlines(record),
                         poll=self._poll,
                     ),
                 )
@@ -211,23 +256,18 @@ class CrossShardTransfers:
         ready: list[MachineTarget] = []
         for machine_id in mine:
             provider = self._state.provider_of(machine_id) or ""
-            machine: provider_pb2.Machine | None
-            try:
-                machine = await self._observer.provider(provider).get(machine_id)
-            except (ProviderError, KeyError) as err:
-                log.warning("handing over %s: %s", machine_id, err)
-                machine = None
-            if machine is not None and machine.state == provider_pb2.MACHINE_STATE_IDLE:
+            sighting = await self._reads.read(provider, machine_id)
+            if sighting is not None and sighting.record.state is MachineState.IDLE:
                 ready.append(MachineTarget(machine_id, provider))
             else:
                 # The drain did not finish: the machine stays ours and rejoins the engine.
                 self._state.stay(machine_id)
-                if machine is not None:
-                    self._observer.observe(provider, machine)
+                if sighting is not None:
+                    self._state.observe(sighting.record, sighting.workload)
         departure = self._state.give_away([t.machine_id for t in ready])
         try:
             moved = set(
-                await self._store.transfer(
+                await self._ledger.transfer(
                     donor=self._shard_id,
                     receiver=inp.spec.receiver,
                     machine_ids=[t.machine_id for t in ready],
@@ -258,7 +298,7 @@ class CrossShardTransfers:
         for machine_id in inp.machine_ids:
             if not self._state.owns(machine_id) or machine_id in busy:
                 continue
-            if not await self._store.quarantine(machine_id, self._shard_id, inp.reason):
+            if not await self._ledger.quarantine(machine_id, self._shard_id, inp.reason):
                 continue
             record = self._state.machine(machine_id)
             if record is not None and record.state == MachineState.CONFIGURED and record.cluster:
@@ -275,13 +315,13 @@ class CrossShardTransfers:
     # ------------------------------------------------------------ receiver side
 
     async def adopt_machines(self, inp: co.AdoptInput) -> co.AdoptResult:
-        """Start acting on machines that PostgreSQL now records as ours."""
+        """Start acting on machines that the ledger now records as ours."""
         refused = self._terms.check(inp.term)
         if refused:
             return co.AdoptResult(0, refused)
         rows = {
             r.machine_id: r
-            for r in await self._store.machines_by_id([m.machine_id for m in inp.machines])
+            for r in await self._ledger.machines_by_id([m.machine_id for m in inp.machines])
         }
         adopted = 0
         for target in inp.machines:
@@ -292,14 +332,18 @@ class CrossShardTransfers:
             # would be discarded as stale by record_operation's compare-and-set.
             self._sequences.advance_to(target.machine_id, row.operation_seq)
             self._state.hold(target.machine_id, target.provider)
-            try:
-                machine = await self._observer.provider(target.provider).get(target.machine_id)
-            except ProviderError as err:
-                log.warning("adopting %s: %s (will load on next List)", target.machine_id, err)
+            sighting = await self._reads.read(target.provider, target.machine_id)
+            if sighting is None:
+                log.warning("adopting %s: not read (will load on next List)", target.machine_id)
                 continue
-            self._observer.observe(target.provider, machine)
+            self._state.observe(sighting.record, sighting.workload)
             adopted += 1
         return co.AdoptResult(adopted)
+
+
+def _default_deadlines(record: MachineRecord) -> Deadlines:
+    """The deadlines of the default policy, as the executor keys them."""
+    return DeadlinePolicy().for_machine(record.provider, record.capacity_type.name)
 
 
 def _profile(spec: co.TransferSpec) -> TransferProfile:
