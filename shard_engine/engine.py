@@ -863,6 +863,21 @@ class ShardEngine:
             return MappingProxyType({})
         return MappingProxyType(dict(self._memory.why_not.get(index, {})))
 
+    def free_by_profile(self) -> list[tuple[Profile, int, int]]:
+        """(profile, free idle, free speculative) for every profile the shard holds a machine of.
+
+        Free: in no flight and promised to no one (what a phase may take).
+        Read from the inventory's per-profile counters, so it costs the number
+        of profiles, not of machines.
+        """
+        inventory = self._inventory
+        inventory.ensure_tables()
+        idle, speculative = inventory.free_idle, inventory.free_speculative
+        return [
+            (self._catalog.profile(int(i)), int(idle[i]), int(speculative[i]))
+            for i in np.flatnonzero(inventory.members > 0)
+        ]
+
     def drain_estimates(self) -> Mapping[str, float]:
         """cluster_id -> smoothed drain time learned from its settled drains (seconds)."""
         names = self._clusters.name

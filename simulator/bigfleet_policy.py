@@ -61,6 +61,7 @@ from providers.model import FencingToken
 from shard_engine.catalog import LABEL_RACK
 from shard_engine.coordination import (
     Instruction,
+    ProfileSupply,
     ShardShortfall,
     ShardView,
     TransferKind,
@@ -543,13 +544,24 @@ class BigFleetPolicy:
         Every round, whether or not anything is lacking, each shard is told
         the idle machines the other shards hold (``idle_offers``, less what
         this round's transfers take), as production's coordinator round does.
+        The configured column (what a preemption could take) is counted machine
+        by machine, so only in a round where some shortfall is escalated;
+        otherwise the supply comes from the engines' per-profile counters.
         """
         lacking = dict(
             zip(self.shards, self.engines.call_each(self.shards, ops.lacking), strict=True)
         )
-        busy = dict(zip(self.shards, self.engines.call_each(self.shards, ops.busy), strict=True))
+        if any(sf.escalated for shortfalls in lacking.values() for sf, _ in shortfalls):
+            busy = self.engines.call_each(self.shards, ops.busy)
+            supplies = [
+                self._supply(shard, taken)
+                for shard, taken in zip(self.shards.values(), busy, strict=True)
+            ]
+        else:
+            supplies = list(self.engines.call_each(self.shards, ops.free_supply))
         views = {
-            sid: self._view(shard, busy[sid], lacking[sid]) for sid, shard in self.shards.items()
+            sid: self._view(shard, supply, lacking[sid])
+            for (sid, shard), supply in zip(self.shards.items(), supplies, strict=True)
         }
         planned = (
             plan_transfers(views, max_share=self.options.max_instruction_share)
@@ -562,15 +574,10 @@ class BigFleetPolicy:
         for sid, offers in idle_offers(views, planned=planned).items():
             self.engines.post(sid, ops.fleet_idle, offers)
 
-    def _view(
-        self,
-        shard: _Shard,
-        busy: frozenset[str],
-        lacking: tuple[tuple[Shortfall, Need | None], ...],
-    ) -> ShardView:
-        """What the shard reports: supply per profile and its shortfalls (production's rule)."""
+    def _supply(self, shard: _Shard, busy: frozenset[str]) -> tuple[ProfileSupply, ...]:
+        """Supply per profile with the configured column, machine by machine (production's rule)."""
         state = shard.state
-        supply = profile_supply(
+        return profile_supply(
             Held(
                 sample=self.profiles[self.profile_of[mid]],
                 state=self.state_of[mid],
@@ -581,6 +588,14 @@ class BigFleetPolicy:
             )
             for mid in state.owned
         )
+
+    def _view(
+        self,
+        shard: _Shard,
+        supply: tuple[ProfileSupply, ...],
+        lacking: tuple[tuple[Shortfall, Need | None], ...],
+    ) -> ShardView:
+        """What the shard reports: its supply and its shortfalls."""
         shortfalls = [
             ShardShortfall(
                 cluster_id=sf.cluster_id,

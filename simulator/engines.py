@@ -50,11 +50,11 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-from bigfleet.shard import choices
+from bigfleet.shard import choices, supply
 from bigfleet.shard.choices import CrossShardVictim, TransferProfile, VictimTerms
 from bigfleet.shard.convert import InvalidRollup, rollup_from_wire
 from bigfleet.v1alpha1 import capacity_pb2
-from shard_engine.coordination import RemoteIdle
+from shard_engine.coordination import ProfileSupply, RemoteIdle
 from shard_engine.engine import EngineConfig, RollupRejected, ShardEngine
 from shard_engine.model import Action, MachineRecord, MachineState, Need, Shortfall
 
@@ -187,6 +187,11 @@ def cycle(engine: ShardEngine, now: float) -> tuple[Action, ...]:
 def shortfalls(engine: ShardEngine) -> tuple[Shortfall, ...]:
     """The last cycle's shortfalls."""
     return engine.shortfalls()
+
+
+def free_supply(engine: ShardEngine) -> tuple[ProfileSupply, ...]:
+    """Idle and speculative supply per profile, from its counters (``supply.free_supply``)."""
+    return supply.free_supply(engine.free_by_profile())
 
 
 def busy(engine: ShardEngine) -> frozenset[str]:

@@ -12,6 +12,12 @@
 One rule for production's ``CoordinatorReporter`` (over the engine's records)
 and the simulator (over its mirror of the provider cores), so the
 coordinator plans from the same picture in both.
+
+``free_supply`` is the same count without the configured column, from the
+engine's per-profile counters (``ShardEngine.free_by_profile``): what a
+coordinator round needs when no shortfall may preempt, at the cost of the
+number of profiles rather than of machines (the simulator's million-machine
+fleet reports every 30 virtual seconds).
 """
 
 from __future__ import annotations
@@ -20,10 +26,11 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import NamedTuple
 
+from shard_engine.catalog import Profile
 from shard_engine.coordination import ProfileSupply
 from shard_engine.model import MachineRecord, MachineState
 
-__all__ = ["Held", "profile_supply"]
+__all__ = ["Held", "free_supply", "profile_supply"]
 
 
 class Held(NamedTuple):
@@ -69,6 +76,36 @@ def profile_supply(machines: Iterable[Held]) -> tuple[ProfileSupply, ...]:
             idle=idle[key],
             speculative=speculative[key],
             configured_by_priority=dict(configured.get(key, {})),
+        )
+        for key, sample in sorted(samples.items())
+    )
+
+
+def free_supply(free: Iterable[tuple[Profile, int, int]]) -> tuple[ProfileSupply, ...]:
+    """Idle and speculative supply per profile key from (engine profile, idle, speculative).
+
+    Engine profiles that share a key (labels or prices differ) add up; the
+    first one's labels and allocatable are reported, as :func:`profile_supply`
+    reports its first machine's. No configured counts.
+    """
+    samples: dict[tuple[str, str, str, int], Profile] = {}
+    idle: Counter[tuple[str, str, str, int]] = Counter()
+    speculative: Counter[tuple[str, str, str, int]] = Counter()
+    for profile, free_idle, free_speculative in free:
+        key = (profile.provider, profile.instance_type, profile.zone, int(profile.capacity_type))
+        samples.setdefault(key, profile)
+        idle[key] += free_idle
+        speculative[key] += free_speculative
+    return tuple(
+        ProfileSupply(
+            provider=key[0],
+            instance_type=key[1],
+            zone=key[2],
+            capacity_type=key[3],
+            labels=dict(sample.labels),
+            allocatable=dict(sample.allocatable),
+            idle=idle[key],
+            speculative=speculative[key],
         )
         for key, sample in sorted(samples.items())
     )
