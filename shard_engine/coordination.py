@@ -43,12 +43,14 @@ from enum import StrEnum
 from shard_engine.model import Operator, Requirement
 
 __all__ = [
+    "COOLDOWN_REPORT_INTERVALS",
     "Instruction",
     "ProfileSupply",
     "RemoteIdle",
     "ShardShortfall",
     "ShardView",
     "TransferKind",
+    "answer_key",
     "distribute_evenly",
     "idle_offers",
     "labels_satisfy",
@@ -57,6 +59,23 @@ __all__ = [
     "quota_kind",
     "units_needed",
 ]
+
+
+#: After an instruction for a shortfall ends, the coordinator plans nothing more for it
+#: for this many report intervals: the receiver's next report may not show the
+#: machines it adopted yet, and answering again would move (or preempt) twice.
+COOLDOWN_REPORT_INTERVALS = 2
+
+
+def answer_key(receiver: str, cluster_id: str, need_key: str) -> str:
+    """The shortfall an instruction answers, as the coordinator tracks it.
+
+    While an instruction with this key is in flight, and for
+    :data:`COOLDOWN_REPORT_INTERVALS` report intervals after it ended, the
+    coordinator plans nothing for that shortfall (its workflow and the
+    simulator's round alike).
+    """
+    return f"{receiver}|{cluster_id}|{need_key}"
 
 
 class TransferKind(StrEnum):

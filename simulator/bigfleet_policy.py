@@ -60,11 +60,13 @@ from providers.errors import ProviderError
 from providers.model import FencingToken
 from shard_engine.catalog import LABEL_RACK
 from shard_engine.coordination import (
+    COOLDOWN_REPORT_INTERVALS,
     Instruction,
     ProfileSupply,
     ShardShortfall,
     ShardView,
     TransferKind,
+    answer_key,
     idle_offers,
     plan_transfers,
 )
@@ -326,6 +328,11 @@ class BigFleetPolicy:
         self._instructions = 0  # the coordinator's instruction sequence
         # A cross-shard preemption's instruction -> the victims whose drain has not ended.
         self._preempting: dict[int, tuple[ReleaseInput, set[str]]] = {}
+        # The coordinator's rule (its workflow's pending instructions and cooldown): a
+        # shortfall with an instruction in flight, or whose instruction ended less than
+        # COOLDOWN_REPORT_INTERVALS report intervals ago, is not answered again.
+        self._answering: Counter[str] = Counter()
+        self._cooldown: dict[str, float] = {}
         self._next_cycle = 0.0
         self._next_rollup = 0.0
         self._next_report = options.report_interval_s
@@ -548,9 +555,17 @@ class BigFleetPolicy:
         by machine, so only in a round where some shortfall is escalated;
         otherwise the supply comes from the engines' per-profile counters.
         """
-        lacking = dict(
-            zip(self.shards, self.engines.call_each(self.shards, ops.lacking), strict=True)
-        )
+        self._cooldown = {k: until for k, until in self._cooldown.items() if until > now}
+        lacking = {
+            sid: tuple(
+                (sf, need)
+                for sf, need in shortfalls
+                if not self._answered(answer_key(sid, sf.cluster_id, sf.need_key))
+            )
+            for sid, shortfalls in zip(
+                self.shards, self.engines.call_each(self.shards, ops.lacking), strict=True
+            )
+        }
         if any(sf.escalated for shortfalls in lacking.values() for sf, _ in shortfalls):
             busy = self.engines.call_each(self.shards, ops.busy)
             supplies = [
@@ -625,12 +640,17 @@ class BigFleetPolicy:
         """
         self._instructions += 1
         release = ReleaseInput(_TERM, self._instructions, instruction)
+        self._answering[_answer_key(instruction)] += 1
         if instruction.kind is TransferKind.PREEMPT:
             self._preempt(release)
         else:
             self._release(release)
 
+    def _answered(self, key: str) -> bool:
+        return self._answering[key] > 0 or key in self._cooldown
+
     def _release(self, release: ReleaseInput) -> None:
+        """Release, then adopt; the instruction has ended (its shortfall cools down)."""
         spec = release.spec
         donor, receiver = self.shards[spec.donor], self.shards[spec.receiver]
         released = run_now(donor.transfers.release_machines(release))
@@ -640,13 +660,24 @@ class BigFleetPolicy:
         if released.moved:
             adopt = AdoptInput(release.term, release.seq, released.moved)
             run_now(receiver.transfers.adopt_machines(adopt))
+        self._ended(spec)
+
+    def _ended(self, spec: Instruction) -> None:
+        key = _answer_key(spec)
+        self._answering[key] -= 1
+        if self._answering[key] <= 0:
+            del self._answering[key]
+        self._cooldown[key] = self.now + COOLDOWN_REPORT_INTERVALS * self.options.report_interval_s
 
     def _preempt(self, release: ReleaseInput) -> None:
         """The donor prepares its victims' drains; the hand-over follows once all ended."""
         donor = self.shards[release.spec.donor]
         plan = run_now(donor.transfers.prepare_preemption(release))
-        if plan.refused:
-            self.stats["transfers_refused"] += 1
+        if plan.refused or not plan.drains:
+            # TransferWorkflow ends here: refused, or nothing strictly lower to preempt.
+            self.stats["transfers_refused"] += bool(plan.refused)
+            self._ended(release.spec)
+            return
         waiting: set[str] = set()
         for start in plan.drains:
             drain = start.input
@@ -657,7 +688,7 @@ class BigFleetPolicy:
             if self.call(donor, mid, handover, grace=drain.grace_seconds):
                 waiting.add(mid)
         self._preempting[release.seq] = (release, waiting)
-        if plan.drains and not waiting:
+        if not waiting:
             self._drained(release.seq, None)
 
     def _drained(self, instruction: int, machine_id: str | None) -> None:
@@ -676,6 +707,10 @@ class BigFleetPolicy:
     def machines_by_state(self) -> Counter[str]:
         """Machines per state over every shard (for the time series)."""
         return Counter(s.name for s in self.state_of.values())
+
+
+def _answer_key(spec: Instruction) -> str:
+    return answer_key(spec.receiver, spec.cluster_id, spec.need_key)
 
 
 def _dealable(record: MachineRecord) -> Dealable:

@@ -30,6 +30,7 @@ from temporalio.workflow import ParentClosePolicy
 from workflows import membership_contracts as ms
 from workflows.coordinator_contracts import (
     ADOPT_MACHINES,
+    COOLDOWN_REPORT_INTERVALS,
     COORDINATOR_ID,
     COORDINATOR_QUEUE,
     DISTRIBUTE,
@@ -66,6 +67,7 @@ from workflows.coordinator_contracts import (
     TransferKind,
     TransferResult,
     TransferSpec,
+    answer_key,
 )
 from workflows.membership import ClusterMoveWorkflow, HandoverWorkflow
 from workflows.retries import INSTRUCTION_RETRY, QUICK
@@ -228,7 +230,7 @@ class DecommissionWorkflow:
 
 
 def _cooldown_key(spec: TransferSpec) -> str:
-    return f"{spec.receiver}|{spec.cluster_id}|{spec.need_key}"
+    return answer_key(spec.receiver, spec.cluster_id, spec.need_key)
 
 
 @workflow.defn(name="CoordinatorWorkflow")
@@ -340,8 +342,8 @@ class CoordinatorWorkflow:
                 [
                     s
                     for s in r.shortfalls
-                    if f"{r.shard_id}|{s.cluster_id}|{s.need_key}" not in inp.cooldown
-                    and not self._in_flight(f"{r.shard_id}|{s.cluster_id}|{s.need_key}")
+                    if answer_key(r.shard_id, s.cluster_id, s.need_key) not in inp.cooldown
+                    and not self._in_flight(answer_key(r.shard_id, s.cluster_id, s.need_key))
                 ],
                 r.highest_term_seen,
             )
@@ -460,7 +462,7 @@ class CoordinatorWorkflow:
             outcome = {"seq": seq, "kind": spec.kind, "status": "failed", "outcome": str(err)}
         self._recent.append(outcome)
         # Give the receiver a couple of rounds to report fresh numbers first.
-        inp.cooldown[key] = workflow.now().timestamp() + 2 * inp.interval_s
+        inp.cooldown[key] = workflow.now().timestamp() + COOLDOWN_REPORT_INTERVALS * inp.interval_s
         self._pending.pop(f"{key}#{seq}", None)
 
 

@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 
 # The engine's instruction is the one definition of a transfer: the coordinator
 # plans it (pure, stdlib only) and the workflows carry it as it is (ADR 0136).
+from shard_engine.coordination import COOLDOWN_REPORT_INTERVALS as COOLDOWN_REPORT_INTERVALS
 from shard_engine.coordination import Instruction
 from shard_engine.coordination import TransferKind as TransferKind
+from shard_engine.coordination import answer_key as answer_key
 from workflows.contracts import DrainInput, MachineTarget, RequirementSpec
 
 COORDINATOR_ID = "bigfleet-coordinator"

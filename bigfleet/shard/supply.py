@@ -36,7 +36,8 @@ __all__ = ["Held", "free_supply", "profile_supply"]
 class Held(NamedTuple):
     """One machine as the report counts it (a tuple: a report counts every machine)."""
 
-    #: A record of the machine's profile (its labels and allocatable are reported).
+    #: A record of the machine's profile (its labels and allocatable are reported). Samples
+    #: are told apart by identity, so each must stay alive for the whole call.
     sample: MachineRecord
     state: MachineState
     bound: bool

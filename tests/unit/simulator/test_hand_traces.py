@@ -128,3 +128,21 @@ def test_without_the_fleet_idle_wait_the_second_shard_claims_four_more_servers()
         ("shard-01", "svc-b"),
     ]
     assert len(tap.created) == 8
+
+
+def test_a_higher_priority_preempts_across_shards_exactly_what_it_lacks() -> None:
+    tap = Provisions()
+    summary = replay("preempt-two-shards", tap, shards=2)
+
+    actions = summary["actions"]
+    assert (actions["transfer:preempt"], actions["preemptions_cross_shard"]) == (1, 2)
+    assert summary["preempted_pods"] == 2
+    assert {c for _s, c, _m in tap.created} == {"train-low"}, "nothing bought for serve-high"
+    taken = [m for s, c, m in tap.reused if (s, c) == ("shard-00", "serve-high")]
+    assert len(taken) == 2
+    assert set(taken) <= {m for _s, _c, m in tap.created}
+    high, low = summary["time_to_capacity"]["p100000"], summary["time_to_capacity"]["p1000"]
+    assert (high["placed"], high["never_placed"]) == (2, 0)
+    assert (low["placed"], low["never_placed"]) == (8, 0)
+    # Idle only from the end of the drains to the assignment: well under a minute each.
+    assert summary["cost_by_category_usd"].get("bare-metal-gpu/idle", 0.0) < 2 * 28.0 / 60
