@@ -12,17 +12,23 @@ Every shard runs production's own parts, around the **real** ``ShardEngine``:
     provider state change ──▶ ShardState.observe, or ShardState.settle once the operation ended
 
 and for the fleet the coordinator's planner (``shard_engine.coordination.plan_transfers``)
-every report interval, its instructions carried out through each shard's
-``ShardState`` (``give_away`` on the donor, ``hold`` + ``observe`` on the
-receiver; a cross-shard victim is ``mark_leaving`` and handed over once idle)
-with the victims' terms gathered by ``ShardState.victim_terms``, as production
-does. The fleet is dealt to the shards by production's dealing
+every report interval, under the coordinator's rule that a shortfall is answered once
+(``answer_key``: not while an instruction for it is in flight, nor for
+``COOLDOWN_REPORT_INTERVALS`` after). Each instruction is carried out by production's
+``bigfleet.shard.transfers.CrossShardTransfers`` on both shards, as the coordinator's
+``TransferWorkflow`` sequences it: the donor releases (or prepares a preemption, whose
+drains the virtual actuator runs, and releases the victims idle once every drain
+ended), the receiver adopts. Its ports here: the ownership ledger is the policy's
+owner map, a machine read is the provider core's record, the donor's choices run
+where the engines live. The fleet is dealt to the shards by production's dealing
 (``shard_engine.dealing``: whole racks, quota evenly).
 
 What is the simulator's own is only the glue to virtual time: the actuator
 follows each transition on the provider core (what production's workflows do
 over Temporal), the engines may live in worker processes (``engines.EngineHandle``),
-and the coordinator's report is read from the engines. Differences from
+and the coordinator's report is read from the engines (idle and speculative from
+their per-profile counters, ``supply.free_supply``; machine by machine, with the
+configured column, only in a round where some shortfall is escalated). Differences from
 production, on purpose: no Temporal, no PostgreSQL (ownership lives in the
 states), a roll-up equal to the one the engine last applied is not re-sent
 (the engine would only move its timestamp; one that was quarantined is
