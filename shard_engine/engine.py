@@ -63,7 +63,7 @@ from shard_engine.needs import (
     ValidatedRollup,
 )
 from shard_engine.pending import REASON_PAUSED
-from shard_engine.pools import TIER_BOUND, PoolKey
+from shard_engine.pools import TIER_BOUND, TIER_IDLE, TIER_SPECULATIVE, PoolKey
 from shard_engine.requirements import RELATIVE_TOLERANCE, RequirementMasks
 from shard_engine.worksheet import ClusterMemo, Worksheet
 
@@ -877,6 +877,39 @@ class ShardEngine:
             (self._catalog.profile(int(i)), int(idle[i]), int(speculative[i]))
             for i in np.flatnonzero(inventory.members > 0)
         ]
+
+    def free_machines(
+        self,
+        state: MachineState,
+        *,
+        provider: str,
+        instance_type: str,
+        zone: str,
+        capacity_type: int,
+    ) -> list[MachineRecord]:
+        """The free idle or speculative machines of one shape (in no flight, promised to none).
+
+        Read from the free pools of the matching profiles, so it costs the
+        number of profiles and of those machines, not of the shard's machines:
+        what a donor chooses from (``bigfleet.shard.choices.donations``).
+        """
+        if state is MachineState.IDLE:
+            tier = TIER_IDLE
+        elif state is MachineState.SPECULATIVE:
+            tier = TIER_SPECULATIVE
+        else:
+            raise ValueError(f"state: free machines are IDLE or SPECULATIVE, not {state.name}")
+        inventory, pools = self._inventory, self._inventory.pools
+        key = (provider, instance_type, zone, int(capacity_type))
+        out: list[MachineRecord] = []
+        for index in range(len(self._catalog)):
+            shape = self._catalog.profile(index)
+            if (shape.provider, shape.instance_type, shape.zone, int(shape.capacity_type)) != key:
+                continue
+            pool = pools.find(PoolKey(tier, NO_CLUSTER, index))
+            if pool is not None:
+                out += [inventory.record(int(row)) for row in pools.members(pool)]
+        return out
 
     def drain_estimates(self) -> Mapping[str, float]:
         """cluster_id -> smoothed drain time learned from its settled drains (seconds)."""

@@ -56,9 +56,19 @@ def donations(
     count: int,
     extra_busy: Collection[str] = (),
 ) -> tuple[MachineRecord, ...]:
-    """Up to ``count`` unbound machines of ``profile`` in ``state`` to give away."""
+    """Up to ``count`` unbound machines of ``profile`` in ``state`` to give away.
+
+    Chosen among the engine's free machines of that shape (its free pools),
+    which hold every machine ``choose_donations`` may take.
+    """
     return choose_donations(
-        engine.machines(),
+        engine.free_machines(
+            state,
+            provider=profile.provider,
+            instance_type=profile.instance_type,
+            zone=profile.zone,
+            capacity_type=profile.capacity_type,
+        ),
         profile=profile,
         state=state,
         count=count,

@@ -1,4 +1,4 @@
-"""The coordinator's supply from the engine's counters equals the machine-by-machine count."""
+"""What a donor reads from the engine's counters and pools equals the count over every machine."""
 
 from __future__ import annotations
 
@@ -6,10 +6,11 @@ import random
 
 import pytest
 
-from bigfleet.shard.choices import busy
+from bigfleet.shard.choices import TransferProfile, busy, donations
 from bigfleet.shard.supply import Held, free_supply, profile_supply
 from shard_engine.engine import EngineConfig, ShardEngine
 from shard_engine.model import CapacityType, MachineRecord, MachineState, Need, Rollup
+from shard_engine.transfers import choose_donations
 from tests.rollups import apply
 
 _STATES = [
@@ -84,3 +85,50 @@ def test_free_supply_counts_what_profile_supply_counts(seed: int) -> None:
         for r in records
     )
     assert _columns(free_supply(engine.free_by_profile())) == _columns(by_machine)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_donations_from_the_free_pools_are_those_from_every_machine(seed: int) -> None:
+    rng = random.Random(seed)
+    engine = ShardEngine(EngineConfig())
+    fleet = _fleet(rng, 300)
+    for record in fleet:
+        engine.upsert_machine(record, now=0.0)
+    apply(
+        engine,
+        Rollup(
+            "c3",
+            timestamp_ns=1,
+            needs=(
+                Need(
+                    requirements=(),
+                    aggregate={"cpu": 4.0 * rng.randint(5, 40)},
+                    priority=100,
+                    min_unit={"cpu": 4.0},
+                ),
+            ),
+        ),
+        now=1.0,
+    )
+    engine.cycle(now=2.0)
+    extra = {r.id for r in rng.sample(fleet, 20)}
+    for r in fleet[:40]:
+        profile = TransferProfile(r.provider, r.instance_type, r.zone, int(r.capacity_type))
+        for state in (MachineState.IDLE, MachineState.SPECULATIVE):
+            count = rng.randint(1, 30)
+            expected = choose_donations(
+                engine.machines(),
+                profile=profile,
+                state=state,
+                count=count,
+                busy=busy(engine, extra),
+            )
+            got = donations(engine, profile=profile, state=state, count=count, extra_busy=extra)
+            assert got == expected
+
+
+def test_free_machines_are_only_idle_or_speculative() -> None:
+    with pytest.raises(ValueError, match="state: free machines are IDLE or SPECULATIVE"):
+        ShardEngine(EngineConfig()).free_machines(
+            MachineState.CONFIGURED, provider="p", instance_type="t", zone="z", capacity_type=1
+        )
