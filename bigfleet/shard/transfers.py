@@ -153,7 +153,7 @@ class CrossShardTransfers(Generic[E]):
         if refused:
             return co.ReleaseResult([], refused)
         spec = inp.spec
-        if spec.kind == "preempt":
+        if spec.kind == co.TransferKind.PREEMPT:
             return await self._hand_over_drained(inp)
         limit = self._limit()
         if spec.count > limit:
@@ -171,7 +171,9 @@ class CrossShardTransfers(Generic[E]):
             )
         chosen = self._choices.donations(
             profile=_profile(spec),
-            state=MachineState.IDLE if spec.kind == "idle" else MachineState.SPECULATIVE,
+            state=MachineState.IDLE
+            if spec.kind == co.TransferKind.IDLE
+            else MachineState.SPECULATIVE,
             count=spec.count,
         )
         departure = self._state.give_away([r.id for r in chosen])
