@@ -60,6 +60,7 @@ from shard_engine.needs import Demand
 from shard_engine.worksheet import Worksheet
 
 __all__ = [
+    "HELD_PREEMPTION",
     "MAX_WINDOW_SECONDS",
     "Budget",
     "BudgetError",
@@ -80,6 +81,9 @@ __all__ = [
 ]
 
 IntArray = npt.NDArray[np.int64]
+
+HELD_PREEMPTION = "preemption held by budget "
+"""How the why-not of a need whose preemption a budget held back begins (:meth:`Hold.why_not`)."""
 
 MAX_WINDOW_SECONDS = 7 * 24 * 3600
 """The longest a window may stay open: a week (every schedule repeats within one)."""
@@ -377,7 +381,9 @@ class Hold:
 
     ``cause`` is ``budget`` (``budget`` names it, with ``cap`` and
     ``draining`` at that moment) or ``do-not-disrupt`` (``until`` is when
-    the protection of the need ``need_key`` ends for this machine).
+    the protection of the need ``need_key`` ends for this machine). A held
+    preemption names the need it would have served (``for_cluster``,
+    ``for_need``): that need's why-not quotes :meth:`why_not`.
     """
 
     machine_id: str
@@ -389,6 +395,12 @@ class Hold:
     draining: int = 0
     need_key: str = ""
     until: float = 0.0
+    for_cluster: str = ""
+    for_need: str = ""
+
+    def why_not(self) -> str:
+        """What the need a held preemption would have served is told: the budget, k/N."""
+        return f"{HELD_PREEMPTION}{self.budget} ({self.draining}/{self.cap} draining)"
 
     def describe(self) -> str:
         """The reason text a why-not or a decision log shows."""
@@ -626,6 +638,8 @@ class DrainGroup:
     subject: Subject
     reason: DrainReason
     protected: Mapping[int, tuple[float, str]] = field(default_factory=dict)
+    #: The (cluster, need key) a preemption would have served ("" for other drains).
+    served: tuple[str, str] = ("", "")
 
 
 def drain_reason(kind: int) -> DrainReason | None:
@@ -740,6 +754,8 @@ def enforce(
                         budget=use.budget.name,
                         cap=use.cap,
                         draining=use.draining,
+                        for_cluster=group.served[0],
+                        for_need=group.served[1],
                     )
                 )
     if not refused:
@@ -833,9 +849,16 @@ def apply(
             for row, p, c in zip(rows.tolist(), profiles.tolist(), clusters.tolist(), strict=True):
                 by_key.setdefault((p, c), []).append(row)
             parts = [(p, c, members) for (p, c), members in by_key.items()]
+        served = (
+            (names(log.cluster[s]), log.need_key(s))
+            if reason is DrainReason.PREEMPT and log.need[s] >= 0
+            else ("", "")
+        )
         for profile, cluster, members in parts:
             guard = protection(log.cluster[s], members) if log.cluster[s] in protected else {}
-            groups.append(DrainGroup(s, tuple(members), subject(profile, cluster), reason, guard))
+            groups.append(
+                DrainGroup(s, tuple(members), subject(profile, cluster), reason, guard, served)
+            )
 
     pairs: list[tuple[int, int, int]] = []
 

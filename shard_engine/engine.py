@@ -456,6 +456,12 @@ class ShardEngine:
             config=config,
         )
         lap("shortfalls")
+        # A preemption a budget held back leaves its need short: say which budget.
+        for hold in self.holds:
+            if hold.for_need and hold.cause == "budget":
+                target = self._clusters.find(hold.for_cluster)
+                if target is not None:
+                    why_not.setdefault(target, {})[hold.for_need] = hold.why_not()
         log = sheet.log
         if self.paused:
             for s, need in enumerate(log.need):
@@ -836,21 +842,23 @@ class ShardEngine:
             ages=self._memory.ages,
             arrivals=self._arrivals,
         )
-        if not self.paused:
-            return found
-        # A paused cycle plans what it would do but starts none of it: a need it would
-        # have served is not satisfied, and the why-not says so (ADR 0142).
-        paused = {
-            (self._clusters.name(c), key)
+        # A paused cycle plans what it would do but starts none of it (ADR 0142), and a
+        # preemption a budget held back serves no one this cycle (ADR 0140): the need
+        # counted those machines as coming, so it reads satisfied unless told here.
+        withheld = {
+            (self._clusters.name(c), key): reason
             for c, reasons in self._memory.why_not.items()
             for key, reason in reasons.items()
-            if reason == REASON_PAUSED
+            if (self.paused and reason == REASON_PAUSED)
+            or reason.startswith(budgets.HELD_PREEMPTION)
         }
+        if not withheld:
+            return found
         return replace(
             found,
             verdicts=tuple(
-                replace(v, satisfied=False, detail=REASON_PAUSED)
-                if (v.cluster_id, v.need_key) in paused
+                replace(v, satisfied=False, detail=withheld[(v.cluster_id, v.need_key)])
+                if (v.cluster_id, v.need_key) in withheld
                 else v
                 for v in found.verdicts
             ),

@@ -196,6 +196,8 @@ def decisions_of(
                 "cap": hold.cap,
                 "draining": hold.draining,
                 "protected_until": hold.until,
+                "for_cluster": hold.for_cluster,
+                "for_need": hold.for_need,
             },
         )
     if unmet:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime
 
+from bigfleet.decisions.entries import Mode, decisions_of
 from shard_engine.budgets import Budget, CronSchedule, DrainReason, Scope, Window
 from shard_engine.engine import EngineConfig, ShardEngine
 from shard_engine.model import MachineState, Preempt, Reclaim
@@ -205,3 +206,46 @@ def test_while_paused_the_why_not_of_a_need_it_would_serve_says_actuation_paused
     engine.paused = False
     engine.cycle(now=TUESDAY_MORNING + 2)
     assert engine.inspect_needs("c1").verdicts[0].detail != "actuation paused"
+
+
+def test_a_need_whose_preemption_a_budget_holds_back_is_told_which_budget() -> None:
+    engine = ShardEngine(EAGER)
+    preemption_story(engine)
+    engine.budgets = (Budget("one-gpu-drain", count=1, reasons=frozenset(DrainReason)),)
+
+    plan = engine.cycle(now=TUESDAY_MORNING + 1)
+
+    # B needed 2 machines: one victim was admitted (1 of a cap of 1), the second held.
+    expected = "preemption held by budget one-gpu-drain (1/1 draining)"
+    [(key, reason)] = engine.why_not("B").items()
+    assert reason == expected
+    assert engine.why_not("A") == {}
+    [hold] = engine.holds
+    assert (hold.for_cluster, hold.for_need) == ("B", key)
+    [verdict] = engine.inspect_needs("B").verdicts
+    assert (verdict.satisfied, verdict.detail) == (False, expected)
+    rows = list(
+        decisions_of(
+            plan,
+            shard_id="s",
+            cycle=1,
+            mode=Mode.ACTIVE,
+            holds=engine.holds,
+            profile_of=engine.profile_of,
+        )
+    )
+    [unmet] = [r for r in rows if r.kind == "unmet" and r.cluster_id == "B"]
+    assert (unmet.need_key, unmet.reason) == (key, expected)
+    [held] = [r for r in rows if r.kind == "held"]
+    assert (held.inputs["for_cluster"], held.inputs["for_need"]) == ("B", key)
+
+
+def test_a_held_reclaim_names_no_need_to_tell() -> None:
+    engine = ShardEngine(EAGER)
+    excess_cluster(engine, 100, now=TUESDAY_MORNING)
+    engine.budgets = (Budget("two-at-a-time", count=2),)
+
+    engine.cycle(now=TUESDAY_MORNING + 1)
+
+    assert engine.holds and all(h.for_need == "" for h in engine.holds)
+    assert engine.why_not("c1") == {}
