@@ -50,6 +50,21 @@ class OperatorSignal(StrEnum):
     RESOLVE = "resolve"
 
 
+class ShardSignal(StrEnum):
+    """A shard's own signal to every workflow it started (not an operator's command)."""
+
+    # The shard was paused, put in dry run, or resumed (ShardModeSignal).
+    MODE = "shard-mode"
+
+
+# Values of the BigFleetShardMode search attribute: what the starting shard was
+# allowed to do when the workflow started, or last since (ADR 0153).
+SHARD_ACTIVE = "active"
+SHARD_PAUSED = "paused"
+SHARD_DRY_RUN = "dry-run"
+SHARD_MODES = frozenset({SHARD_ACTIVE, SHARD_PAUSED, SHARD_DRY_RUN})
+
+
 class WorkflowQuery(StrEnum):
     """Queries every machine workflow answers (per-machine and provisioning batches alike)."""
 
@@ -383,6 +398,14 @@ class EscalateSignal:
     """Shorten a running drain's grace period to ``grace_seconds``."""
 
     grace_seconds: int
+
+
+@dataclass
+class ShardModeSignal:
+    """The starting shard's control changed: ``mode`` is one of ``SHARD_MODES``."""
+
+    mode: str
+    reason: str = ""
 
 
 @dataclass

@@ -52,6 +52,8 @@ from workflows.contracts import (
     PollPolicy,
     RecordMachineInput,
     ResolveSignal,
+    ShardModeSignal,
+    ShardSignal,
     TransitionAnswer,
     WorkflowQuery,
 )
@@ -158,6 +160,16 @@ class MachineWorkflow:
     def resolve(self, sig: ResolveSignal) -> None:
         """An operator fixed it out of band: re-read the provider and continue."""
         self._enqueue(Command(OperatorSignal.RESOLVE, note=sig.note))
+
+    @workflow.signal(name=ShardSignal.MODE.value)
+    def shard_mode(self, sig: ShardModeSignal) -> None:
+        """The shard was paused, put in dry run or resumed: say so in BigFleetShardMode.
+
+        Visibility only: work in flight finishes either way (ADR 0142, ADR 0153).
+        """
+        if sa.upsert_shard_mode(sig):
+            note = f" ({sig.reason})" if sig.reason else ""
+            self._view.notes.append(f"{_stamp(workflow.now())} shard {sig.mode}{note}")
 
     @workflow.query(name=WorkflowQuery.VIEW.value)
     def view(self) -> MachineView:

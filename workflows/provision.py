@@ -52,6 +52,8 @@ from workflows.contracts import (
     ProvisionResult,
     RecordOutcomesInput,
     RecoverInput,
+    ShardModeSignal,
+    ShardSignal,
     StartedWorkflows,
     StartRecoveriesInput,
     TransitionResults,
@@ -100,6 +102,17 @@ class ProvisionWorkflow:
         self._recoveries: list[str] = []
         # Times the batch waited for its shard to act again (LeaseLost).
         self._waits = 0
+        # The shard's mode as last signalled ("" until a pause, dry run or resume lands).
+        self._shard_mode = ""
+
+    @workflow.signal(name=ShardSignal.MODE.value)
+    def shard_mode(self, sig: ShardModeSignal) -> None:
+        """The shard was paused, put in dry run or resumed: say so in BigFleetShardMode.
+
+        Visibility only: the batch finishes either way (ADR 0142, ADR 0153).
+        """
+        if sa.upsert_shard_mode(sig):
+            self._shard_mode = sig.mode
 
     @workflow.query(name=WorkflowQuery.VIEW.value)
     def view(self) -> dict[str, object]:
@@ -115,6 +128,7 @@ class ProvisionWorkflow:
             "handed_off": list(self._handed_off),
             "recoveries": list(self._recoveries),
             "lease_waits": self._waits,
+            "shard_mode": self._shard_mode,
         }
 
     @workflow.run

@@ -12,7 +12,10 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from temporalio import workflow
 from temporalio.common import SearchAttributeKey
+
+from workflows.contracts import SHARD_MODES, ShardModeSignal
 
 MACHINE_ID = SearchAttributeKey.for_keyword("BigFleetMachineId")
 MACHINE_IDS = SearchAttributeKey.for_keyword_list("BigFleetMachineIds")
@@ -24,6 +27,10 @@ PRIORITY = SearchAttributeKey.for_int("BigFleetPriority")
 GRACE_SECONDS = SearchAttributeKey.for_int("BigFleetGraceSeconds")
 # Why a drain, delete or recovery runs (workflows.contracts.REASONS).
 REASON = SearchAttributeKey.for_keyword("BigFleetReason")
+# What the starting shard may do: set at start ("active", or "paused"/"dry-run" for
+# an operator's command during one) and upserted when a pause, dry run or resume
+# lands, so `BigFleetShardMode = 'paused'` lists the work still finishing (ADR 0153).
+SHARD_MODE = SearchAttributeKey.for_keyword("BigFleetShardMode")
 
 ALL: tuple[SearchAttributeKey[Any], ...] = (
     MACHINE_ID,
@@ -35,6 +42,7 @@ ALL: tuple[SearchAttributeKey[Any], ...] = (
     PRIORITY,
     GRACE_SECONDS,
     REASON,
+    SHARD_MODE,
 )
 
 
@@ -47,6 +55,39 @@ def stuck_drains_query(started_before: str | None = None) -> str:
     query = "WorkflowType = 'DrainWorkflow' AND ExecutionStatus = 'Running'"
     if started_before:
         query += f" AND StartTime < '{started_before}'"
+    return query
+
+
+def in_flight_query(shard_id: str, *, not_mode: str | None = None) -> str:
+    """The visibility query for the running workflows a shard started.
+
+    ``not_mode`` leaves out those already marked with that BigFleetShardMode.
+    """
+    query = f"BigFleetShardId = '{shard_id}' AND ExecutionStatus = 'Running'"
+    if not_mode is not None:
+        query += f" AND (BigFleetShardMode IS NULL OR BigFleetShardMode != '{not_mode}')"
+    return query
+
+
+def upsert_shard_mode(sig: ShardModeSignal) -> bool:
+    """In a workflow's signal handler: mark the workflow with its shard's new mode.
+
+    A mode outside ``SHARD_MODES`` is ignored (a signal cannot be refused, and
+    a value nobody queries for would only hide the workflow). Returns whether
+    the attribute was set.
+    """
+    if sig.mode not in SHARD_MODES:
+        workflow.logger.warning("ignoring shard mode %r (not one of %s)", sig.mode, SHARD_MODES)
+        return False
+    workflow.upsert_search_attributes([SHARD_MODE.value_set(sig.mode)])
+    return True
+
+
+def paused_work_query(shard_id: str | None = None) -> str:
+    """Work still finishing while its shard is paused (what ``bigfleet shards`` quotes)."""
+    query = "BigFleetShardMode = 'paused' AND ExecutionStatus = 'Running'"
+    if shard_id:
+        query += f" AND BigFleetShardId = '{shard_id}'"
     return query
 
 

@@ -62,6 +62,7 @@ from workflows.contracts import (
     REASON_OPERATOR,
     REASON_RECLAIM,
     REASON_RELEASE,
+    SHARD_ACTIVE,
     DeadlinePolicy,
     Deadlines,
     DeleteInput,
@@ -144,8 +145,11 @@ class Executor:
         deadlines: DeadlinePolicy,
         poll: PollPolicy,
         guard: StartGuard | None = None,
+        mode: Callable[[], str] | None = None,
     ) -> None:
         self._temporal = temporal
+        # The shard's mode at each start, for BigFleetShardMode ("active" without one).
+        self._mode = mode or (lambda: SHARD_ACTIVE)
         # Checked before every action: a plan outliving the lease starts nothing more.
         self._guard = guard
         self._shard_id = shard_id
@@ -422,6 +426,7 @@ class Executor:
             SearchAttributePair(sa.SHARD_ID, self._shard_id),
             SearchAttributePair(sa.OPERATION, start.operation),
             SearchAttributePair(sa.MACHINE_IDS, list(start.machine_ids)),
+            SearchAttributePair(sa.SHARD_MODE, self._mode()),
             *start.attrs,
         ]
         if len(start.machine_ids) == 1:

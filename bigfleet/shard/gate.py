@@ -40,9 +40,11 @@ from dataclasses import dataclass
 from bigfleet import metrics
 from bigfleet.decisions import DecisionLog, Mode, decisions_of
 from bigfleet.shard.core import Actuator, Operation, Started, machines_of
+from bigfleet.shard.marks import ModeMarker
 from bigfleet.store.controls import Control, ControlStore
 from shard_engine.engine import ShardEngine
 from shard_engine.model import Plan
+from workflows.contracts import SHARD_ACTIVE, SHARD_DRY_RUN, SHARD_PAUSED
 
 __all__ = ["Adoption", "GatedActuator", "Modes"]
 
@@ -68,6 +70,19 @@ class Modes:
         if self.dry_run:
             return Mode.DRY_RUN
         return Mode.ACTIVE
+
+    @property
+    def shard_mode(self) -> str:
+        """The BigFleetShardMode value of what this shard starts or has in flight (ADR 0153).
+
+        Shadow is not one: a shadow shard starts nothing for its own
+        decisions, and an operator's command it carries out does act.
+        """
+        if self.paused:
+            return SHARD_PAUSED
+        if self.dry_run:
+            return SHARD_DRY_RUN
+        return SHARD_ACTIVE
 
 
 class GatedActuator:
@@ -105,6 +120,7 @@ class Adoption:
         modes: Modes,
         controls: ControlStore | None,
         decisions: DecisionLog | None,
+        marker: ModeMarker | None = None,
         read_timeout_s: float = 1.0,
     ) -> None:
         self.shard_id = shard_id
@@ -113,6 +129,7 @@ class Adoption:
         self._engine = engine
         self._controls = controls
         self._decisions = decisions
+        self._marker = marker
         self._read_timeout_s = read_timeout_s
         metrics.SHARD_SHADOW.labels(shard_id).set(1 if modes.shadow else 0)
         self._publish()
@@ -174,6 +191,8 @@ class Adoption:
         self.modes.dry_run = control.dry_run
         self.modes.reason = control.reason
         self._publish()
+        if self._marker is not None and not self.modes.shadow:
+            self._marker.observe(self.modes.shard_mode, control.reason)
         return control
 
     def _publish(self) -> None:
@@ -207,6 +226,8 @@ class Adoption:
 
     async def close(self, *, timeout_s: float = 2.0) -> None:
         """Write what is buffered, briefly (a stopping process must not hang on its log)."""
+        if self._marker is not None:
+            await self._marker.close()
         if self._decisions is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._decisions.flush(), timeout=timeout_s)

@@ -39,6 +39,7 @@ from bigfleet.shard.executor import Executor
 from bigfleet.shard.gate import Adoption, GatedActuator, Modes
 from bigfleet.shard.lease import LeaseKeeper
 from bigfleet.shard.lifecycle import MachineLifecycle
+from bigfleet.shard.marks import ModeMarker
 from bigfleet.shard.membership import ShardMembership
 from bigfleet.shard.nodes import NodeView
 from bigfleet.shard.observer import ProviderObserver
@@ -114,6 +115,7 @@ def assemble(
     state = ShardState(engine, clock=clock, lifecycle=lifecycle, nodes=nodes)
     observer = ProviderObserver(providers, state=state)
     outcomes = OutcomeRecorder(store, lease=lease, state=state)
+    modes = Modes(shadow=options.shadow)
     executor = Executor(
         temporal,
         shard_id=shard_id,
@@ -122,10 +124,10 @@ def assemble(
         deadlines=DeadlinePolicy(options.deadlines, dict(options.deadline_overrides)),
         poll=options.poll,
         guard=lease,
+        mode=lambda: modes.shard_mode,
     )
     # The one core production and the simulator share; the executor is its actuator,
     # behind the gate that shadow mode, pause and dry run close (gate.py).
-    modes = Modes(shadow=options.shadow)
     core = ShardCore(state, GatedActuator(executor, modes), shard_id=shard_id)
     adoption = Adoption(
         shard_id=shard_id,
@@ -133,6 +135,8 @@ def assemble(
         modes=modes,
         controls=ControlStore(store.engine),
         decisions=DecisionLog(shard_id, DecisionStore(store.engine), clock=clock),
+        # Work in flight says in the Temporal UI when its shard is paused (ADR 0153).
+        marker=ModeMarker(temporal, shard_id=shard_id),
     )
     transfers = CrossShardTransfers(
         store,

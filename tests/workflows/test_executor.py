@@ -161,6 +161,7 @@ async def test_a_preemption_becomes_a_drain_with_the_victims_priority_and_its_re
     assert attrs["BigFleetMachineId"] == "m-1" and attrs["BigFleetOperation"] == "drain"
     assert attrs["BigFleetPhase"] == "DRAINING" and attrs["BigFleetClusterId"] == "victim"
     assert attrs["BigFleetShardId"] == shard.shard_id
+    assert attrs["BigFleetShardMode"] == "active"
     described = await shard.temporal.get_workflow_handle(f"{shard.shard_id}/drain/m-1/1").describe()
     assert await described.static_summary() == (
         "drain m-1 from victim: preempt (for urgent at priority 1000000)"
@@ -247,3 +248,20 @@ async def test_a_large_provision_is_split_into_batches_whose_ids_fit_one_search_
         listed += batch
         first += size
     assert listed == ids
+
+
+async def test_a_workflow_started_during_a_pause_says_so_from_its_start(shard: StubShard) -> None:
+    # Only an operator's command starts anything while a shard is paused (ADR 0142).
+    mode = "paused"
+    executor = Executor(
+        shard.temporal,
+        shard_id=shard.shard_id,
+        task_queue=f"nobody-serves-{uuid.uuid4()}",
+        sequences=shard.seqs,
+        deadlines=DeadlinePolicy(shard.options.deadlines, dict(shard.options.deadline_overrides)),
+        poll=shard.options.poll,
+        mode=lambda: mode,
+    )
+    wf_id = await executor.start_operator_drain(shard.engine.records["m-4"], grace_seconds=60)
+    _, _, attrs = await _started(shard, wf_id)
+    assert attrs["BigFleetShardMode"] == "paused" and attrs["BigFleetReason"] == "operator"
