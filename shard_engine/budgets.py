@@ -56,6 +56,7 @@ import numpy.typing as npt
 
 from shard_engine.actions import ActionKind, ActionLog
 from shard_engine.catalog import ProfileCatalog, capacity_type_label
+from shard_engine.inventory import Inventory
 from shard_engine.needs import Demand
 from shard_engine.worksheet import Worksheet
 
@@ -75,6 +76,7 @@ __all__ = [
     "admit",
     "admit_counts",
     "apply",
+    "census",
     "enforce",
     "parse_budgets",
     "use_of",
@@ -397,6 +399,8 @@ class Hold:
     until: float = 0.0
     for_cluster: str = ""
     for_need: str = ""
+    #: A fleet-wide count's own cap when ``cap`` is this shard's share of it (else 0).
+    fleet_cap: int = 0
 
     def why_not(self) -> str:
         """What the need a held preemption would have served is told: the budget, k/N."""
@@ -405,9 +409,10 @@ class Hold:
     def describe(self) -> str:
         """The reason text a why-not or a decision log shows."""
         if self.cause == "budget":
+            share = f", this shard's share of {self.fleet_cap}" if self.fleet_cap else ""
             return (
                 f"{self.reason.value} held by disruption budget {self.budget!r} "
-                f"({self.draining} of {self.cap} draining)"
+                f"({self.draining} of {self.cap} draining{share})"
             )
         return f"{self.reason.value} held by do-not-disrupt of need {self.need_key}"
 
@@ -443,15 +448,18 @@ def admit_counts(
     requests: Sequence[tuple[Subject, DrainReason, int]],
     in_scope: Callable[[Budget], int],
     draining: Callable[[Budget], int],
+    shares: Mapping[str, int] | None = None,
 ) -> tuple[list[int], dict[int, BudgetUse]]:
     """Admit drain requests (machines alike to a scope, and how many) in order.
 
     ``in_scope(b)`` counts the machines of budget ``b``'s scope; ``draining(b)``
     those in its scope already draining for one of its reasons; both are
     asked once per budget that applies. Each request gets as many machines
-    as every budget that applies has room for. Returns the count admitted
-    per request and, for each request cut short, the use of the budget with
-    the least room (the one to name).
+    as every budget that applies has room for. ``shares`` gives, by name,
+    this shard's share of a fleet-wide count budget: it replaces the count
+    as the cap (percentages are fleet-wide already). Returns the count
+    admitted per request and, for each request cut short, the use of the
+    budget with the least room (the one to name).
     """
     live = [b for b in budgets if b.in_force(now)]
     caps: dict[int, int] = {}
@@ -467,7 +475,7 @@ def admit_counts(
         for i in applying:
             if i not in caps:
                 totals[i] = in_scope(live[i])
-                caps[i] = live[i].cap(totals[i])
+                caps[i] = _cap(live[i], totals[i], shares)
                 used[i] = draining(live[i])
             if tightest is None or caps[i] - used[i] < caps[tightest] - used[tightest]:
                 tightest = i
@@ -480,6 +488,13 @@ def admit_counts(
             b = live[tightest]
             refused[index] = BudgetUse(b, True, totals[tightest], caps[tightest], used[tightest])
     return admitted, refused
+
+
+def _cap(budget: Budget, machines_in_scope: int, shares: Mapping[str, int] | None) -> int:
+    """A budget's cap on this shard: its share of a count when one is dealt, else its own."""
+    if shares is not None and budget.count is not None:
+        return max(0, min(budget.count, shares.get(budget.name, 0)))
+    return budget.cap(machines_in_scope)
 
 
 # -- parsing -------------------------------------------------------------------------
@@ -698,6 +713,7 @@ def enforce(
     machine_id: Callable[[int], str],
     in_scope: Callable[[Budget], int],
     draining: Callable[[Budget], int],
+    shares: Mapping[str, int] | None = None,
 ) -> tuple[ActionLog, tuple[Hold, ...]]:
     """Apply do-not-disrupt, then the budgets, to the drains of ``log``.
 
@@ -740,6 +756,7 @@ def enforce(
             ],
             in_scope=in_scope,
             draining=draining,
+            shares=shares,
         )
         for index, use in cut.items():
             group, rows = groups[index], open_rows[index]
@@ -756,11 +773,103 @@ def enforce(
                         draining=use.draining,
                         for_cluster=group.served[0],
                         for_need=group.served[1],
+                        fleet_cap=(
+                            use.budget.count or 0
+                            if shares is not None and use.budget.count is not None
+                            else 0
+                        ),
                     )
                 )
     if not refused:
         return log, ()
     return filter_log(log, {s: frozenset(r) for s, r in refused.items()}), tuple(holds)
+
+
+class _Census:
+    """Counts over an inventory for budgets: the machines of a scope, and those draining.
+
+    Machines of one (profile, cluster) are alike to a scope, so both counts
+    work over those pairs, each computed once.
+    """
+
+    def __init__(
+        self,
+        inventory: Inventory,
+        *,
+        catalog: ProfileCatalog,
+        names: Callable[[int], str],
+        draining: Mapping[int, DrainReason],
+    ) -> None:
+        self._inventory = inventory
+        self._catalog = catalog
+        self._names = names
+        self._draining = draining
+        self._shapes: dict[int, tuple[str, str, frozenset[str]]] = {}
+        self._pairs: list[tuple[int, int, int]] | None = None
+        self._alike: dict[tuple[int, int, DrainReason], int] | None = None
+
+    def shape(self, profile: int) -> tuple[str, str, frozenset[str]]:
+        known = self._shapes.get(profile)
+        if known is None:
+            p = self._catalog.profile(profile)
+            offered = frozenset(name for name, amount in p.allocatable if amount > 0)
+            known = (p.instance_type, capacity_type_label(p.capacity_type), offered)
+            self._shapes[profile] = known
+        return known
+
+    def subject(self, profile: int, cluster: int) -> Subject:
+        instance_type, capacity_type, resources = self.shape(profile)
+        return Subject(instance_type, capacity_type, resources, self._names(cluster))
+
+    def in_scope(self, budget: Budget) -> int:
+        """Machines of the inventory in ``budget``'s scope."""
+        if self._pairs is None:
+            self._pairs = []
+            inventory = self._inventory
+            held = inventory.ids.rows
+            live = inventory.ids.strings.fmt[:held] != 0  # rows holding a machine
+            if live.any():
+                profiles = inventory.profile[:held][live].astype(np.int64)
+                clusters = inventory.cluster[:held][live].astype(np.int64) + 1
+                width = int(clusters.max()) + 1
+                counts = np.bincount(profiles * width + clusters)
+                keys = np.flatnonzero(counts)
+                self._pairs = [(k // width, k % width - 1, int(counts[k])) for k in keys.tolist()]
+        return sum(n for p, c, n in self._pairs if budget.scope.matches(self.subject(p, c)))
+
+    def draining(self, budget: Budget) -> int:
+        """Machines in ``budget``'s scope draining for one of its reasons."""
+        if self._alike is None:
+            inventory = self._inventory
+            self._alike = {}
+            for row, reason in self._draining.items():
+                key = (int(inventory.profile[row]), int(inventory.cluster[row]), reason)
+                self._alike[key] = self._alike.get(key, 0) + 1
+        return sum(
+            n
+            for (p, c, reason), n in self._alike.items()
+            if reason in budget.reasons and budget.scope.matches(self.subject(p, c))
+        )
+
+
+def census(
+    budgets: Sequence[Budget],
+    inventory: Inventory,
+    *,
+    catalog: ProfileCatalog,
+    names: Callable[[int], str],
+    draining: Mapping[int, DrainReason],
+) -> list[tuple[Budget, int, int]]:
+    """(budget, machines in scope, draining) for each *count* budget, over this shard.
+
+    What a shard tells the coordinator so it can deal each count over the
+    fleet (:func:`shard_engine.coordination.deal_count`).
+    """
+    counts = [b for b in budgets if b.count is not None]
+    if not counts:
+        return []
+    tally = _Census(inventory, catalog=catalog, names=names, draining=draining)
+    return [(b, tally.in_scope(b), tally.draining(b)) for b in counts]
 
 
 def apply(
@@ -771,17 +880,20 @@ def apply(
     catalog: ProfileCatalog,
     names: Callable[[int], str],
     draining: Mapping[int, DrainReason],
+    shares: Mapping[str, int] | None = None,
 ) -> tuple[ActionLog, tuple[Hold, ...]]:
     """:func:`enforce` on a worksheet's log, reading machines from its inventory.
 
     ``demands`` are the cycle's compiled needs per cluster (for
     do-not-disrupt), ``names`` names a cluster index, ``draining`` maps the
-    rows already in flight for a drain to its reason. Costs nothing when no
-    budget is configured and no reclaimed machine's cluster asks for
-    do-not-disrupt; otherwise it works per drain segment (a segment's
-    machines share a pool, so a shape and a cluster), plus one count per
-    budget that applies over the inventory's (profile, cluster) pairs, and
-    per machine only where do-not-disrupt is asked or a machine is held.
+    rows already in flight for a drain to its reason, ``shares`` this shard's
+    shares of fleet-wide counts (None: each count holds per shard). Costs
+    nothing when no budget is configured and no reclaimed machine's cluster
+    asks for do-not-disrupt; otherwise it works per drain segment (a
+    segment's machines share a pool, so a shape and a cluster), plus one
+    count per budget that applies over the inventory's (profile, cluster)
+    pairs, and per machine only where do-not-disrupt is asked or a machine
+    is held.
     """
     log = sheet.log
     reclaim, preempt = int(ActionKind.RECLAIM), int(ActionKind.PREEMPT)
@@ -801,20 +913,7 @@ def apply(
     inventory = sheet.inventory
     now = sheet.now
     now_s = inventory.seconds(now)
-    shapes: dict[int, tuple[str, str, frozenset[str]]] = {}
-
-    def shape(profile: int) -> tuple[str, str, frozenset[str]]:
-        known = shapes.get(profile)
-        if known is None:
-            p = catalog.profile(profile)
-            offered = frozenset(name for name, amount in p.allocatable if amount > 0)
-            known = (p.instance_type, capacity_type_label(p.capacity_type), offered)
-            shapes[profile] = known
-        return known
-
-    def subject(profile: int, cluster: int) -> Subject:
-        instance_type, capacity_type, resources = shape(profile)
-        return Subject(instance_type, capacity_type, resources, names(cluster))
+    tally = _Census(inventory, catalog=catalog, names=names, draining=draining)
 
     def protection(cluster: int, rows: Sequence[int]) -> dict[int, tuple[float, str]]:
         demand = demands[cluster]
@@ -857,36 +956,10 @@ def apply(
         for profile, cluster, members in parts:
             guard = protection(log.cluster[s], members) if log.cluster[s] in protected else {}
             groups.append(
-                DrainGroup(s, tuple(members), subject(profile, cluster), reason, guard, served)
+                DrainGroup(
+                    s, tuple(members), tally.subject(profile, cluster), reason, guard, served
+                )
             )
-
-    pairs: list[tuple[int, int, int]] = []
-
-    def in_scope(budget: Budget) -> int:
-        # Machines of one (profile, cluster) are alike to a scope: count pairs once.
-        if not pairs:
-            held = inventory.ids.rows
-            live = inventory.ids.strings.fmt[:held] != 0  # rows holding a machine
-            if not live.any():
-                return 0
-            profiles = inventory.profile[:held][live].astype(np.int64)
-            clusters = inventory.cluster[:held][live].astype(np.int64) + 1
-            width = int(clusters.max()) + 1
-            counts = np.bincount(profiles * width + clusters)
-            keys = np.flatnonzero(counts)
-            pairs.extend((k // width, k % width - 1, int(counts[k])) for k in keys.tolist())
-        return sum(n for p, c, n in pairs if budget.scope.matches(subject(p, c)))
-
-    def already(budget: Budget) -> int:
-        alike: dict[tuple[int, int, DrainReason], int] = {}
-        for row, reason in draining.items():
-            key = (int(inventory.profile[row]), int(inventory.cluster[row]), reason)
-            alike[key] = alike.get(key, 0) + 1
-        return sum(
-            n
-            for (p, c, reason), n in alike.items()
-            if reason in budget.reasons and budget.scope.matches(subject(p, c))
-        )
 
     return enforce(
         log,
@@ -894,8 +967,9 @@ def apply(
         now=now,
         groups=groups,
         machine_id=inventory.ids.id_of,
-        in_scope=in_scope,
-        draining=already,
+        in_scope=tally.in_scope,
+        draining=tally.draining,
+        shares=shares,
     )
 
 

@@ -44,6 +44,7 @@ from shard_engine.model import Operator, Requirement
 
 __all__ = [
     "COOLDOWN_REPORT_INTERVALS",
+    "CountUse",
     "Instruction",
     "ProfileSupply",
     "RemoteIdle",
@@ -51,7 +52,9 @@ __all__ = [
     "ShardView",
     "TransferKind",
     "answer_key",
+    "deal_count",
     "distribute_evenly",
+    "grant_count",
     "idle_offers",
     "labels_satisfy",
     "plan_transfers",
@@ -483,3 +486,80 @@ def distribute_evenly(
             by_kind[target][kind] += 1
             total[target] += 1
     return {s: ids for s, ids in out.items() if ids}
+
+
+# -- fleet-wide count budgets (ADR 0140) ---------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CountUse:
+    """One shard's use of a count budget: machines in its scope, and those draining now."""
+
+    shard_id: str
+    in_scope: int
+    draining: int
+
+
+def deal_count(cap: int, uses: Sequence[CountUse]) -> dict[str, int]:
+    """Deal a fleet-wide count ``cap`` to the shards: shard id -> its share.
+
+    Each shard keeps at least what it is draining now (a drain in flight is
+    never revoked). What is left of the cap after those goes to the shards
+    whose draining is below their fair part, ``cap × in_scope / Σ in_scope``
+    (equal parts when no shard has a machine in scope), in proportion to how
+    far below it they are; remainders by largest fraction, ties by shard id.
+    So the shares sum to ``cap`` exactly, unless the drains in flight already
+    exceed it (after a restart or a lowered cap): then each share is what that
+    shard drains, and nothing new starts anywhere until drains finish.
+    Integers throughout, so the coordinator and a test compute the same.
+    """
+    if cap < 0:
+        raise ValueError(f"cap: {cap} is negative")
+    ordered = sorted(uses, key=lambda u: u.shard_id)
+    if len({u.shard_id for u in ordered}) != len(ordered):
+        raise ValueError("uses: a shard appears twice")
+    base = {u.shard_id: max(0, u.draining) for u in ordered}
+    left = cap - sum(base.values())
+    if left <= 0 or not ordered:
+        return base
+    weights = [max(0, u.in_scope) for u in ordered]
+    if sum(weights) == 0:
+        weights = [1] * len(ordered)
+    total = sum(weights)
+    # Below the fair part by (cap·w − base·W) / W; the common W cancels out.
+    below = [
+        max(0, cap * w - base[u.shard_id] * total) for u, w in zip(ordered, weights, strict=True)
+    ]
+    owed = sum(below)  # >= left · W, since the fair parts sum to cap
+    shares = dict(base)
+    fractions: list[tuple[int, str]] = []
+    for u, b in zip(ordered, below, strict=True):
+        whole, rest = divmod(left * b, owed)
+        shares[u.shard_id] += whole
+        fractions.append((-rest, u.shard_id))
+    for _, shard_id in sorted(fractions)[: cap - sum(shares.values())]:
+        shares[shard_id] += 1
+    return shares
+
+
+def grant_count(
+    cap: int, uses: Sequence[CountUse], *, asking: str, granted: Mapping[str, int]
+) -> int:
+    """The share of a count budget to grant ``asking`` now, given what the others hold.
+
+    Shares are granted one shard at a time (each asks after its report), so
+    the dealt share is also bounded by what the other shards may already be
+    using: the cap less, for each other shard, the larger of its last grant
+    and its drains. The grants recorded therefore never sum past the cap
+    (while the drains in flight stay under it). Never below what ``asking``
+    drains now.
+    """
+    dealt = deal_count(cap, uses).get(asking, 0)
+    own = next((max(0, u.draining) for u in uses if u.shard_id == asking), 0)
+    others = sum(
+        max(granted.get(u.shard_id, 0), max(0, u.draining)) for u in uses if u.shard_id != asking
+    )
+    others += sum(
+        g for s, g in granted.items() if s != asking and s not in {u.shard_id for u in uses}
+    )
+    return max(own, min(dealt, cap - others))

@@ -189,6 +189,9 @@ class ShardEngine:
         # last cycle held back under them or under do-not-disrupt (budgets.py).
         self.budgets: tuple[budgets.Budget, ...] = ()
         self.holds: tuple[budgets.Hold, ...] = ()
+        # This shard's shares of the fleet-wide count budgets, by name, as the
+        # coordinator dealt them (None: each count holds per shard; ADR 0140).
+        self.budget_shares: Mapping[str, int] | None = None
         self._catalog = ProfileCatalog()
         self._clusters = ClusterIndex()
         self._masks = RequirementMasks(self._catalog)
@@ -436,6 +439,7 @@ class ShardEngine:
             catalog=self._catalog,
             names=self._clusters.name,
             draining=self._draining() if self.budgets else {},
+            shares=self.budget_shares,
         )
         lap("budgets")
         reclaim.release_idle(
@@ -496,6 +500,20 @@ class ShardEngine:
             for key, reason in reasons.items()
         }
         return Plan(now=now, table=table, shortfalls=found, why_not=plan_why_not, dry_run=dry_run)
+
+    def budget_census(self) -> list[tuple[budgets.Budget, int, int]]:
+        """(count budget, machines in its scope, draining under it) over this shard.
+
+        What the shard reports so the coordinator can deal each count over
+        the fleet; counted as the budgets stage counts (drains in flight).
+        """
+        return budgets.census(
+            self.budgets,
+            self._inventory,
+            catalog=self._catalog,
+            names=self._clusters.name,
+            draining=self._draining(),
+        )
 
     def _draining(self) -> dict[int, budgets.DrainReason]:
         """Rows in flight for a drain, and the budget reason each counts under."""

@@ -30,6 +30,8 @@ from temporalio.workflow import ParentClosePolicy
 from workflows import membership_contracts as ms
 from workflows.coordinator_contracts import (
     ADOPT_MACHINES,
+    BUDGET_SHARES,
+    BUDGET_STALE_INTERVALS,
     COOLDOWN_REPORT_INTERVALS,
     COORDINATOR_ID,
     COORDINATOR_QUEUE,
@@ -44,6 +46,8 @@ from workflows.coordinator_contracts import (
     AdoptInput,
     Adoption,
     AdoptResult,
+    BudgetShareAnswer,
+    BudgetShareAsk,
     CoordinatorInput,
     DecommissionInput,
     DecommissionPlan,
@@ -68,6 +72,7 @@ from workflows.coordinator_contracts import (
     TransferResult,
     TransferSpec,
     answer_key,
+    deal_shares,
 )
 from workflows.membership import ClusterMoveWorkflow, HandoverWorkflow
 from workflows.retries import INSTRUCTION_RETRY, QUICK
@@ -258,6 +263,34 @@ class CoordinatorWorkflow:
             self._state.reports[report.shard_id] = report
             self._new_reports = True
 
+    @workflow.update(name=BUDGET_SHARES)
+    def budget_shares(self, ask: BudgetShareAsk) -> BudgetShareAnswer:
+        """Deal a shard its shares of the fleet-wide count budgets (ADR 0140).
+
+        The shard's census replaces its previous one; shards not heard from
+        for ``BUDGET_STALE_INTERVALS`` report intervals give up their shares.
+        The grant is recorded, so the next shard's share leaves room for it.
+        """
+        state = self._state
+        assert state is not None  # set in __init__
+        now = workflow.now().timestamp()
+        state.budget_asks[ask.shard_id] = ask
+        state.budget_asked_at[ask.shard_id] = now
+        horizon = now - BUDGET_STALE_INTERVALS * state.interval_s
+        for shard_id in [s for s, t in state.budget_asked_at.items() if t < horizon]:
+            state.budget_asks.pop(shard_id, None)
+            state.budget_asked_at.pop(shard_id, None)
+            state.budget_grants.pop(shard_id, None)
+        shares = deal_shares(state.budget_asks, state.budget_grants, ask)
+        state.budget_grants[ask.shard_id] = shares
+        return BudgetShareAnswer(term=state.term, shards=len(state.budget_asks), shares=shares)
+
+    @budget_shares.validator
+    def _check_budget_ask(self, ask: BudgetShareAsk) -> None:
+        problems = ask.problems()
+        if problems:
+            raise ValueError("; ".join(problems))
+
     @workflow.query(name="status")
     def status(self) -> dict[str, object]:
         state = self._state
@@ -282,6 +315,7 @@ class CoordinatorWorkflow:
                 ),
                 key=lambda d: (-int(str(d["priority"])), str(d["cluster"])),
             )[:20],
+            "budget_shares": {s: dict(g) for s, g in state.budget_grants.items()} if state else {},
             "pending": [_describe(s) for s in self._pending.values()],
             "recent": self._recent[-20:],
         }

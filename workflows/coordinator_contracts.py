@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 # The engine's instruction is the one definition of a transfer: the coordinator
 # plans it (pure, stdlib only) and the workflows carry it as it is (ADR 0136).
 from shard_engine.coordination import COOLDOWN_REPORT_INTERVALS as COOLDOWN_REPORT_INTERVALS
+from shard_engine.coordination import CountUse as CountUse
 from shard_engine.coordination import Instruction
 from shard_engine.coordination import TransferKind as TransferKind
 from shard_engine.coordination import answer_key as answer_key
+from shard_engine.coordination import grant_count as grant_count
 from workflows.contracts import DrainInput, MachineTarget, RequirementSpec
 
 COORDINATOR_ID = "bigfleet-coordinator"
@@ -217,6 +219,84 @@ class TransferResult:
     outcome: str
 
 
+# The update a shard sends after its report to learn its shares of the fleet-wide
+# count budgets (ADR 0140).
+BUDGET_SHARES = "budget-shares"
+#: A shard not heard from for this many report intervals no longer holds a share.
+BUDGET_STALE_INTERVALS = 10
+
+
+@dataclass
+class BudgetCount:
+    """One count budget as a shard sees it: its cap, its scope there, its drains there."""
+
+    name: str
+    cap: int
+    in_scope: int
+    draining: int
+
+
+@dataclass
+class BudgetShareAsk:
+    """A shard's census of its count budgets; the answer is its share of each."""
+
+    shard_id: str
+    epoch: int
+    counts: list[BudgetCount] = field(default_factory=list)
+
+    def problems(self) -> list[str]:
+        """What makes the ask unusable, each naming the field (empty when it is fine)."""
+        found = [] if self.shard_id else ["shard_id: empty"]
+        names = [c.name for c in self.counts]
+        if len(set(names)) != len(names):
+            found.append("counts: a budget appears twice")
+        for i, c in enumerate(self.counts):
+            if not c.name:
+                found.append(f"counts[{i}].name: empty")
+            for label, value in (
+                ("cap", c.cap),
+                ("in_scope", c.in_scope),
+                ("draining", c.draining),
+            ):
+                if value < 0:
+                    found.append(f"counts[{i}].{label}: {value} is negative")
+        return found
+
+
+@dataclass
+class BudgetShareAnswer:
+    """A shard's share of each count budget it asked about, under the coordinator's term."""
+
+    term: int
+    shards: int
+    shares: dict[str, int] = field(default_factory=dict)
+
+
+def deal_shares(
+    asks: dict[str, BudgetShareAsk],
+    granted: dict[str, dict[str, int]],
+    asking: BudgetShareAsk,
+) -> dict[str, int]:
+    """The shares to grant ``asking``, from every shard's latest census and grants.
+
+    A budget's cap is the smallest any shard reports (shards read the same
+    file; while one is being changed, the tighter one holds).
+    """
+    shares: dict[str, int] = {}
+    for count in asking.counts:
+        reported = [
+            (shard_id, c)
+            for shard_id, ask in sorted(asks.items())
+            for c in ask.counts
+            if c.name == count.name
+        ]
+        cap = min(c.cap for _, c in reported)
+        uses = [CountUse(shard_id, c.in_scope, c.draining) for shard_id, c in reported]
+        held = {s: g[count.name] for s, g in granted.items() if count.name in g}
+        shares[count.name] = grant_count(cap, uses, asking=asking.shard_id, granted=held)
+    return shares
+
+
 @dataclass
 class CoordinatorInput:
     """The coordinator's whole state, carried through continue-as-new."""
@@ -231,3 +311,7 @@ class CoordinatorInput:
     rounds_per_run: int = 200
     # Planning rounds completed by this coordinator term, across continue-as-new.
     rounds: int = 0
+    # Fleet-wide count budgets: each shard's latest census, when it asked, and its grant.
+    budget_asks: dict[str, BudgetShareAsk] = field(default_factory=dict)
+    budget_asked_at: dict[str, float] = field(default_factory=dict)
+    budget_grants: dict[str, dict[str, int]] = field(default_factory=dict)

@@ -167,6 +167,8 @@ def assemble(
         state=state,
         terms=terms,
         clock=clock,
+        # Budget shares older than three reports give way to the safe default.
+        stale_after_s=3 * options.report_interval_s,
     )
 
     async def adopt_unheld(targets: list[MachineTarget]) -> int:

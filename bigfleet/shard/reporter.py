@@ -6,12 +6,21 @@
     blocked preemption drains + the engine's shortfalls -> up to 100 ShortfallReports
         (with the need's requirements and min_unit, from the needs in force)
     -> signal CoordinatorWorkflow.report
+    count budgets: (cap, machines in scope, draining) here -> update budget-shares
+        -> this shard's share of each, the engine's cap for it until the next answer
 
-When the coordinator is not running the shard carries on alone.
+When the coordinator is not running the shard carries on alone — except
+under a count budget, which it cannot know the rest of the fleet's use of:
+a shard without a fresh answer (never heard, or none for ``stale_after_s``)
+takes the safe default, the smaller of its last share and
+``floor(cap / shards last heard of)``; one that has never heard takes 0, so
+it starts no drain under a count budget until the coordinator has dealt it
+a share (ADR 0140).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
@@ -26,6 +35,7 @@ from bigfleet.shard.terms import CoordinatorTerms
 from shard_engine.engine import ShardEngine
 from shard_engine.model import Shortfall
 from workflows import coordinator as co
+from workflows import coordinator_contracts as cc
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +55,21 @@ class CoordinatorReporter:
         state: ShardState[ShardEngine],
         terms: CoordinatorTerms,
         clock: Callable[[], float],
+        stale_after_s: float = 90.0,
+        update_timeout_s: float = 5.0,
     ) -> None:
         self._temporal = temporal
         self._lease = lease
         self._state = state
         self._terms = terms
         self._clock = clock
+        self._stale_after_s = stale_after_s
+        self._update_timeout_s = update_timeout_s
+        # The coordinator's last answer about count budgets, and when it came.
+        self._answer: cc.BudgetShareAnswer | None = None
+        self._answered_at = 0.0
+        if any(b.count is not None for b in state.engine.budgets):
+            state.engine.budget_shares = self.fallback_shares()
 
     def shortfalls(self) -> list[Shortfall]:
         """Preemption drains blocked past their grace first, then the engine's shortfalls."""
@@ -118,11 +137,78 @@ class CoordinatorReporter:
         )
 
     async def send_report(self) -> bool:
-        """Signal the coordinator; False when it is not running (shards carry on alone)."""
+        """Signal the coordinator; False when it is not running (shards carry on alone).
+
+        Then ask for this shard's shares of the count budgets, if there are any.
+        """
         try:
             handle = self._temporal.get_workflow_handle(co.COORDINATOR_ID)
             await handle.signal(co.CoordinatorWorkflow.report, self.build_report())
         except RPCError as err:
             log.debug("coordinator unreachable (%s); carrying on alone", err)
+            self._apply_shares()
             return False
+        await self.ask_budget_shares()
         return True
+
+    def budget_ask(self) -> cc.BudgetShareAsk:
+        """This shard's census of its count budgets."""
+        return cc.BudgetShareAsk(
+            shard_id=self._lease.shard_id,
+            epoch=self._lease.epoch,
+            counts=[
+                cc.BudgetCount(b.name, b.count or 0, in_scope, draining)
+                for b, in_scope, draining in self._state.engine.budget_census()
+            ],
+        )
+
+    async def ask_budget_shares(self) -> cc.BudgetShareAnswer | None:
+        """Ask the coordinator for this shard's shares; apply the answer or the fallback."""
+        ask = self.budget_ask()
+        if not ask.counts:
+            return None
+        answer: cc.BudgetShareAnswer | None = None
+        try:
+            handle = self._temporal.get_workflow_handle(co.COORDINATOR_ID)
+            answer = await asyncio.wait_for(
+                handle.execute_update(co.CoordinatorWorkflow.budget_shares, ask),
+                timeout=self._update_timeout_s,
+            )
+        except Exception as err:  # RPCError, a rejected update, a coordinator mid-restart
+            log.info("no budget shares from the coordinator (%s); using the fallback", err)
+        if answer is not None:
+            refused = self._terms.check(answer.term)
+            if refused:
+                log.warning("budget shares ignored: %s", refused)
+                answer = None
+            else:
+                self._answer, self._answered_at = answer, self._clock()
+        self._apply_shares()
+        return answer
+
+    def fallback_shares(self) -> dict[str, int]:
+        """The shares without a fresh answer (see the module docstring)."""
+        last = self._answer
+        shares: dict[str, int] = {}
+        for budget in self._state.engine.budgets:
+            if budget.count is None:
+                continue
+            if last is None or last.shards <= 0:
+                shares[budget.name] = 0
+                continue
+            even = budget.count // last.shards
+            shares[budget.name] = min(even, last.shares.get(budget.name, even))
+        return shares
+
+    def _apply_shares(self) -> None:
+        engine = self._state.engine
+        if not any(b.count is not None for b in engine.budgets):
+            engine.budget_shares = None
+            return
+        fresh = self._answer is not None and (
+            self._clock() - self._answered_at <= self._stale_after_s
+        )
+        if fresh and self._answer is not None:
+            engine.budget_shares = dict(self._answer.shares)
+        else:
+            engine.budget_shares = self.fallback_shares()

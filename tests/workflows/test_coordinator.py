@@ -9,13 +9,14 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
-from temporalio.client import WorkflowContinuedAsNewError
+from temporalio.client import WorkflowContinuedAsNewError, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.testing import WorkflowEnvironment
 
 from bigfleet.temporal import start_time_skipping
 from tests.workflows.histories.coordinator import _shards, _workers, report
 from workflows import coordinator as co
+from workflows import coordinator_contracts as cc
 
 
 @pytest.fixture(scope="module")
@@ -52,3 +53,38 @@ async def test_a_report_waiting_when_the_coordinator_starts_is_planned_in_its_fi
     finished = sorted(c for c in shards.calls if c.startswith("finish"))
     # seq 3 the cluster move, 4 the handover, 5 the idle transfer, 6 the preemption
     assert finished == [f"finish {seq} applied" for seq in (3, 4, 5, 6)]
+
+
+async def test_the_coordinator_deals_count_budgets_to_shards_and_never_past_the_cap(
+    own_env: WorkflowEnvironment,
+) -> None:
+    env = own_env
+    async with _workers(env, _shards()):
+        handle = await env.client.start_workflow(
+            co.CoordinatorWorkflow.run,
+            co.CoordinatorInput(term=4, interval_s=30.0, rounds_per_run=50),
+            id="coordinator-budget-shares",
+            task_queue=co.COORDINATOR_QUEUE,
+            id_conflict_policy=WorkflowIDConflictPolicy.TERMINATE_EXISTING,
+        )
+
+        def ask(shard: str, in_scope: int, draining: int = 0) -> cc.BudgetShareAsk:
+            return cc.BudgetShareAsk(shard, 1, [cc.BudgetCount("gpu", 5, in_scope, draining)])
+
+        update = co.CoordinatorWorkflow.budget_shares
+        # Alone, a gets the whole cap; b's arrival leaves it what a does not hold yet.
+        first = await handle.execute_update(update, ask("a", 30))
+        b_first = await handle.execute_update(update, ask("b", 10))
+        # a asks again and gets its fair share of 5 over 30 + 10 machines (3.75 -> 4).
+        again = await handle.execute_update(update, ask("a", 30))
+        b_again = await handle.execute_update(update, ask("b", 10))
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await handle.execute_update(update, ask("c", 10, draining=-1))
+        status = await handle.query("status")
+        await handle.terminate("done")
+
+    assert (first.term, first.shards, first.shares) == (4, 1, {"gpu": 5})
+    assert (b_first.shards, b_first.shares) == (2, {"gpu": 0})
+    assert (again.shares, b_again.shares) == ({"gpu": 4}, {"gpu": 1})
+    assert "counts[0].draining: -1 is negative" in str(refused.value.cause)
+    assert status["budget_shares"] == {"a": {"gpu": 4}, "b": {"gpu": 1}}

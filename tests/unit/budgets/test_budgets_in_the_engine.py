@@ -249,3 +249,34 @@ def test_a_held_reclaim_names_no_need_to_tell() -> None:
 
     assert engine.holds and all(h.for_need == "" for h in engine.holds)
     assert engine.why_not("c1") == {}
+
+
+def test_a_shards_share_of_a_fleet_wide_count_is_its_cap() -> None:
+    engine = ShardEngine(EAGER)
+    excess_cluster(engine, 100, now=TUESDAY_MORNING)
+    engine.budgets = (Budget("five-fleet-wide", count=5),)
+    engine.budget_shares = {"five-fleet-wide": 1}  # the coordinator dealt this shard 1 of 5
+
+    plan = engine.cycle(now=TUESDAY_MORNING + 1)
+
+    assert len(of_kind(plan, Reclaim)) == 1
+    assert engine.holds[0].describe() == (
+        "reclaim held by disruption budget 'five-fleet-wide' "
+        "(1 of 1 draining, this shard's share of 5)"
+    )
+    [(budget, in_scope, draining)] = engine.budget_census()
+    assert (budget.name, in_scope, draining) == ("five-fleet-wide", 100, 1)
+
+
+def test_a_shard_dealt_nothing_of_a_count_drains_nothing_under_it() -> None:
+    engine = ShardEngine(EAGER)
+    excess_cluster(engine, 100, now=TUESDAY_MORNING)
+    engine.budgets = (Budget("five-fleet-wide", count=5), Budget("ten-percent", percent=10))
+    engine.budget_shares = {}  # never heard from the coordinator: the safe default, 0
+
+    plan = engine.cycle(now=TUESDAY_MORNING + 1)
+
+    assert of_kind(plan, Reclaim) == []
+    assert {h.budget for h in engine.holds} == {"five-fleet-wide"}
+    # Percentages are not dealt: only count budgets are in the census.
+    assert [b.name for b, _, _ in engine.budget_census()] == ["five-fleet-wide"]
