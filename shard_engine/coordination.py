@@ -493,52 +493,57 @@ def distribute_evenly(
 
 @dataclass(frozen=True, slots=True)
 class CountUse:
-    """One shard's use of a count budget: machines in its scope, and those draining now."""
+    """One shard's use of a count budget: machines in its scope, those draining now, and
+    the drains the budget held back there in its last cycle (what it would start now)."""
 
     shard_id: str
     in_scope: int
     draining: int
+    held: int = 0
 
 
 def deal_count(cap: int, uses: Sequence[CountUse]) -> dict[str, int]:
     """Deal a fleet-wide count ``cap`` to the shards: shard id -> its share.
 
-    Each shard keeps at least what it is draining now (a drain in flight is
-    never revoked). What is left of the cap after those goes to the shards
-    whose draining is below their fair part, ``cap × in_scope / Σ in_scope``
-    (equal parts when no shard has a machine in scope), in proportion to how
-    far below it they are; remainders by largest fraction, ties by shard id.
-    So the shares sum to ``cap`` exactly, unless the drains in flight already
+    1. Each shard keeps what it is draining now (a drain in flight is never
+       revoked).
+    2. What is left goes one machine at a time to the shards that have drains
+       held back (up to that many each), to the one furthest below its fair
+       part ``cap × in_scope / Σ in_scope`` first (equal parts when no shard
+       has a machine in scope), ties by shard id.
+    3. Whatever is still left goes the same way to every shard, so a shard
+       whose drains start next cycle has room without waiting for a deal.
+
+    The shares sum to ``cap`` exactly, unless the drains in flight already
     exceed it (after a restart or a lowered cap): then each share is what that
     shard drains, and nothing new starts anywhere until drains finish.
-    Integers throughout, so the coordinator and a test compute the same.
+    Integers throughout ("below its fair part" is ``cap·w − share·Σw``), so
+    the coordinator and a test compute the same.
     """
     if cap < 0:
         raise ValueError(f"cap: {cap} is negative")
     ordered = sorted(uses, key=lambda u: u.shard_id)
     if len({u.shard_id for u in ordered}) != len(ordered):
         raise ValueError("uses: a shard appears twice")
-    base = {u.shard_id: max(0, u.draining) for u in ordered}
-    left = cap - sum(base.values())
+    shares = {u.shard_id: max(0, u.draining) for u in ordered}
+    left = cap - sum(shares.values())
     if left <= 0 or not ordered:
-        return base
-    weights = [max(0, u.in_scope) for u in ordered]
-    if sum(weights) == 0:
-        weights = [1] * len(ordered)
-    total = sum(weights)
-    # Below the fair part by (cap·w − base·W) / W; the common W cancels out.
-    below = [
-        max(0, cap * w - base[u.shard_id] * total) for u, w in zip(ordered, weights, strict=True)
-    ]
-    owed = sum(below)  # >= left · W, since the fair parts sum to cap
-    shares = dict(base)
-    fractions: list[tuple[int, str]] = []
-    for u, b in zip(ordered, below, strict=True):
-        whole, rest = divmod(left * b, owed)
-        shares[u.shard_id] += whole
-        fractions.append((-rest, u.shard_id))
-    for _, shard_id in sorted(fractions)[: cap - sum(shares.values())]:
-        shares[shard_id] += 1
+        return shares
+    weights = {u.shard_id: max(0, u.in_scope) for u in ordered}
+    if sum(weights.values()) == 0:
+        weights = dict.fromkeys(weights, 1)
+    total = sum(weights.values())
+    wants = {u.shard_id: max(0, u.held) for u in ordered}
+
+    def furthest_below(candidates: list[str]) -> str:
+        return min(candidates, key=lambda s: (shares[s] * total - cap * weights[s], s))
+
+    for _ in range(left):
+        wanting = [s for s, n in wants.items() if n > 0]
+        target = furthest_below(wanting or list(shares))
+        shares[target] += 1
+        if wanting:
+            wants[target] -= 1
     return shares
 
 

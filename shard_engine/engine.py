@@ -16,6 +16,7 @@ and the next cycle assigns it there before anything else.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import chain, repeat
@@ -501,19 +502,24 @@ class ShardEngine:
         }
         return Plan(now=now, table=table, shortfalls=found, why_not=plan_why_not, dry_run=dry_run)
 
-    def budget_census(self) -> list[tuple[budgets.Budget, int, int]]:
-        """(count budget, machines in its scope, draining under it) over this shard.
+    def budget_census(self) -> list[tuple[budgets.Budget, int, int, int]]:
+        """(count budget, machines in its scope, draining under it, held by it) here.
 
         What the shard reports so the coordinator can deal each count over
-        the fleet; counted as the budgets stage counts (drains in flight).
+        the fleet; counted as the budgets stage counts (drains in flight),
+        with the drains the last cycle held back under the budget.
         """
-        return budgets.census(
-            self.budgets,
-            self._inventory,
-            catalog=self._catalog,
-            names=self._clusters.name,
-            draining=self._draining(),
-        )
+        held = Counter(h.budget for h in self.holds if h.cause == "budget")
+        return [
+            (budget, in_scope, draining, held.get(budget.name, 0))
+            for budget, in_scope, draining in budgets.census(
+                self.budgets,
+                self._inventory,
+                catalog=self._catalog,
+                names=self._clusters.name,
+                draining=self._draining(),
+            )
+        ]
 
     def _draining(self) -> dict[int, budgets.DrainReason]:
         """Rows in flight for a drain, and the budget reason each counts under."""

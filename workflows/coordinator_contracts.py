@@ -234,6 +234,8 @@ class BudgetCount:
     cap: int
     in_scope: int
     draining: int
+    # Drains the budget held back there in the shard's last cycle.
+    held: int = 0
 
 
 @dataclass
@@ -291,7 +293,7 @@ def deal_shares(
             if c.name == count.name
         ]
         cap = min(c.cap for _, c in reported)
-        uses = [CountUse(shard_id, c.in_scope, c.draining) for shard_id, c in reported]
+        uses = [CountUse(shard_id, c.in_scope, c.draining, c.held) for shard_id, c in reported]
         held = {s: g[count.name] for s, g in granted.items() if count.name in g}
         shares[count.name] = grant_count(cap, uses, asking=asking.shard_id, granted=held)
     return shares

@@ -157,8 +157,8 @@ class CoordinatorReporter:
             shard_id=self._lease.shard_id,
             epoch=self._lease.epoch,
             counts=[
-                cc.BudgetCount(b.name, b.count or 0, in_scope, draining)
-                for b, in_scope, draining in self._state.engine.budget_census()
+                cc.BudgetCount(b.name, b.count or 0, in_scope, draining, held)
+                for b, in_scope, draining, held in self._state.engine.budget_census()
             ],
         )
 

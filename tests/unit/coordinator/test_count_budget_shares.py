@@ -69,9 +69,9 @@ def test_a_grant_is_never_below_what_the_shard_drains() -> None:
     assert grant_count(3, uses, asking="a", granted={"b": 3}) == 2
 
 
-_uses = st.lists(
-    st.tuples(st.integers(0, 1_000), st.integers(0, 20)), min_size=1, max_size=8
-).map(lambda xs: [CountUse(f"s{i}", n, d) for i, (n, d) in enumerate(xs)])
+_uses = st.lists(st.tuples(st.integers(0, 1_000), st.integers(0, 20)), min_size=1, max_size=8).map(
+    lambda xs: [CountUse(f"s{i}", n, d) for i, (n, d) in enumerate(xs)]
+)
 
 
 @given(cap=st.integers(0, 200), uses=_uses)
@@ -94,3 +94,21 @@ def test_grants_in_any_order_never_sum_past_the_cap(
     for shard in askers:
         granted[shard] = grant_count(cap, uses, asking=shard, granted=granted)
         assert sum(granted.values()) <= cap
+
+
+def test_what_is_left_goes_first_to_the_shards_with_drains_held_back() -> None:
+    # Only b has drains waiting: it gets both, though a has as many machines.
+    uses = [CountUse("a", 10, 0, held=0), CountUse("b", 10, 0, held=3)]
+    assert deal_count(2, uses) == {"a": 0, "b": 2}
+
+
+def test_shards_with_drains_held_back_are_served_furthest_below_their_fair_part_first() -> None:
+    # cap 3, equal scopes: a (wants 1) and b tie, a by id; a is then served, b takes the rest.
+    uses = [CountUse("a", 10, 0, held=1), CountUse("b", 10, 0, held=5)]
+    assert deal_count(3, uses) == {"a": 1, "b": 2}
+
+
+def test_room_nobody_asked_for_is_dealt_by_fair_part() -> None:
+    # cap 4: a's one held drain first; the 3 left go to b, a, b (furthest below 2 each).
+    uses = [CountUse("a", 10, 0, held=1), CountUse("b", 10, 0, held=0)]
+    assert deal_count(4, uses) == {"a": 2, "b": 2}
