@@ -49,6 +49,7 @@ from providers.core import ProviderCore
 from providers.ec2.local import LocalEc2, start_local_ec2
 from providers.kinds import build_provider
 from providers.server import RunningProvider, ServerSecurity, start_provider_server
+from shard_engine.budgets import Budget
 from shard_engine.config import EngineConfig
 from workflows.contracts import Deadlines, PollPolicy
 
@@ -139,6 +140,8 @@ class DevStackOptions:
     poll: PollPolicy = field(default_factory=lambda: PollPolicy(initial_s=0.25, max_s=2.0))
     # The shards' engine tuning (reclaim hysteresis, minimum age, window, ...).
     engine: EngineConfig = field(default_factory=EngineConfig)
+    # Disruption budgets every shard enforces (counts dealt by the coordinator; ADR 0140).
+    budgets: tuple[Budget, ...] = ()
     # Rehearsing operations: drains take about this many seconds of wall time (None:
     # the provider's usual), and one demo machine's drain gets stuck and ends in
     # AwaitingOperator (inject_stuck_drain).
@@ -334,6 +337,7 @@ class DevStack:
                     deadlines=o.deadlines,
                     poll=o.poll,
                     engine=o.engine,
+                    budgets=o.budgets,
                 ),
                 store=self.store,
                 temporal=self.client,
