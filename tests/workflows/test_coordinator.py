@@ -7,13 +7,22 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 from temporalio.client import WorkflowContinuedAsNewError, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.testing import WorkflowEnvironment
 
+from bigfleet.shard.lease import LeaseKeeper
+from bigfleet.shard.reporter import CoordinatorReporter
+from bigfleet.shard.state import ShardState
+from bigfleet.shard.terms import CoordinatorTerms
 from bigfleet.temporal import start_time_skipping
+from shard_engine.budgets import Budget
+from shard_engine.config import EngineConfig
+from shard_engine.engine import ShardEngine
 from tests.workflows.histories.coordinator import _shards, _workers, report
 from workflows import coordinator as co
 from workflows import coordinator_contracts as cc
@@ -88,3 +97,48 @@ async def test_the_coordinator_deals_count_budgets_to_shards_and_never_past_the_
     assert (again.shares, b_again.shares) == ({"gpu": 4}, {"gpu": 1})
     assert "counts[0].draining: -1 is negative" in str(refused.value.cause)
     assert status["budget_shares"] == {"a": {"gpu": 4}, "b": {"gpu": 1}}
+
+
+async def test_a_shard_uses_its_dealt_share_then_a_safe_default_once_the_coordinator_is_gone(
+    own_env: WorkflowEnvironment,
+) -> None:
+    env = own_env
+    now = [1_000.0]
+    engine = ShardEngine(EngineConfig())
+    engine.budgets = (Budget("gpu", count=5),)
+    lease = cast(LeaseKeeper, SimpleNamespace(shard_id="a", epoch=1))
+    reporter = CoordinatorReporter(
+        env.client,
+        lease=lease,
+        state=ShardState(engine, clock=lambda: now[0]),
+        terms=CoordinatorTerms(),
+        clock=lambda: now[0],
+        stale_after_s=90.0,
+    )
+    assert engine.budget_shares == {"gpu": 0}, "never heard from the coordinator: nothing"
+    update = co.CoordinatorWorkflow.budget_shares
+    b = cc.BudgetShareAsk("b", 1, [cc.BudgetCount("gpu", 5, 0, 0)])
+    async with _workers(env, _shards()):
+        handle = await env.client.start_workflow(
+            co.CoordinatorWorkflow.run,
+            co.CoordinatorInput(term=4, interval_s=30.0, rounds_per_run=50),
+            id=co.COORDINATOR_ID,
+            task_queue=co.COORDINATOR_QUEUE,
+            id_conflict_policy=WorkflowIDConflictPolicy.TERMINATE_EXISTING,
+        )
+        await handle.execute_update(update, b)  # b alone: all 5
+        assert (await reporter.ask_budget_shares()) is not None
+        assert engine.budget_shares == {"gpu": 0}, "b holds all 5 until it asks again"
+        await handle.execute_update(update, b)  # b: its part, 2 of 5
+        answer = await reporter.ask_budget_shares()
+        await handle.terminate("the coordinator is gone")
+    # Equal parts of 5 over two shards: a 3 (first by id), b 2.
+    assert answer is not None and (answer.term, answer.shards, answer.shares) == (4, 2, {"gpu": 3})
+    assert engine.budget_shares == {"gpu": 3}
+
+    now[0] += 60  # no answer, but the last one is still fresh
+    assert await reporter.ask_budget_shares() is None
+    assert engine.budget_shares == {"gpu": 3}
+    now[0] += 60  # stale: the smaller of the last share and floor(5 / 2 shards)
+    assert await reporter.ask_budget_shares() is None
+    assert engine.budget_shares == {"gpu": 2}
