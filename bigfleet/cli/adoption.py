@@ -152,7 +152,8 @@ def budgets_list(
 
     Use is counted over the providers' machines and the running drain
     workflows; "held 1h" counts drains the shards held back under the budget
-    in the last hour (decision log).
+    in the last hour (decision log); "shares" is how the coordinator last
+    dealt a count budget to the shards (a count holds fleet-wide).
     """
     settings = runtime.settings()
     if not settings.budgets:
@@ -163,6 +164,7 @@ def budgets_list(
         from bigfleet.store.decisions import DecisionStore
         from shard_engine.budgets import DrainReason, Subject, use_of
         from workflows import search_attributes as sa
+        from workflows.coordinator_contracts import COORDINATOR_ID
 
         found = connections.endpoints(database_url=database_url, address=address)
         subjects: dict[str, Subject] = {}
@@ -186,6 +188,12 @@ def budgets_list(
             if subject is not None:
                 kind = DrainReason.PREEMPT if reason == "preempt" else DrainReason.RECLAIM
                 draining.append((subject, kind))
+        granted: dict[str, dict[str, int]] = {}
+        try:
+            status = await client.get_workflow_handle(COORDINATOR_ID).query("status")
+            granted = dict(status.get("budget_shares", {}))
+        except Exception:  # no coordinator yet: the shards hold their safe default
+            granted = {}
         now = time.time()
         async with connections.open_store(database_url) as store:
             recent = await DecisionStore(store.engine).window(
@@ -216,6 +224,16 @@ def budgets_list(
                 f"{held.get(b.name, 0):>7}  {','.join(sorted(r.value for r in b.reasons)):<15} "
                 f"{window:<28} {b.scope.describe()} ({use.machines_in_scope} machines)"
             )
+            if b.count is not None:
+                dealt = {s: g[b.name] for s, g in sorted(granted.items()) if b.name in g}
+                typer.echo(
+                    "    shares: "
+                    + (
+                        " ".join(f"{s}={n}" for s, n in dealt.items())
+                        if dealt
+                        else "none dealt yet (each shard holds 0 until the coordinator deals)"
+                    )
+                )
 
     runtime.run(main())
 

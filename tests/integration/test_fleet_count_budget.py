@@ -13,11 +13,14 @@ run. Deadlines bound hangs; nothing is timed.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from bigfleet.cli import app
 from bigfleet.devstack import DevStack
 from bigfleet.v1alpha1 import provider_pb2
 from clusters.operator import DemandPattern
@@ -60,7 +63,9 @@ async def stack(tmp_path: Path, empty_database_url: str) -> AsyncIterator[DevSta
         await dev.stop()
 
 
-async def test_two_shards_never_drain_more_than_a_fleet_wide_count(stack: DevStack) -> None:
+async def test_two_shards_never_drain_more_than_a_fleet_wide_count(
+    stack: DevStack, tmp_path: Path
+) -> None:
     assert stack.store is not None
     owners = {c: await stack.store.assign_cluster(c) for c in CLUSTERS}
     assert sorted(owners.values()) == ["shard-0", "shard-1"], "one cluster per shard"
@@ -109,3 +114,28 @@ async def test_two_shards_never_drain_more_than_a_fleet_wide_count(stack: DevSta
     granted = status["budget_shares"]
     assert set(granted) == {"shard-0", "shard-1"}
     assert sum(g["one-fleet-wide"] for g in granted.values()) <= CAP
+
+    # `bigfleet budgets` shows the shares the coordinator dealt.
+    budgets_file = tmp_path / "budgets.json"
+    budgets_file.write_text(json.dumps([{"name": "one-fleet-wide", "nodes": CAP}]))
+    (name, provider) = next(iter(stack.provider_clients.items()))
+    result = await asyncio.to_thread(
+        CliRunner().invoke,
+        app,
+        ["budgets"],
+        env={
+            "BIGFLEET_DATABASE_URL": stack.options.database_url or "",
+            "BIGFLEET_TEMPORAL_ADDRESS": _temporal_address(stack),
+            "BIGFLEET_PROVIDERS": f"{name}={provider.address}",
+            "BIGFLEET_BUDGETS_FILE": str(budgets_file),
+            "BIGFLEET_DATA_DIR": str(tmp_path / "elsewhere"),
+        },
+    )
+    assert result.exit_code == 0, result.output
+    [line] = [ln for ln in result.output.splitlines() if ln.strip().startswith("shares:")]
+    assert "shard-0=" in line and "shard-1=" in line
+
+
+def _temporal_address(stack: DevStack) -> str:
+    assert stack.client is not None
+    return stack.client.service_client.config.target_host
