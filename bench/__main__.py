@@ -9,7 +9,8 @@ fleet-rate ingestion on one shard: RSS, descriptors, ack latency and cycle
 time every 10 s, with a plot), ``reconcile`` (one
 comparison of providers, record and engine), ``probe`` (one container
 healthcheck, ``bigfleet health``), ``adoption`` (what budgets and the
-decision log cost a burst cycle), ``all`` (every suite in turn).
+decision log cost a burst cycle), ``budgets`` (cycle time with 0 and
+10 budgets at 100K machines), ``all`` (every suite in turn).
 Each line is
 ``{"bench": ..., "metric": ..., "value": ..., "unit": ...}``.
 """
@@ -31,6 +32,7 @@ SUITES = {
     "reconcile": "bench.reconcile",
     "probe": "bench.probe",
     "adoption": "bench.adoption",
+    "budgets": "bench.budgets",
 }
 
 
