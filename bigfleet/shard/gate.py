@@ -14,7 +14,9 @@ Three switches, each stopping everything new from starting:
   recorded and swallowed: no workflow, so no provider mutation, reclaim
   instruction or bootstrap request. Its machines stay marked as on their
   way, so a would-be action is decided (and recorded) once, not every
-  cycle. It sends no coordinator report and runs no reconcile repairs,
+  cycle, until a plausible delay has passed; then the operation settles in
+  the shard's memory only (``virtual.py``), so later cycles can reclaim
+  what demand no longer needs. It sends no coordinator report and runs no reconcile repairs,
   so nothing outside learns of decisions that were never carried out.
 - **Pause** (``bigfleet pause``, durable). The engine plans with no actions
   (why-not ``actuation paused``); any operation that still reaches the
@@ -41,6 +43,7 @@ from bigfleet import metrics
 from bigfleet.decisions import DecisionLog, Mode, decisions_of
 from bigfleet.shard.core import Actuator, Operation, Started, machines_of
 from bigfleet.shard.marks import ModeMarker
+from bigfleet.shard.virtual import VirtualSettlement
 from bigfleet.store.controls import Control, ControlStore
 from shard_engine.engine import ShardEngine
 from shard_engine.model import Plan
@@ -88,9 +91,13 @@ class Modes:
 class GatedActuator:
     """An actuator that passes operations to ``inner`` only while the shard is active."""
 
-    def __init__(self, inner: Actuator, modes: Modes) -> None:
+    def __init__(
+        self, inner: Actuator, modes: Modes, *, settlement: VirtualSettlement | None = None
+    ) -> None:
         self._inner = inner
         self._modes = modes
+        # Shadow mode: would-be operations settle in memory after a delay (virtual.py).
+        self._settlement = settlement
         #: Operations withheld, by the mode that withheld them (tests and `bigfleet shards`).
         self.withheld: Counter[str] = Counter()
 
@@ -102,7 +109,9 @@ class GatedActuator:
         modes = self._modes
         if modes.shadow:
             self.withheld[Mode.SHADOW] += 1
-            return Started()  # the machine stays marked: decided once, recorded once
+            if self._settlement is not None:
+                self._settlement.record(op)  # settles in memory once a plausible delay passed
+            return Started()  # the machine stays marked until then: decided once, recorded once
         if modes.paused or modes.dry_run:
             self.withheld[modes.mode] += 1
             return Started(refused=machines_of(op))

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from bigfleet.shard.interpreter import InterpreterSettings
 from bigfleet.shard.sessions import SessionLimits
+from bigfleet.shard.virtual import ShadowDelays
 from shard_engine.budgets import Budget
 from shard_engine.engine import EngineConfig
 from workflows.contracts import Deadlines, PollPolicy, default_deadline_overrides
@@ -61,6 +62,8 @@ class ShardOptions:
     interpreter: InterpreterSettings = field(default_factory=InterpreterSettings)
     # Shadow mode: decide and record, never act (BIGFLEET_MODE=shadow; bigfleet/shard/gate.py).
     shadow: bool = False
+    # How long a shadow shard's would-be operations take before they settle in memory.
+    shadow_delays: ShadowDelays = field(default_factory=ShadowDelays)
     # Fleet disruption budgets this shard enforces on its drains (shard_engine/budgets.py).
     budgets: tuple[Budget, ...] = ()
 

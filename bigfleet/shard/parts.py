@@ -52,6 +52,7 @@ from bigfleet.shard.sessions import SessionHub
 from bigfleet.shard.state import ShardState
 from bigfleet.shard.terms import CoordinatorTerms
 from bigfleet.shard.transfers import CrossShardTransfers
+from bigfleet.shard.virtual import VirtualSettlement
 from bigfleet.store import Store
 from bigfleet.store.controls import ControlStore
 from bigfleet.store.decisions import DecisionStore
@@ -85,6 +86,8 @@ class ShardParts:
     context: ShardActivityContext
     capacity_hints: CapacityHints
     adoption: Adoption
+    # Shadow mode only: would-be operations settling in memory (virtual.py).
+    settlement: VirtualSettlement | None = None
 
 
 def assemble(
@@ -128,7 +131,14 @@ def assemble(
     )
     # The one core production and the simulator share; the executor is its actuator,
     # behind the gate that shadow mode, pause and dry run close (gate.py).
-    core = ShardCore(state, GatedActuator(executor, modes), shard_id=shard_id)
+    settlement = (
+        VirtualSettlement(state, clock=clock, delays=options.shadow_delays)
+        if options.shadow
+        else None
+    )
+    core = ShardCore(
+        state, GatedActuator(executor, modes, settlement=settlement), shard_id=shard_id
+    )
     adoption = Adoption(
         shard_id=shard_id,
         engine=engine,
@@ -214,4 +224,5 @@ def assemble(
         context=context,
         capacity_hints=CapacityHints(hub, engine),
         adoption=adoption,
+        settlement=settlement,
     )

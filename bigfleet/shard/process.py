@@ -345,6 +345,8 @@ class ShardProcess:
         if not self.active:
             return 0
         self.sink.apply_staged()  # every roll-up acknowledged so far counts in this cycle
+        if self.parts.settlement is not None:
+            self.parts.settlement.settle_due()  # shadow: would-be operations that are done
         started = time.perf_counter()
         plan = self.engine.cycle(now=self.clock(), dry_run=self.adoption.dry_run)
         telemetry.record_cycle(

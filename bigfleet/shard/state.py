@@ -168,6 +168,9 @@ class ShardState(Generic[E]):
         self._priorities: dict[str, int] = {}
         self._serving: dict[str, tuple[str, str]] = {}
         self._leaving: dict[str, tuple[int, int]] = {}
+        # Shadow mode: machines a would-be operation settled in memory only
+        # (bigfleet/shard/virtual.py); their provider's view is not news to the shard.
+        self._virtual: dict[str, MachineRecord] = {}
 
     # ------------------------------------------------------------------ reading
 
@@ -256,6 +259,8 @@ class ShardState(Generic[E]):
         mid = record.id
         if self._lifecycle.is_quarantined(mid):
             return
+        if mid in self._virtual:
+            return  # a shadow shard's memory of a would-be operation wins (ADR 0143)
         if mid in self._leaving:
             self._push(record)
             return
@@ -304,6 +309,34 @@ class ShardState(Generic[E]):
         self._engine.settle(machine_id, record, now=self._clock())
         if record is not None:
             self._push(record, cluster_hint=cluster_hint)
+
+    def settle_virtually(
+        self, machine_id: str, record: MachineRecord, *, workload: Workload, virtual: bool = True
+    ) -> None:
+        """A shadow shard's would-be operation ended: end its flight in memory only.
+
+        Nothing is pushed to the node view (no operator hears of a machine
+        that never came) and nothing reaches the store or a provider. While
+        ``virtual`` the machine's provider observations are ignored, since
+        they describe a world the shadow shard decided not to change; a
+        would-be operation that leaves the machine as its provider has it
+        (a delete back to speculative) passes ``virtual=False`` and
+        observations count again.
+        """
+        if virtual:
+            self._virtual[machine_id] = record
+        else:
+            self._virtual.pop(machine_id, None)
+        self._read_back(record, workload)
+        now = self._clock()
+        self._engine.settle(machine_id, record, now=now)
+        if workload.need_key and record.cluster:
+            # Bound to the need it was placed for, as a provider's echo would bind it.
+            self._engine.upsert_machine(record, now=now, need_key=workload.need_key)
+
+    def is_virtual(self, machine_id: str) -> bool:
+        """Whether the machine is in a state only this shadow shard's memory holds."""
+        return machine_id in self._virtual
 
     def settle_as_is(self, machine_ids: Iterable[str]) -> None:
         """Actions that were not started: their machines are planned with again."""
