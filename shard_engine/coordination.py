@@ -211,7 +211,9 @@ def idle_offers(
     on_offer: list[RemoteIdle] = []
     for donor, view in sorted(views.items()):
         for supply in sorted(view.supply, key=lambda s: s.key):
-            count = min(supply.idle - taken[(donor, supply.key)], budget[donor])
+            if supply.idle <= 0:
+                continue
+            count = min(supply.idle - taken.get((donor, supply.key), 0), budget[donor])
             if count > 0:
                 on_offer.append(
                     RemoteIdle(
@@ -263,15 +265,11 @@ def units_needed(deficit: Mapping[str, float], allocatable: Mapping[str, float])
 def plan_transfers(views: Mapping[str, ShardView], *, max_share: float = 0.05) -> list[Instruction]:
     """Plan instructions for every reported shortfall, highest priority first."""
     budget = {sid: max(1, int(v.total_machines * max_share)) for sid, v in views.items()}
-    left: dict[tuple[str, tuple[str, str, str, int]], dict[str, int]] = {}
-    for sid, view in views.items():
-        for s in view.supply:
-            left[(sid, s.key)] = {
-                TransferKind.IDLE.value: s.idle,
-                TransferKind.SPECULATIVE.value: s.speculative,
-            }
-            for prio, n in s.configured_by_priority.items():
-                left[(sid, s.key)][f"p{prio}"] = n
+    # What this round's instructions took, per (donor, profile key, bucket); what
+    # is left is a supply's count less this. Kept sparse: a fleet's shards
+    # report hundreds of shapes and a round takes from a few of them.
+    taken: _Taken = defaultdict(int)
+    donors = sorted(views.items())
     shortfalls = sorted(
         ((sid, sf) for sid, v in views.items() for sf in v.shortfalls),
         key=lambda item: (-item[1].priority, -item[1].age_cycles, item[0], item[1].cluster_id),
@@ -281,11 +279,16 @@ def plan_transfers(views: Mapping[str, ShardView], *, max_share: float = 0.05) -
         for kind in (TransferKind.IDLE, TransferKind.SPECULATIVE, TransferKind.PREEMPT):
             if kind is TransferKind.PREEMPT and not sf.escalated:
                 break
-            donations = _resolve(views, receiver, sf, kind, left, budget)
+            donations = _resolve(donors, receiver, sf, kind, taken, budget)
             if donations:
                 out.extend(donations)
                 break
     return out
+
+
+#: Machines this round's instructions took, per (donor, profile key, bucket); a
+#: bucket is "idle", "speculative" or "p<priority>" (configured machines serving it).
+_Taken = defaultdict[tuple[str, tuple[str, str, str, int], str], int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,43 +297,51 @@ class _Offer:
 
     donor: str
     supply: ProfileSupply
-    buckets: tuple[str, ...]
+    #: The buckets it gives from, in order, each with what is left of it.
+    buckets: tuple[tuple[str, int], ...]
     available: int
 
 
+def _buckets(supply: ProfileSupply, kind: TransferKind, below: int) -> tuple[tuple[str, int], ...]:
+    """The buckets of ``supply`` a step of ``kind`` takes from, with what each reports."""
+    if kind is TransferKind.IDLE:
+        return ((kind.value, supply.idle),) if supply.idle > 0 else ()
+    if kind is TransferKind.SPECULATIVE:
+        return ((kind.value, supply.speculative),) if supply.speculative > 0 else ()
+    configured = supply.configured_by_priority
+    return tuple((f"p{prio}", configured[prio]) for prio in sorted(configured) if prio < below)
+
+
 def _offers(
-    views: Mapping[str, ShardView],
+    donors: Sequence[tuple[str, ShardView]],
     receiver: str,
     sf: ShardShortfall,
     kind: TransferKind,
-    left: Mapping[tuple[str, tuple[str, str, str, int]], Mapping[str, int]],
+    taken: _Taken,
     budget: Mapping[str, int],
 ) -> list[_Offer]:
     """Every donor profile that may serve ``sf`` in this step, with how much is left of it."""
     offers: list[_Offer] = []
-    for donor, view in sorted(views.items()):
+    for donor, view in donors:
         if donor == receiver or budget[donor] <= 0:
             continue
         for supply in view.supply:
+            # What is left first: it costs an attribute or two, the checks below more.
+            reported = _buckets(supply, kind, sf.priority)
+            if not reported:
+                continue
+            key = supply.key
+            buckets = tuple((b, n - taken.get((donor, key, b), 0)) for b, n in reported)
+            available = sum(n for _, n in buckets)
+            if available <= 0:
+                continue
             if not labels_satisfy(sf.requirements, supply.labels):
                 continue
             if not _covers(supply.allocatable, sf.min_unit):
                 continue
             if units_needed(sf.deficit, supply.allocatable) <= 0:
                 continue
-            pool = left[(donor, supply.key)]
-            if kind is TransferKind.PREEMPT:
-                buckets = tuple(
-                    sorted(
-                        (k for k in pool if k.startswith("p") and int(k[1:]) < sf.priority),
-                        key=lambda k: int(k[1:]),
-                    )
-                )
-            else:
-                buckets = (kind.value,)
-            available = sum(pool.get(k, 0) for k in buckets)
-            if available > 0:
-                offers.append(_Offer(donor, supply, buckets, available))
+            offers.append(_Offer(donor, supply, buckets, available))
     return offers
 
 
@@ -372,11 +383,11 @@ def _is_gang(sf: ShardShortfall) -> bool:
 
 
 def _resolve(
-    views: Mapping[str, ShardView],
+    donors: Sequence[tuple[str, ShardView]],
     receiver: str,
     sf: ShardShortfall,
     kind: TransferKind,
-    left: dict[tuple[str, tuple[str, str, str, int]], dict[str, int]],
+    taken: _Taken,
     budget: dict[str, int],
 ) -> list[Instruction]:
     """Donations of one step that together cover ``sf``, or none if they cannot.
@@ -386,7 +397,7 @@ def _resolve(
     of one donor or several, are combined (:func:`_combine`). A gang (a
     ``Same`` requirement) is never split over profiles: one or nothing.
     """
-    offers = _offers(views, receiver, sf, kind, left, budget)
+    offers = _offers(donors, receiver, sf, kind, taken, budget)
     plan: list[tuple[_Offer, int]] = []
     best: tuple[int, _Offer] | None = None
     for offer in offers:
@@ -400,11 +411,10 @@ def _resolve(
         plan = _combine(offers, sf.deficit, budget)
     out: list[Instruction] = []
     for offer, count in plan:
-        pool = left[(offer.donor, offer.supply.key)]
         remaining = count
-        for bucket in offer.buckets:
-            take = min(pool.get(bucket, 0), remaining)
-            pool[bucket] -= take
+        for bucket, left in offer.buckets:
+            take = min(max(left, 0), remaining)
+            taken[(offer.donor, offer.supply.key, bucket)] += take
             remaining -= take
             if remaining == 0:
                 break

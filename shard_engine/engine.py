@@ -23,6 +23,7 @@ from itertools import chain, repeat
 from types import MappingProxyType
 
 import numpy as np
+import numpy.typing as npt
 
 from shard_engine import (
     budgets,
@@ -909,6 +910,26 @@ class ShardEngine:
             (self._catalog.profile(int(i)), int(idle[i]), int(speculative[i]))
             for i in np.flatnonzero(inventory.members > 0)
         ]
+
+    def free_counters(
+        self,
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Per profile index: machines the shard holds, free idle, free speculative (copies).
+
+        What :meth:`free_by_profile` reads, as arrays, for a caller that asks
+        often and wants to see what changed since it last asked.
+        """
+        inventory = self._inventory
+        inventory.ensure_tables()
+        return (
+            inventory.members.copy(),
+            inventory.free_idle.copy(),
+            inventory.free_speculative.copy(),
+        )
+
+    def profile_at(self, index: int) -> Profile:
+        """The interned profile of index ``index`` (as :meth:`free_counters` numbers them)."""
+        return self._catalog.profile(index)
 
     def free_machines(
         self,

@@ -39,7 +39,7 @@ checks.
 from __future__ import annotations
 
 import logging
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -339,6 +339,8 @@ class BigFleetPolicy:
         # COOLDOWN_REPORT_INTERVALS report intervals ago, is not answered again.
         self._answering: Counter[str] = Counter()
         self._cooldown: dict[str, float] = {}
+        #: Per shard, its free supply as the last round's changes left it.
+        self._free: dict[str, ops.SupplyMirror] = defaultdict(ops.SupplyMirror)
         self._next_cycle = 0.0
         self._next_rollup = 0.0
         self._next_report = options.report_interval_s
@@ -579,7 +581,14 @@ class BigFleetPolicy:
                 for shard, taken in zip(self.shards.values(), busy, strict=True)
             ]
         else:
-            supplies = list(self.engines.call_each(self.shards, ops.free_supply))
+            supplies = [
+                self._free[sid].apply(changes)
+                for sid, changes in zip(
+                    self.shards,
+                    self.engines.call_each(self.shards, ops.free_supply_changes),
+                    strict=True,
+                )
+            ]
         views = {
             sid: self._view(shard, supply, lacking[sid])
             for (sid, shard), supply in zip(self.shards.items(), supplies, strict=True)

@@ -44,16 +44,22 @@ import queue
 import threading
 import time
 import traceback
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
 
 from bigfleet.shard import choices, supply
 from bigfleet.shard.choices import CrossShardVictim, TransferProfile, VictimTerms
 from bigfleet.shard.convert import InvalidRollup, rollup_from_wire
+from bigfleet.shard.supply import Free, ProfileKey
 from bigfleet.v1alpha1 import capacity_pb2
+from shard_engine.catalog import Profile
 from shard_engine.coordination import ProfileSupply, RemoteIdle
 from shard_engine.engine import EngineConfig, RollupRejected, ShardEngine
 from shard_engine.model import Action, MachineRecord, MachineState, Need, Shortfall
@@ -65,6 +71,8 @@ __all__ = [
     "Loader",
     "LocalEngines",
     "Result",
+    "SupplyChanges",
+    "SupplyMirror",
     "WorkerEngines",
     "WorkerFailed",
     "apply_wire",
@@ -72,6 +80,8 @@ __all__ = [
     "cycle",
     "default_workers",
     "donations",
+    "free_supply",
+    "free_supply_changes",
     "in_flight",
     "lacking",
     "machines",
@@ -192,6 +202,121 @@ def shortfalls(engine: ShardEngine) -> tuple[Shortfall, ...]:
 def free_supply(engine: ShardEngine) -> tuple[ProfileSupply, ...]:
     """Idle and speculative supply per profile, from its counters (``supply.free_supply``)."""
     return supply.free_supply(engine.free_by_profile())
+
+
+class SupplyChanges(NamedTuple):
+    """How a shard's free supply differs from what its caller was last told."""
+
+    #: (key, sample, idle, speculative); ``sample`` is None when it is the one sent before.
+    changed: tuple[tuple[ProfileKey, Profile | None, int, int], ...]
+    removed: tuple[ProfileKey, ...]
+
+
+class _FreeFeed:
+    """What :func:`free_supply_changes` last answered for one engine, and how it reads it."""
+
+    def __init__(self) -> None:
+        self.keys: list[ProfileKey] = []  # per profile index, its report key
+        self.indices: dict[ProfileKey, list[int]] = {}  # per key, its profile indices
+        empty = np.zeros(0, dtype=np.int64)
+        self.counters: tuple[npt.NDArray[np.int64], ...] = (empty, empty, empty)
+        self.sent: dict[ProfileKey, Free] = {}
+
+    def changed_keys(self, engine: ShardEngine) -> set[ProfileKey]:
+        """Keys of the profiles whose counters moved since the last call."""
+        counters = engine.free_counters()
+        size = len(counters[0])
+        for index in range(len(self.keys), size):
+            p = engine.profile_at(index)
+            key = (p.provider, p.instance_type, p.zone, int(p.capacity_type))
+            self.keys.append(key)
+            self.indices.setdefault(key, []).append(index)
+        moved = np.zeros(size, dtype=bool)
+        for now, before in zip(counters, self.counters, strict=True):
+            grown = np.zeros(size, dtype=np.int64)
+            grown[: len(before)] = before
+            moved |= now != grown
+        self.counters = counters
+        return {self.keys[int(i)] for i in np.flatnonzero(moved)}
+
+    def free(self, engine: ShardEngine, key: ProfileKey) -> Free | None:
+        """The key's entry as ``supply.free_counts`` adds it up; None when the shard has none."""
+        members, idle, speculative = self.counters
+        held = [i for i in self.indices[key] if members[i] > 0]
+        if not held:
+            return None
+        return Free(
+            engine.profile_at(held[0]),
+            int(sum(int(idle[i]) for i in held)),
+            int(sum(int(speculative[i]) for i in held)),
+        )
+
+
+#: Per engine, what :func:`free_supply_changes` last answered.
+_FEEDS: weakref.WeakKeyDictionary[ShardEngine, _FreeFeed] = weakref.WeakKeyDictionary()
+
+
+def free_supply_changes(engine: ShardEngine) -> SupplyChanges:
+    """:func:`free_supply` as changes since the last call (a :class:`SupplyMirror` rebuilds it).
+
+    A coordinator round asks every shard for its supply every 30 virtual
+    seconds; a shard holds a few hundred profile keys and most of them do
+    not move between rounds, so building and sending them all cost the
+    engine workers about as much as their cycles at 20 shards. Only the keys
+    of profiles whose counters moved are added up again (by the rule of
+    ``supply.free_counts``: the first held profile of a key is its sample).
+    """
+    feed = _FEEDS.get(engine)
+    if feed is None:
+        feed = _FEEDS[engine] = _FreeFeed()
+    changed: list[tuple[ProfileKey, Profile | None, int, int]] = []
+    removed: list[ProfileKey] = []
+    for key in sorted(feed.changed_keys(engine)):
+        old, free = feed.sent.get(key), feed.free(engine, key)
+        if free is None:
+            if old is not None:
+                removed.append(key)
+                del feed.sent[key]
+            continue
+        if old is None or old.sample is not free.sample:
+            changed.append((key, free.sample, free.idle, free.speculative))
+        elif old.idle != free.idle or old.speculative != free.speculative:
+            changed.append((key, None, free.idle, free.speculative))
+        feed.sent[key] = free
+    return SupplyChanges(tuple(changed), tuple(removed))
+
+
+class SupplyMirror:
+    """The caller's copy of one shard's free supply, kept by :func:`free_supply_changes`.
+
+    ``apply`` returns what :func:`free_supply` would have returned: the same
+    entries (by ``supply.free_entry``), sorted by key. An unchanged entry is
+    the very object of the last round.
+    """
+
+    def __init__(self) -> None:
+        self._samples: dict[ProfileKey, Profile] = {}
+        self._entries: dict[ProfileKey, ProfileSupply] = {}
+        self._supply: tuple[ProfileSupply, ...] = ()
+
+    def apply(self, changes: SupplyChanges) -> tuple[ProfileSupply, ...]:
+        if not changes.changed and not changes.removed:
+            return self._supply
+        added = bool(changes.removed)
+        for key in changes.removed:
+            del self._entries[key]
+            del self._samples[key]
+        for key, sample, idle, speculative in changes.changed:
+            if sample is None:
+                sample = self._samples[key]
+            else:
+                added = added or key not in self._samples
+                self._samples[key] = sample
+            self._entries[key] = supply.free_entry(key, Free(sample, idle, speculative))
+        if added:
+            self._entries = dict(sorted(self._entries.items()))
+        self._supply = tuple(self._entries.values())
+        return self._supply
 
 
 def busy(engine: ShardEngine) -> frozenset[str]:

@@ -30,7 +30,15 @@ from shard_engine.catalog import Profile
 from shard_engine.coordination import ProfileSupply
 from shard_engine.model import MachineRecord, MachineState
 
-__all__ = ["Held", "free_supply", "profile_supply"]
+__all__ = [
+    "Free",
+    "Held",
+    "ProfileKey",
+    "free_counts",
+    "free_entry",
+    "free_supply",
+    "profile_supply",
+]
 
 
 class Held(NamedTuple):
@@ -82,31 +90,55 @@ def profile_supply(machines: Iterable[Held]) -> tuple[ProfileSupply, ...]:
     )
 
 
-def free_supply(free: Iterable[tuple[Profile, int, int]]) -> tuple[ProfileSupply, ...]:
-    """Idle and speculative supply per profile key from (engine profile, idle, speculative).
+ProfileKey = tuple[str, str, str, int]
+
+
+class Free(NamedTuple):
+    """One profile key's free machines, as :func:`free_counts` adds them up."""
+
+    #: The first engine profile of the key: its labels and allocatable are reported.
+    sample: Profile
+    idle: int
+    speculative: int
+
+
+def free_counts(free: Iterable[tuple[Profile, int, int]]) -> dict[ProfileKey, Free]:
+    """Idle and speculative machines per profile key, sorted by key.
 
     Engine profiles that share a key (labels or prices differ) add up; the
     first one's labels and allocatable are reported, as :func:`profile_supply`
-    reports its first machine's. No configured counts.
+    reports its first machine's.
     """
-    samples: dict[tuple[str, str, str, int], Profile] = {}
-    idle: Counter[tuple[str, str, str, int]] = Counter()
-    speculative: Counter[tuple[str, str, str, int]] = Counter()
+    samples: dict[ProfileKey, Profile] = {}
+    idle: Counter[ProfileKey] = Counter()
+    speculative: Counter[ProfileKey] = Counter()
     for profile, free_idle, free_speculative in free:
         key = (profile.provider, profile.instance_type, profile.zone, int(profile.capacity_type))
         samples.setdefault(key, profile)
         idle[key] += free_idle
         speculative[key] += free_speculative
-    return tuple(
-        ProfileSupply(
-            provider=key[0],
-            instance_type=key[1],
-            zone=key[2],
-            capacity_type=key[3],
-            labels=dict(sample.labels),
-            allocatable=dict(sample.allocatable),
-            idle=idle[key],
-            speculative=speculative[key],
-        )
-        for key, sample in sorted(samples.items())
+    return {
+        key: Free(sample, idle[key], speculative[key]) for key, sample in sorted(samples.items())
+    }
+
+
+def free_entry(key: ProfileKey, free: Free) -> ProfileSupply:
+    """The report's entry for one key of :func:`free_counts` (no configured column)."""
+    return ProfileSupply(
+        provider=key[0],
+        instance_type=key[1],
+        zone=key[2],
+        capacity_type=key[3],
+        labels=dict(free.sample.labels),
+        allocatable=dict(free.sample.allocatable),
+        idle=free.idle,
+        speculative=free.speculative,
     )
+
+
+def free_supply(free: Iterable[tuple[Profile, int, int]]) -> tuple[ProfileSupply, ...]:
+    """Idle and speculative supply per profile key from (engine profile, idle, speculative).
+
+    :func:`free_counts`, each key's entry by :func:`free_entry`; sorted by key.
+    """
+    return tuple(free_entry(key, entry) for key, entry in free_counts(free).items())
