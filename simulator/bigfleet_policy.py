@@ -27,8 +27,9 @@ What is the simulator's own is only the glue to virtual time: the actuator
 follows each transition on the provider core (what production's workflows do
 over Temporal), the engines may live in worker processes (``engines.EngineHandle``),
 and the coordinator's report is read from the engines (idle and speculative from
-their per-profile counters, ``supply.free_supply``; machine by machine, with the
-configured column, only in a round where some shortfall is escalated). Differences from
+their per-profile counters by ``supply.free_counts``, sent as what changed since
+the last round and rebuilt here by ``engines.SupplyMirror``; machine by machine,
+with the configured column, only in a round where some shortfall is escalated). Differences from
 production, on purpose: no Temporal, no PostgreSQL (ownership lives in the
 states), a roll-up equal to the one the engine last applied is not re-sent
 (the engine would only move its timestamp; one that was quarantined is
