@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import time
@@ -14,7 +15,8 @@ import typer
 from clusters.packing import DEFAULT_HEURISTIC, Heuristic
 from simulator.driver import POLICIES, Progress, RunOptions, simulate
 from simulator.engines import default_workers
-from simulator.scenarios import SCENARIOS, build
+from simulator.scenarios import SCENARIOS, TIER_NAMES, build
+from simulator.seeds import compare, markdown, parse_seeds, to_json
 from simulator.trace import TraceError, dump_trace, load_trace
 
 __all__ = ["parse_duration", "simulate_command"]
@@ -101,8 +103,40 @@ def simulate_command(
     write_trace: Annotated[
         Path | None, typer.Option(help="Also write the scenario's trace to this file.")
     ] = None,
+    seeds: Annotated[
+        str | None,
+        typer.Option(
+            help="Run each of these seeds (1-5, 1,3,5) into OUT/seed-<s>/ and compare them in "
+            "OUT/seeds.md (mean, min, max, every seed, the goals each misses).",
+        ),
+    ] = None,
 ) -> None:
     """Replay demand under BigFleet and a per-cluster baseline; write the comparison."""
+    if seeds is not None:
+        _simulate_seeds(
+            seeds,
+            out=out,
+            one=lambda seed, where: simulate_command(
+                out=where,
+                scenario=scenario,
+                trace=trace,
+                seed=seed,
+                clusters=clusters,
+                duration=duration,
+                scale=scale,
+                quota_scale=quota_scale,
+                shards=shards,
+                workers=workers,
+                heuristic=heuristic,
+                policy=policy,
+                cycle_interval=cycle_interval,
+                progress=progress,
+                write_trace=None,
+            ),
+            scenario=scenario if trace is None else trace.name,
+            write_trace=write_trace,
+        )
+        return
     try:
         seconds = parse_duration(duration)
         chosen = Heuristic.parse(heuristic)
@@ -166,3 +200,39 @@ def simulate_command(
             f"{s['speedup']:,.0f}× real time"
         )
     typer.echo(f"report: {report}")
+
+
+def _simulate_seeds(
+    text: str,
+    *,
+    out: Path,
+    one: Callable[[int, Path], None],
+    scenario: str,
+    write_trace: Path | None,
+) -> None:
+    """Each seed into ``out/seed-<s>/``, then ``seeds.md`` and ``seeds.json`` beside them."""
+    try:
+        chosen = parse_seeds(text)
+        if write_trace is not None:
+            raise ValueError("write-trace: one trace per seed; use --seed to write one")
+    except ValueError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+    runs: dict[int, dict[str, Any]] = {}
+    for seed in chosen:
+        where = out / f"seed-{seed}"
+        typer.echo(f"seed {seed}:")
+        one(seed, where)
+        runs[seed] = json.loads((where / "summary.json").read_text())["policies"]
+    policies = set.intersection(*(set(r) for r in runs.values()))
+    if not {"bigfleet", "baseline"} <= policies:
+        typer.echo("seeds: no comparison (it needs both the bigfleet and baseline policies)")
+        return
+    figures = compare(runs, tier_names=TIER_NAMES.get(scenario))
+    (out / "seeds.json").write_text(to_json(figures, chosen) + "\n")
+    table = markdown(figures, chosen)
+    (out / "seeds.md").write_text(
+        f"# {scenario}: bigfleet against the per-cluster baseline, seeds {text}\n\n{table}"
+    )
+    typer.echo(table)
+    typer.echo(f"seeds: {out / 'seeds.md'}")

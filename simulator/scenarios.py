@@ -29,9 +29,22 @@ from clusters.pods import PodSpec
 from shard_engine.model import AppClass, Operator, Requirement, TopologySpread
 from simulator.trace import Arrive, Event, Leave, Trace
 
-__all__ = ["SCENARIOS", "Scenario", "build"]
+__all__ = ["SCENARIOS", "TIER_NAMES", "Scenario", "build"]
 
 GI = float(2**30)
+
+#: What a scenario's priorities are called, for the tables that compare seeds.
+TIER_NAMES: dict[str, dict[int, str]] = {
+    "mixed": {
+        1_000_000: "production",
+        900_000: "GPU gangs",
+        500_000: "web",
+        100_000: "batch",
+        50_000: "spot-tolerant",
+        0: "best-effort",
+    },
+    "priority-tiers": {1_000_000: "production", 100_000: "batch", 0: "scavenger"},
+}
 ZONE = "topology.kubernetes.io/zone"
 RACK = "topology.kubernetes.io/rack"
 AMD64 = Requirement("kubernetes.io/arch", Operator.IN, ("amd64",))

@@ -1,0 +1,232 @@
+"""Several seeds of one scenario, compared: the table a decision change is judged by.
+
+    bigfleet simulate --seeds 1-5 ...  ──▶ DIR/seed-<s>/ (each seed's own report)
+                                        └▶ DIR/seeds.md, DIR/seeds.json (this module)
+
+One seed is an anecdote: a change is judged by every figure a user feels,
+over several seeds, as mean, min and max, and seed by seed (a mean can hide
+the one seed that got worse). :func:`compare` builds that table from the
+runs' summaries; each figure also carries the goal it is held to, and the
+seeds at which the candidate misses it, so a regression names itself.
+
+The goals are those the project holds BigFleet to against the per-cluster
+baseline (issue 18): cost at most 0.85× the baseline's; unschedulable
+pod-minutes and pods never placed at most the baseline's; at every priority
+tier, p99 time to capacity at most the baseline's + 30 s; no flaps.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "COST_GOAL",
+    "P99_SLACK_S",
+    "Figure",
+    "compare",
+    "markdown",
+    "parse_seeds",
+    "to_json",
+]
+
+#: Cost of the candidate at most this multiple of the reference's.
+COST_GOAL = 0.85
+#: p99 time to capacity of a tier at most the reference's plus this (seconds).
+P99_SLACK_S = 30.0
+
+Summary = Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Figure:
+    """One figure over the seeds: the candidate's and the reference's value per seed."""
+
+    label: str
+    candidate: tuple[float, ...]
+    reference: tuple[float, ...]
+    #: What the candidate is held to, in words ("" when the figure has no goal).
+    goal: str
+    #: Seeds (in order) at which the candidate misses its goal.
+    missed: tuple[int, ...]
+
+
+def parse_seeds(text: str) -> tuple[int, ...]:
+    """``1-5``, ``1,3,5``, ``2`` or ``1-3,7`` → the seeds in order; ``ValueError`` otherwise."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        if not match:
+            raise ValueError(f"seeds: expected numbers and ranges like 1-5,7; got {text!r}")
+        first = int(match.group(1))
+        last = int(match.group(2)) if match.group(2) is not None else first
+        if last < first:
+            raise ValueError(f"seeds: range {part.strip()!r} runs backwards")
+        seeds.extend(range(first, last + 1))
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds: {text!r} names a seed twice")
+    if len(seeds) > 100:
+        raise ValueError(f"seeds: {len(seeds)} seeds; at most 100")
+    return tuple(seeds)
+
+
+def _tiers(runs: Sequence[Summary]) -> list[int]:
+    """Every priority that placed or waited for a pod in any run, highest first."""
+    found = {int(k[1:]) for run in runs for k in run.get("time_to_capacity", {})}
+    return sorted(found, reverse=True)
+
+
+def _p99(summary: Summary, priority: int) -> float:
+    tier = summary.get("time_to_capacity", {}).get(f"p{priority}")
+    return float(tier["p99_s"]) if tier and tier.get("p99_s") is not None else 0.0
+
+
+def _tier_p99(priority: int) -> Callable[[Summary], float]:
+    return lambda summary: _p99(summary, priority)
+
+
+def compare(
+    runs: Mapping[int, Mapping[str, Summary]],
+    *,
+    candidate: str = "bigfleet",
+    reference: str = "baseline",
+    tier_names: Mapping[int, str] | None = None,
+) -> list[Figure]:
+    """The figures of ``candidate`` against ``reference`` over the seeds of ``runs``.
+
+    ``runs`` maps each seed to its summaries by policy (``summary.json``'s
+    ``policies``). Both policies must have run at every seed.
+    """
+    if not runs:
+        raise ValueError("runs: no seeds to compare")
+    seeds = list(runs)
+    for seed, by_policy in runs.items():
+        for policy in (candidate, reference):
+            if policy not in by_policy:
+                raise ValueError(f"runs: seed {seed} has no run of policy {policy!r}")
+    cand = [runs[s][candidate] for s in seeds]
+    ref = [runs[s][reference] for s in seeds]
+    names = tier_names or {}
+
+    def figure(
+        label: str,
+        value: Callable[[Summary], float],
+        goal: str = "",
+        meets: Callable[[float, float], bool] | None = None,
+    ) -> Figure:
+        c = tuple(value(x) for x in cand)
+        r = tuple(value(x) for x in ref)
+        missed = (
+            ()
+            if meets is None
+            else tuple(s for s, a, b in zip(seeds, c, r, strict=True) if not meets(a, b))
+        )
+        return Figure(label, c, r, goal, missed)
+
+    costs = [(float(c["cost_usd"]), float(r["cost_usd"])) for c, r in zip(cand, ref, strict=True)]
+    ratios = tuple(c / r if r > 0 else 0.0 for c, r in costs)
+    figures = [
+        Figure(
+            "cost vs baseline",
+            ratios,
+            tuple(1.0 for _ in ref),
+            f"≤ {COST_GOAL}×",
+            tuple(s for s, x in zip(seeds, ratios, strict=True) if x > COST_GOAL + 1e-9),
+        ),
+        figure("cost ($)", lambda x: float(x["cost_usd"])),
+        figure(
+            "unschedulable pod-minutes",
+            lambda x: float(x["unschedulable_pod_minutes"]),
+            "≤ baseline",
+            lambda a, b: a <= b,
+        ),
+        figure(
+            "pods never placed",
+            lambda x: float(sum(t["never_placed"] for t in x.get("time_to_capacity", {}).values())),
+            "≤ baseline",
+            lambda a, b: a <= b,
+        ),
+        figure("flaps", lambda x: float(x["flaps"]), "0", lambda a, _b: a == 0),
+    ]
+    for priority in _tiers([*cand, *ref]):
+        name = names.get(priority, f"priority {priority:,}")
+        figures.append(
+            figure(
+                f"{name} p99 (s)",
+                _tier_p99(priority),
+                f"≤ baseline + {P99_SLACK_S:.0f} s",
+                lambda a, b: a <= b + P99_SLACK_S,
+            )
+        )
+    return figures
+
+
+def _number(value: float) -> str:
+    if abs(value) >= 100 or value == int(value):
+        return f"{value:,.0f}"
+    return f"{value:.1f}"
+
+
+def _spread(values: Sequence[float], *, ratio: bool = False) -> str:
+    show = (lambda v: f"{v:.3f}×") if ratio else _number
+    mean = statistics.fmean(values)
+    return f"{show(mean)} ({show(min(values))}–{show(max(values))})"
+
+
+def markdown(
+    figures: Sequence[Figure],
+    seeds: Sequence[int],
+    *,
+    candidate: str = "bigfleet",
+    reference: str = "baseline",
+) -> str:
+    """The table: mean (min–max) of each side, every seed, the goal and where it is missed."""
+    lines = [
+        f"| ({len(seeds)} seeds: mean (min–max)) | {candidate} | {reference} "
+        f"| per seed ({', '.join(map(str, seeds))}): {candidate}/{reference} "
+        "| goal | missed at seeds |",
+        "|---|---|---|---|---|---|",
+    ]
+    for f in figures:
+        is_ratio = f.label == "cost vs baseline"
+        per_seed = ", ".join(
+            f"{c:.2f}" if is_ratio else f"{_number(c)}/{_number(r)}"
+            for c, r in zip(f.candidate, f.reference, strict=True)
+        )
+        lines.append(
+            f"| {f.label} | {_spread(f.candidate, ratio=is_ratio)} "
+            f"| {'1' if is_ratio else _spread(f.reference)} | {per_seed} | {f.goal or '—'} "
+            f"| {', '.join(map(str, f.missed)) if f.missed else ('none' if f.goal else '—')} |"
+        )
+    met = [f for f in figures if f.goal]
+    missed = [f for f in met if f.missed]
+    lines.append("")
+    lines.append(
+        f"Goals met at every seed: {len(met) - len(missed)} of {len(met)}"
+        + (f"; missed: {', '.join(f.label for f in missed)}." if missed else ".")
+    )
+    return "\n".join(lines) + "\n"
+
+
+def to_json(figures: Sequence[Figure], seeds: Sequence[int]) -> str:
+    """``seeds.json``: every figure's values per seed, its goal and the seeds that miss it."""
+    return json.dumps(
+        {
+            "seeds": list(seeds),
+            "figures": [
+                {
+                    "label": f.label,
+                    "candidate": list(f.candidate),
+                    "reference": list(f.reference),
+                    "goal": f.goal,
+                    "missed": list(f.missed),
+                }
+                for f in figures
+            ],
+        },
+        indent=2,
+    )
