@@ -31,6 +31,7 @@ from temporalio.client import Client
 
 from activities.context import ProviderCalls
 from bigfleet.decisions import DecisionLog
+from bigfleet.edge.relay import RelayHub
 from bigfleet.shard.capacity_hints import CapacityHints
 from bigfleet.shard.choices import EngineChoices
 from bigfleet.shard.context import ShardActivityContext
@@ -102,7 +103,8 @@ def assemble(
     shard_id = options.shard_id
     engine = ShardEngine(options.engine, stopwatch=time.perf_counter)
     engine.budgets = options.budgets
-    hub = SessionHub()
+    # With edge processes the sessions live there; the hub relays to them (ADR 0147).
+    hub = RelayHub() if options.edges else SessionHub()
     lifecycle = MachineLifecycle()
     terms = CoordinatorTerms()
     lease = LeaseKeeper(

@@ -76,6 +76,9 @@ class IngestOptions:
     # instead (an ack, or RESOURCE_EXHAUSTED with a retry hint), not CANCELLED.
     # Waiting calls stay bounded by max_pending_requests (below).
     max_unrequested_s: float = 600.0
+    # Share the port with other processes that set it too (a shard's edge processes,
+    # ADR 0147): the kernel spreads new connections between them.
+    reuse_port: bool = False
 
     def server_options(self) -> list[tuple[str, Any]]:
         return [
@@ -92,7 +95,7 @@ class IngestOptions:
             # defaults, which keeps an idle session's buffers small.
             ("grpc.http2.bdp_probe", 0),
             ("grpc.max_receive_message_length", 16 * 1024 * 1024),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", 1 if self.reuse_port else 0),
             # gRPC's core refuses calls the application has not picked up yet beyond
             # 1,000 (at random) and 3,000 (all): a reconnection storm of thousands of
             # operators then sees CANCELLED or INTERNAL. Our own limit is max_sessions,
