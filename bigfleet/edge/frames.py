@@ -224,15 +224,35 @@ class RelayedRollup:
 
 
 def rollup_body(
-    validated: ValidatedRollup, *, unchanged: bool, replay: bool = False
+    validated: ValidatedRollup,
+    *,
+    unchanged: bool,
+    replay: bool = False,
+    memo: dict[str, tuple[Need, tuple[Any, ...]]] | None = None,
 ) -> tuple[Any, ...]:
-    """The ROLLUP frame's body for a validated roll-up (its needs left out when ``unchanged``)."""
+    """The ROLLUP frame's body for a validated roll-up (its needs left out when ``unchanged``).
+
+    ``memo`` (the cluster's, by need key) keeps each need's values beside
+    the need they were written from: a need the edge's validation reused
+    (the same object) is not written out again.
+    """
     rollup = validated.rollup
-    needs = (
-        None
-        if unchanged
-        else tuple((key, need_to_tuple(need)) for key, need in validated.merged.items())
-    )
+    needs: tuple[tuple[str, tuple[Any, ...]], ...] | None = None
+    if not unchanged:
+        items = []
+        for key, need in validated.merged.items():
+            known = memo.get(key) if memo is not None else None
+            if known is not None and known[0] is need:
+                values = known[1]
+            else:
+                values = need_to_tuple(need)
+                if memo is not None:
+                    memo[key] = (need, values)
+            items.append((key, values))
+        needs = tuple(items)
+        if memo is not None and len(memo) > len(items):
+            for key in [k for k in memo if k not in validated.merged]:
+                del memo[key]
     return (
         rollup.cluster_id,
         rollup.timestamp_ns,
@@ -251,8 +271,15 @@ def _names(value: Any, field: str) -> frozenset[str] | None:
     return value
 
 
-def rollup_from_body(body: tuple[Any, ...]) -> RelayedRollup:
-    """A ROLLUP frame's body, decoded and type-checked (not judged: the edge did that)."""
+def rollup_from_body(
+    body: tuple[Any, ...], memo: dict[str, tuple[tuple[Any, ...], Need]] | None = None
+) -> RelayedRollup:
+    """A ROLLUP frame's body, decoded and type-checked (not judged: the edge did that).
+
+    ``memo`` (the cluster's, by need key) keeps the needs built from earlier
+    frames: a need whose values equal the last ones is that very object, so
+    the engine's table sees it unchanged at once and nothing is rebuilt.
+    """
     cluster, stamp, reported, release, needs, replay = body
     if not isinstance(cluster, str) or not cluster:
         raise FrameError(f"ROLLUP frame: cluster id is not a non-empty string: {cluster!r}")
@@ -266,7 +293,18 @@ def rollup_from_body(body: tuple[Any, ...]) -> RelayedRollup:
         for item in needs:
             if not isinstance(item, tuple) or len(item) != 2 or not isinstance(item[0], str):
                 raise FrameError(f"ROLLUP frame: a need is not (key, values): {item!r:.80}")
-            merged[item[0]] = need_from_tuple(item[1])
+            key, values = item
+            known = memo.get(key) if memo is not None else None
+            if known is not None and known[0] == values:
+                merged[key] = known[1]
+                continue
+            need = need_from_tuple(values)
+            merged[key] = need
+            if memo is not None:
+                memo[key] = (values, need)
+        if memo is not None and len(memo) > len(merged):
+            for key in [k for k in memo if k not in merged]:
+                del memo[key]
     return RelayedRollup(
         cluster,
         stamp,

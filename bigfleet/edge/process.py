@@ -61,7 +61,7 @@ from bigfleet.shard.sessions import (
     ShardUnavailable,
 )
 from bigfleet.v1alpha1 import shard_pb2
-from shard_engine.model import Rollup
+from shard_engine.model import Need, Rollup
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +107,10 @@ class EngineLink:
         self._admissions: dict[int, asyncio.Future[tuple[str, str, str, str]]] = {}
         self._ids = itertools.count(1)
         self._deferred: dict[str, str] = {}
-        # Per cluster, the needs relayed last on this connection (unchanged: no needs sent).
+        # Per cluster, the needs relayed last on this connection (unchanged: no needs sent),
+        # and each need's frame values beside the need (see frames.rollup_body).
         self._relayed: dict[str, Any] = {}
+        self._memo: dict[str, dict[str, tuple[Need, tuple[Any, ...]]]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
 
     # ---------------------------------------------- called from the sessions thread
@@ -191,6 +193,12 @@ class EngineLink:
                 writer.close()
             alone_since = time.monotonic()
 
+    def forget(self, cluster_id: str) -> None:
+        """The cluster's session ended: drop what was kept to encode its roll-ups (any thread)."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._memo.pop, cluster_id, None)
+
     def stop(self) -> None:
         """End the link for good (STOP from the engine, or a signal)."""
         self._stopped.set()
@@ -260,7 +268,9 @@ class EngineLink:
                 cluster = validated.cluster_id
                 unchanged = self._relayed.get(cluster) is validated.merged
                 self._relayed[cluster] = validated.merged
-                frames.append(encode(Kind.ROLLUP, rollup_body(validated, unchanged=unchanged)))
+                memo = self._memo.setdefault(cluster, {})
+                body = rollup_body(validated, unchanged=unchanged, memo=memo)
+                frames.append(encode(Kind.ROLLUP, body))
             with self._counts_lock:
                 counts, self._counts = self._counts, Counter()
             if counts:
@@ -366,6 +376,7 @@ class EdgeProcess:
     def _closed(self, cluster_id: str) -> None:
         self.link.note(Kind.CLOSED, cluster_id)
         self.intake.forget(cluster_id)
+        self.link.forget(cluster_id)
 
     async def run(self) -> None:
         """Serve until the engine says STOP, or no engine came back for ``orphan_s``."""

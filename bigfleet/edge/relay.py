@@ -218,8 +218,10 @@ class EdgeLink:
         self._server: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._children: list[asyncio.subprocess.Process] = []
-        # Per cluster, the needs relayed last (a frame without needs reuses them).
+        # Per cluster, the needs relayed last (a frame without needs reuses them), and
+        # each need's values beside the need built from them (see rollup_from_body).
         self._last: dict[str, Mapping[str, Need]] = {}
+        self._memo: dict[str, dict[str, tuple[tuple[Any, ...], Need]]] = {}
         # Clusters whose roll-ups the edges were told to defer, and why.
         self._deferred: dict[str, str] = {}
         self._stamps = (-1, -1)
@@ -234,7 +236,12 @@ class EdgeLink:
         self._spawn_task(self._keep_edges_current(), "edge-stamps")
 
     def edges(self) -> list[EdgeConnection]:
+        """The joined edges, by index."""
         return [self._edges[i] for i in sorted(self._edges)]
+
+    def pids(self) -> list[int]:
+        """Process ids of the edges this process started (not of those that rejoined it)."""
+        return [child.pid for child in self._children if child.returncode is None]
 
     async def gather(
         self, count: int, spawn: EdgeSpawn | None, *, rejoin_s: float = 1.5, within_s: float = 60.0
@@ -359,7 +366,7 @@ class EdgeLink:
 
     def _dispatch(self, edge: EdgeConnection, kind: Kind, body: tuple[Any, ...]) -> None:
         if kind is Kind.ROLLUP:
-            self._rollup(rollup_from_body(body))
+            self._rollup(rollup_from_body(body, self._memo.setdefault(str(body[0]), {})))
         elif kind is Kind.SETTLED:
             for outcome, count in body[0]:
                 self.sink.settled(str(outcome), int(count))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import marshal
 import struct
+from typing import Any
 
 import pytest
 
@@ -181,3 +182,21 @@ async def test_an_oversized_length_is_refused_before_reading_the_body() -> None:
     header = struct.pack(">IB", MAX_BODY + 1, int(Kind.ROLLUP))
     with pytest.raises(FrameError, match="at most"):
         await read_frame(_reader(header))
+
+
+def test_a_need_sent_again_unchanged_decodes_to_the_very_object_built_before() -> None:
+    sent: dict[str, Any] = {}
+    built: dict[str, Any] = {}
+    first = _validated(1)
+    body = rollup_body(first, unchanged=False, memo=sent)
+    before = rollup_from_body(body, built).needs
+    # One need resized: the others keep their values, and so their objects.
+    changed = Rollup(
+        "c1", 2, (_needs()[0], Need(requirements=(), aggregate={"cpu": 5.0}, priority=7))
+    )
+    second = ValidatedRollup.check(changed, first)
+    after = rollup_from_body(rollup_body(second, unchanged=False, memo=sent), built).needs
+    assert before is not None and after is not None
+    [kept] = [k for k in after if k in before and after[k] is before[k]]
+    assert after[kept] == second.merged[kept]
+    assert len(after) == 2 and len(built) == 2
