@@ -232,22 +232,26 @@ def rollup_body(
 ) -> tuple[Any, ...]:
     """The ROLLUP frame's body for a validated roll-up (its needs left out when ``unchanged``).
 
-    ``memo`` (the cluster's, by need key) keeps each need's values beside
-    the need they were written from: a need the edge's validation reused
-    (the same object) is not written out again.
+    ``memo`` (the cluster's, by need key, kept for one engine connection)
+    holds each need's values as last written: a need with the same values
+    as last time is written as ``(key, None)`` ("as before"), so the frame
+    carries only what changed and the engine rebuilds only that.
     """
     rollup = validated.rollup
-    needs: tuple[tuple[str, tuple[Any, ...]], ...] | None = None
+    needs: tuple[tuple[str, tuple[Any, ...] | None], ...] | None = None
     if not unchanged:
-        items = []
+        items: list[tuple[str, tuple[Any, ...] | None]] = []
         for key, need in validated.merged.items():
             known = memo.get(key) if memo is not None else None
             if known is not None and known[0] is need:
-                values = known[1]
-            else:
-                values = need_to_tuple(need)
-                if memo is not None:
-                    memo[key] = (need, values)
+                items.append((key, None))
+                continue
+            values = need_to_tuple(need)
+            if memo is not None:
+                memo[key] = (need, values)
+                if known is not None and known[1] == values:
+                    items.append((key, None))
+                    continue
             items.append((key, values))
         needs = tuple(items)
         if memo is not None and len(memo) > len(items):
@@ -277,8 +281,9 @@ def rollup_from_body(
     """A ROLLUP frame's body, decoded and type-checked (not judged: the edge did that).
 
     ``memo`` (the cluster's, by need key) keeps the needs built from earlier
-    frames: a need whose values equal the last ones is that very object, so
-    the engine's table sees it unchanged at once and nothing is rebuilt.
+    frames: a need sent ``(key, None)`` ("as before") is that very object,
+    so the engine's table sees it unchanged at once and nothing is rebuilt.
+    Without a memo, or with a key it does not hold, "as before" is an error.
     """
     cluster, stamp, reported, release, needs, replay = body
     if not isinstance(cluster, str) or not cluster:
@@ -294,8 +299,10 @@ def rollup_from_body(
             if not isinstance(item, tuple) or len(item) != 2 or not isinstance(item[0], str):
                 raise FrameError(f"ROLLUP frame: a need is not (key, values): {item!r:.80}")
             key, values = item
-            known = memo.get(key) if memo is not None else None
-            if known is not None and known[0] == values:
+            if values is None:
+                known = memo.get(key) if memo is not None else None
+                if known is None:
+                    raise FrameError(f"ROLLUP frame: need {key} is 'as before' but none was")
                 merged[key] = known[1]
                 continue
             need = need_from_tuple(values)

@@ -224,6 +224,7 @@ class EngineLink:
         self.stamps = (int(body[1]), int(body[2]))
         self._writer = writer
         self._relayed.clear()
+        self._memo.clear()
         self._out.clear()
         # A restarted engine starts with an empty table: each cluster's last accepted
         # roll-up goes first (acknowledged and counted before; not counted again).
@@ -294,6 +295,7 @@ class EngineLink:
             if why:
                 self._deferred[cluster_id] = why
                 self._relayed.pop(cluster_id, None)
+                self._memo.pop(cluster_id, None)
             else:
                 self._deferred.pop(cluster_id, None)
         elif kind is Kind.BOOTSTRAP:

@@ -366,7 +366,13 @@ class EdgeLink:
 
     def _dispatch(self, edge: EdgeConnection, kind: Kind, body: tuple[Any, ...]) -> None:
         if kind is Kind.ROLLUP:
-            self._rollup(rollup_from_body(body, self._memo.setdefault(str(body[0]), {})))
+            try:
+                relayed = rollup_from_body(body, self._memo.setdefault(str(body[0]), {}))
+            except FrameError as err:  # a bug on one side: say so, count it, keep the link
+                log.error("edge link: %s", err)
+                self.sink.settled("rejected")
+                return
+            self._rollup(relayed)
         elif kind is Kind.SETTLED:
             for outcome, count in body[0]:
                 self.sink.settled(str(outcome), int(count))

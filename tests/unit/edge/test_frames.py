@@ -200,3 +200,11 @@ def test_a_need_sent_again_unchanged_decodes_to_the_very_object_built_before() -
     [kept] = [k for k in after if k in before and after[k] is before[k]]
     assert after[kept] == second.merged[kept]
     assert len(after) == 2 and len(built) == 2
+
+
+def test_a_need_sent_as_before_to_an_engine_that_never_saw_it_is_refused() -> None:
+    sent: dict[str, Any] = {}
+    rollup_body(_validated(1), unchanged=False, memo=sent)
+    body = rollup_body(_validated(2), unchanged=False, memo=sent)  # all "as before"
+    with pytest.raises(FrameError, match="is 'as before' but none was"):
+        rollup_from_body(body, {})
