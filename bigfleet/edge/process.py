@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from activities.context import BootstrapBlob
-from bigfleet.edge.frames import (
+from bigfleet.identity import KeyPairSource
+from bigfleet.shard.frames import (
     VERSION,
     FrameError,
     Kind,
@@ -49,7 +50,6 @@ from bigfleet.edge.frames import (
     read_frame,
     rollup_body,
 )
-from bigfleet.identity import KeyPairSource
 from bigfleet.shard.intake import DEFERRED, STALE, Intake
 from bigfleet.shard.server import IngestOptions, IngestServer
 from bigfleet.shard.sessions import (

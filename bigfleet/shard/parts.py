@@ -31,7 +31,6 @@ from temporalio.client import Client
 
 from activities.context import ProviderCalls
 from bigfleet.decisions import DecisionLog
-from bigfleet.edge.relay import RelayHub
 from bigfleet.shard.capacity_hints import CapacityHints
 from bigfleet.shard.choices import EngineChoices
 from bigfleet.shard.context import ShardActivityContext
@@ -47,6 +46,7 @@ from bigfleet.shard.observer import ProviderObserver
 from bigfleet.shard.options import ShardOptions
 from bigfleet.shard.outcomes import OutcomeRecorder
 from bigfleet.shard.reconciler import Reconciler
+from bigfleet.shard.relay import RelayHub
 from bigfleet.shard.reporter import CoordinatorReporter
 from bigfleet.shard.sequences import OperationSequences
 from bigfleet.shard.sessions import SessionHub

@@ -36,7 +36,6 @@ from temporalio.worker import Worker
 
 from activities.context import ProviderCalls
 from activities.registry import shard_activities
-from bigfleet.edge.relay import EdgeLink, EdgeSpawn, RelayHub, default_socket
 from bigfleet.identity import KeyPairSource
 from bigfleet.shard import telemetry
 from bigfleet.shard.admissions import Admissions
@@ -44,6 +43,7 @@ from bigfleet.shard.executor import claim_running
 from bigfleet.shard.intake import Intake
 from bigfleet.shard.options import ShardOptions, advertised, task_queue
 from bigfleet.shard.parts import assemble
+from bigfleet.shard.relay import EdgeLink, EdgeSpawn, RelayHub, default_socket
 from bigfleet.shard.rollups import SessionSink
 from bigfleet.shard.server import IngestOptions, IngestServer
 from bigfleet.store import Store

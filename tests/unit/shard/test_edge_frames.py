@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bigfleet.edge.frames import (
+from bigfleet.shard.frames import (
     HEADER,
     MAX_BODY,
     FrameError,

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from activities.context import BootstrapBlob
-from bigfleet.edge.frames import (
+from bigfleet.shard.frames import (
     VERSION,
     FrameError,
     Kind,
