@@ -51,7 +51,7 @@ from bigfleet.shard.frames import (
     rollup_body,
 )
 from bigfleet.shard.intake import DEFERRED, STALE, Intake
-from bigfleet.shard.server import IngestOptions, IngestServer
+from bigfleet.shard.server import IngestOptions, IngestServer, TimedSelector
 from bigfleet.shard.sessions import (
     ClusterElsewhere,
     NotNow,
@@ -380,9 +380,14 @@ class EdgeProcess:
         self.intake.forget(cluster_id)
         self.link.forget(cluster_id)
 
-    async def run(self) -> None:
-        """Serve until the engine says STOP, or no engine came back for ``orphan_s``."""
-        self.link.address = await self.server.start()
+    async def run(self, selector: TimedSelector | None = None) -> None:
+        """Serve until the engine says STOP, or no engine came back for ``orphan_s``.
+
+        The Session port and the link share this process's one loop: nothing
+        here could delay an ack but the acks themselves (``selector``: the
+        loop's, for the busy share).
+        """
+        self.link.address = await self.server.serve_here(selector)
         log.info("edge %d serving on %s", self.options.index, self.link.address)
         try:
             await self.link.run()
@@ -413,13 +418,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     edge = EdgeProcess(options, tls=tls)
 
+    selector = TimedSelector()
+
     async def serve() -> None:
         import signal
 
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, edge.link.stop)
         loop.add_signal_handler(signal.SIGINT, edge.link.stop)
-        await edge.run()
+        await edge.run(selector)
 
-    asyncio.run(serve())
+    with asyncio.Runner(loop_factory=lambda: asyncio.SelectorEventLoop(selector)) as runner:
+        runner.run(serve())
     return 0

@@ -141,13 +141,14 @@ async def test_sessions_stay_open_through_an_engine_restart_and_relaying_resumes
 
             # The session is still open; roll-ups are deferred while no engine is there
             # (one sent before the edge noticed the loss may still be taken).
-            ts = 11
+            ts, accepted = 11, 4.0
             while True:
-                await stream.write(_rollup("rs-a", ts, "6"))
+                await stream.write(_rollup("rs-a", ts, str(ts)))
                 echo = (await stream.read()).ack.echo
                 if echo.startswith("rollup-deferred"):
                     break
                 assert echo == "rollup", echo
+                accepted = float(ts)  # taken before the edge saw the engine go
                 ts += 1
                 await asyncio.sleep(0.05)
             assert echo == "rollup-deferred: engine restarting"
@@ -166,7 +167,9 @@ async def test_sessions_stay_open_through_an_engine_restart_and_relaying_resumes
             await second.line()
             # The edge resent the last accepted roll-up to the new engine's empty table.
             await eventually(
-                lambda: applied(second, 4.0), within=120, what="the last accepted roll-up resent"
+                lambda: applied(second, accepted),
+                within=120,
+                what="the last accepted roll-up resent",
             )
             assert (await second.ask("clusters"))["clusters"] == ["rs-a"]
 
