@@ -1,10 +1,11 @@
 """One edge process: a shard's Session port in a process of its own, relaying to the engine.
 
-    operators ══Shard/Session══▶ IngestServer (sessions thread, unchanged)
+    one loop (the process's only one; IngestServer.serve_here):
+    operators ══Shard/Session══▶ IngestServer (its servicer unchanged)
                                    Hello ── EdgeSink.admit_cluster ── ADMIT ─▶ engine ─▶ ADMITTED
                                    roll-up ── Intake.offer (judged once) ── ack
                                                  └─ staged, newest per cluster
-    main loop:  EngineLink ── ROLLUP (validated needs), SETTLED, OPENED/CLOSED ──▶ engine
+                EngineLink ── ROLLUP (validated needs), SETTLED, OPENED/CLOSED ──▶ engine
                            ◀── SEND, BOOTSTRAP, EVICT, CLOSE_ALL, STAMPS, DEFER ── engine
 
 The edge judges each roll-up once into a ``ValidatedRollup`` (its
@@ -113,7 +114,7 @@ class EngineLink:
         self._memo: dict[str, dict[str, tuple[Need, tuple[Any, ...]]]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
 
-    # ---------------------------------------------- called from the sessions thread
+    # -------------------------- called from the servicer (thread-safe all the same)
     def deferral(self, cluster_id: str) -> str:
         """Why the cluster's roll-ups are deferred now ('' when they are not): the Intake asks."""
         if not self.connected:
@@ -339,7 +340,7 @@ class EdgeSink:
         await self._link.admit(cluster_id)
 
     def apply_rollup(self, rollup: Rollup) -> str:
-        """Judge and stage (sessions thread); the echo. Raises ``RollupRejected``."""
+        """Judge and stage (the servicer calls it); the echo. Raises ``RollupRejected``."""
         echo = self.intake.offer(rollup)
         if echo.startswith(STALE):
             self.settled("stale")
