@@ -27,6 +27,11 @@ Scenarios (each on a fresh shard process):
   serialized ack, nothing else): what gRPC and protobuf alone cost per
   roll-up in Python, the floor under the shard's ``cpu_per_rollup``.
 
+``--edges N`` runs the shard's Session port in N edge processes that relay
+to the shard's engine process (``BIGFLEET_SHARD_EDGES``, ADR 0147); the
+shard's CPU and memory figures then include its edges' (``edges_us`` in
+``cpu_per_rollup`` is theirs), and every figure carries ``edges``.
+
 Prints JSON lines ``{"bench": "ingest", "scenario", "metric", "value", "unit", ...}``
 and ``loadavg`` (``/proc/loadavg``) on each. ``cpu_per_rollup`` is the shard's
 CPU time per acknowledged roll-up (µs), split between the Session port's
@@ -49,6 +54,7 @@ import re
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -457,6 +463,8 @@ async def serve_shard(args: argparse.Namespace) -> None:
             holder=f"bench:{os.getpid()}",
             cycle_interval_s=args.cycle_seconds,
             interpreter=interpreter,
+            edges=args.edges,
+            edge_socket=str(Path(tempfile.mkdtemp(prefix="bf-bench-")) / "edge.sock"),
         ),
         store=Store(db.engine),
         temporal=client,
@@ -475,6 +483,7 @@ async def serve_shard(args: argparse.Namespace) -> None:
                 "pid": os.getpid(),
                 "sessions_tid": sessions_tid,
                 "loop_tid": threading.get_native_id(),
+                "edge_pids": process.edge_link.pids() if process.edge_link is not None else [],
             }
         ),
         flush=True,
@@ -638,12 +647,13 @@ async def _scenario(
     try:
         ready = await json_line(shard.stdout, 120)
         address, pid = ready["address"], int(ready["pid"])
+        edge_pids = [int(p) for p in ready.get("edge_pids", [])]
         threads = {
             "sessions": ready.get("sessions_tid"),
             "loop": ready.get("loop_tid"),
         }
         await asyncio.sleep(1.0)
-        rss_before = rss_kib(pid)
+        rss_before = _rss(pid, edge_pids)
         per = [sessions // loaders + (1 if i < sessions % loaders else 0) for i in range(loaders)]
         delay = 3.0 + sessions / 4000  # every loader opens its sessions before the clock starts
         loads = [
@@ -666,10 +676,11 @@ async def _scenario(
         for proc in loads:
             assert proc.stdout is not None
             opened += int((await json_line(proc.stdout, 120 + sessions / 100))["opened"])
-        rss_open = rss_kib(pid)
+        rss_open = _rss(pid, edge_pids)
         t0 = time.monotonic()
         results = []
         cpu0 = _cpu_seconds(pid)
+        edges0 = sum(_cpu_seconds(p) for p in edge_pids)
         split0 = {k: _cpu_seconds(pid, tid) for k, tid in threads.items() if tid}
         for proc in loads:
             assert proc.stdout is not None
@@ -677,8 +688,11 @@ async def _scenario(
             await proc.wait()
         cpu = _cpu_seconds(pid) - cpu0
         split = {k: _cpu_seconds(pid, threads[k]) - v for k, v in split0.items()}
+        if edge_pids:
+            split["edges"] = sum(_cpu_seconds(p) for p in edge_pids) - edges0
+            cpu += split["edges"]
         elapsed = max(seconds, time.monotonic() - t0)
-        rss_after = rss_kib(pid)
+        rss_after = _rss(pid, edge_pids)
         shard.send_signal(signal.SIGTERM)
         stats = await json_line(shard.stdout, 60)
     finally:
@@ -695,6 +709,7 @@ async def _scenario(
         "needs_per_rollup": needs,
         "loaders": loaders,
         "connections": connections,
+        "edges": stack.edges,
     }
     retried = sum(int(r.get("hello_retries", 0)) for r in results)
     _emit(
@@ -920,6 +935,11 @@ async def _recovery(stack: Stack, args: argparse.Namespace) -> None:
         _emit(name, "cycle_wall_max", max(walls), "ms", cycles=len(walls), **common)
 
 
+def _rss(pid: int, edge_pids: list[int]) -> int:
+    """Resident memory (KiB) of the shard process and its edge processes."""
+    return rss_kib(pid) + sum(rss_kib(p) for p in edge_pids)
+
+
 def _cpu_seconds(pid: int, tid: int | None = None) -> float:
     """User + system CPU seconds of a process (or of one of its threads)."""
     path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
@@ -937,6 +957,7 @@ async def run(args: argparse.Namespace) -> int:
             args.switch_interval_ms,
             args.cycle_seconds,
             args.plain_gc,
+            args.edges,
         )
         return await _run(stack, args)
 
@@ -999,6 +1020,9 @@ def main(argv: list[str]) -> int:
         help="comma-separated",
     )
     parser.add_argument("--seconds", type=float, default=15.0, help="measured seconds each")
+    parser.add_argument(
+        "--edges", type=int, default=0, help="edge processes serving the Session port (ADR 0147)"
+    )
     parser.add_argument("--open-rate", type=float, default=2000.0, help="roll-ups/s offered")
     parser.add_argument("--overload-rate", type=float, default=12000.0, help="roll-ups/s")
     parser.add_argument("--clusters", type=int, default=2000, help="cadence scenario clusters")

@@ -143,6 +143,8 @@ class Stack:
     switch_interval_ms: float | None = None
     cycle_seconds: float = 5.0
     plain_gc: bool = False
+    # Edge processes serving the shard's Session port (0: a thread of the shard; ADR 0147).
+    edges: int = 0
 
 
 async def json_line(stream: asyncio.StreamReader, within: float) -> dict[str, Any]:
@@ -191,6 +193,7 @@ async def start_shard(stack: Stack, child: str = "shard") -> tuple[Any, Drop]:
                 else ["--switch-interval-ms", str(stack.switch_interval_ms)]
             ),
             *(["--plain-gc"] if stack.plain_gc else []),
+            *(["--edges", str(stack.edges)] if stack.edges else []),
             stdout=asyncio.subprocess.PIPE,
         )
     return shard, drop

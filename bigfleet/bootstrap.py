@@ -194,6 +194,8 @@ def shard_options(settings: Settings) -> ShardOptions:
         engine=settings.engine_config(),
         shadow=settings.mode == "shadow",
         budgets=settings.budgets,
+        edges=settings.shard_edges,
+        edge_socket=settings.shard_edge_socket,
     )
 
 

@@ -248,6 +248,10 @@ class Settings:
     mode: str = "active"
     # Fleet disruption budgets the shard enforces (BIGFLEET_BUDGETS_FILE).
     budgets: tuple[Budget, ...] = ()
+    # Edge processes serving the shard's Session port (0: a thread of the shard; ADR 0147).
+    shard_edges: int = 0
+    # The Unix-domain socket a shard's edges join ('': one in the temporary directory).
+    shard_edge_socket: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -289,6 +293,8 @@ class Settings:
             temporal_tls=_flag(env, "BIGFLEET_TEMPORAL_TLS"),
             mode=parse_mode(env),
             budgets=parse_budgets_file(env),
+            shard_edges=_int(env, "BIGFLEET_SHARD_EDGES", 0),
+            shard_edge_socket=env.get("BIGFLEET_SHARD_EDGE_SOCKET", ""),
         )
 
     def engine_config(self) -> EngineConfig:
@@ -311,6 +317,15 @@ class Settings:
             "BIGFLEET_TEMPORAL_NAMESPACE": "Temporal namespace (default: default)",
             "BIGFLEET_SHARD_ID": "this shard's id; its task queue is shard-<id>",
             "BIGFLEET_SHARD_LISTEN": "host:port the Shard.Session service listens on",
+            "BIGFLEET_SHARD_EDGES": (
+                "edge processes serving Shard.Session, sharing its port (SO_REUSEPORT) and "
+                "relaying validated roll-ups to the shard (default 0: a thread of the shard "
+                "process; ADR 0147)"
+            ),
+            "BIGFLEET_SHARD_EDGE_SOCKET": (
+                "Unix-domain socket the shard's edge processes join (default: one in the "
+                "temporary directory, named after the shard)"
+            ),
             "BIGFLEET_PROVIDERS": "NAME=HOST:PORT,... capacity providers to use",
             "BIGFLEET_CYCLE_SECONDS": "decision cycle interval (default 5)",
             "BIGFLEET_OBSERVE_SECONDS": "provider List interval (default 2)",

@@ -413,6 +413,19 @@ class ValidatedRollup:
             merged, rows = validate_rollup(rollup, previous.rows, equal=equal)
         return cls(rollup, rows, merged, _ADMIT)
 
+    @classmethod
+    def relayed(cls, rollup: Rollup, merged: Mapping[str, Need]) -> ValidatedRollup:
+        """A roll-up :meth:`check` accepted in another process of the same shard, rebuilt here.
+
+        Reserved for the relay from a shard's edge processes to its engine
+        process (``bigfleet.edge``, ADR 0147): the edge judged the roll-up
+        and sent ``merged`` as :meth:`check` returned it; nothing is judged
+        again. ``rollup.needs`` should be ``merged``'s values. The value has
+        no rows, so a :meth:`check` given it as ``previous`` reuses nothing
+        (it is as sound, only slower).
+        """
+        return cls(rollup, (), merged, _ADMIT)
+
 
 @dataclass(slots=True)
 class Demand:

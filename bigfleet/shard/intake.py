@@ -100,6 +100,17 @@ class Intake:
         validated = ValidatedRollup.check(
             rollup, previous, now=self._clock(), max_skew_seconds=self._max_skew_s
         )
+        return self.stage(validated)
+
+    def stage(self, validated: ValidatedRollup) -> str:
+        """Stage a roll-up judged already; the acknowledgement echo, as :meth:`offer`'s.
+
+        :meth:`offer` calls it after judging; the engine process of a shard
+        with edge processes calls it with what an edge judged and relayed
+        (``bigfleet.edge``, ADR 0147).
+        """
+        rollup = validated.rollup
+        cluster = rollup.cluster_id
         dropped = False
         with self._lock:
             deferred = self._deferral(cluster)
@@ -144,6 +155,11 @@ class Intake:
         if dropped and self._on_dropped is not None:
             self._on_dropped("departed")
         return dropped
+
+    def accepted(self) -> list[ValidatedRollup]:
+        """Each cluster's last accepted roll-up (an edge resends them to a restarted engine)."""
+        with self._lock:
+            return list(self._accepted.values())
 
     def forget(self, cluster_id: str) -> None:
         """The cluster left this shard: drop its staged roll-up, its timestamp and its cache."""

@@ -66,6 +66,15 @@ class ShardOptions:
     shadow_delays: ShadowDelays = field(default_factory=ShadowDelays)
     # Fleet disruption budgets this shard enforces on its drains (shard_engine/budgets.py).
     budgets: tuple[Budget, ...] = ()
+    # Edge processes serving the Session port (BIGFLEET_SHARD_EDGES; ADR 0147). 0: the
+    # port is a thread of this process, as before.
+    edges: int = 0
+    # The Unix-domain socket the edges join ('' : one in the temporary directory).
+    edge_socket: str = ""
+    # Start the edges that do not rejoin (False: someone else starts them, as tests do).
+    spawn_edges: bool = True
+    # An edge whose engine process stays away this long closes its sessions and ends.
+    edge_orphan_s: float = 120.0
 
     @property
     def task_queue(self) -> str:

@@ -46,6 +46,7 @@ from bigfleet.shard.observer import ProviderObserver
 from bigfleet.shard.options import ShardOptions
 from bigfleet.shard.outcomes import OutcomeRecorder
 from bigfleet.shard.reconciler import Reconciler
+from bigfleet.shard.relay import RelayHub
 from bigfleet.shard.reporter import CoordinatorReporter
 from bigfleet.shard.sequences import OperationSequences
 from bigfleet.shard.sessions import SessionHub
@@ -102,7 +103,8 @@ def assemble(
     shard_id = options.shard_id
     engine = ShardEngine(options.engine, stopwatch=time.perf_counter)
     engine.budgets = options.budgets
-    hub = SessionHub()
+    # With edge processes the sessions live there; the hub relays to them (ADR 0147).
+    hub = RelayHub() if options.edges else SessionHub()
     lifecycle = MachineLifecycle()
     terms = CoordinatorTerms()
     lease = LeaseKeeper(

@@ -43,6 +43,7 @@ from bigfleet.shard.executor import claim_running
 from bigfleet.shard.intake import Intake
 from bigfleet.shard.options import ShardOptions, advertised, task_queue
 from bigfleet.shard.parts import assemble
+from bigfleet.shard.relay import EdgeLink, EdgeSpawn, RelayHub, default_socket
 from bigfleet.shard.rollups import SessionSink
 from bigfleet.shard.server import IngestOptions, IngestServer
 from bigfleet.store import Store
@@ -79,6 +80,7 @@ class ShardProcess:
         self._tasks: list[asyncio.Task[None]] = []
         self._lease_task: asyncio.Task[None] | None = None
         self._server: IngestServer | None = None
+        self._link: EdgeLink | None = None
         self._worker: Worker | None = None
         self._worker_task: asyncio.Task[None] | None = None
         self._stopping_worker: asyncio.Task[None] | None = None
@@ -182,15 +184,18 @@ class ShardProcess:
             loop.call_soon_threadsafe(self._resync, cluster_id)
 
         self.hub.on_open(resync_soon)
-        # The Session port runs on its own thread: acks never wait for the cycle.
-        self._server = IngestServer(
-            self.hub,
-            self.sink,
-            IngestOptions(listen=self.options.listen, limits=self.options.session_limits),
-            tls=self.tls,
-            inspect=lambda cluster_id, limit: self.engine.inspect_needs(cluster_id, limit=limit),
-        )
-        self.listening = await self._server.start()
+        if self.options.edges:
+            self.listening = await self._join_edges()
+        else:
+            # The Session port runs on its own thread: acks never wait for the cycle.
+            self._server = IngestServer(
+                self.hub,
+                self.sink,
+                IngestOptions(listen=self.options.listen, limits=self.options.session_limits),
+                tls=self.tls,
+                inspect=lambda cid, limit: self.engine.inspect_needs(cid, limit=limit),
+            )
+            self.listening = await self._server.start()
         self.address = advertised(self.listening, self.options.advertise)
         # Where a moved cluster's operator is sent: the lease row carries our address.
         await self.lease.publish_address(self.address)
@@ -233,10 +238,41 @@ class ShardProcess:
                 await self._lease_task
         if self._server is not None:
             await self._server.stop(grace=1.0)
+        if self._link is not None:
+            await self._link.stop(final=True)
+            self._link = None
         await self.lease.release()
         if self._undo_interpreter is not None:
             self._undo_interpreter()
             self._undo_interpreter = None
+
+    async def _join_edges(self) -> str:
+        """The Session port in edge processes: serve their socket, wait for (or start) them.
+
+        Edges that outlived a killed engine process rejoin this one; the
+        missing ones are started. Returns the address they share.
+        """
+        assert isinstance(self.hub, RelayHub)
+        options = self.options
+        self._link = EdgeLink(
+            options.edge_socket or default_socket(self.shard_id),
+            hub=self.hub,
+            sink=self.sink,
+            deferral=self.parts.membership.deferral,
+        )
+        self.parts.membership.on_departure(self._link.departing)
+        await self._link.start()
+        spawn = EdgeSpawn(
+            listen=options.listen,
+            max_skew_s=options.engine.rollup_max_skew_seconds,
+            orphan_s=options.edge_orphan_s,
+        )
+        return await self._link.gather(options.edges, spawn if options.spawn_edges else None)
+
+    @property
+    def edge_link(self) -> EdgeLink | None:
+        """The link to the edge processes (None: the Session port is a thread here)."""
+        return self._link
 
     # -------------------------------------------------------------- worker
 

@@ -105,28 +105,45 @@ class SessionSink:
             self.settled("deferred")
         return echo
 
-    def settled(self, outcome: str) -> None:
-        """Count one acknowledged roll-up's final outcome (from either thread)."""
-        ROLLUPS.labels(self._shard_id, outcome).inc()
+    def settled(self, outcome: str, count: int = 1) -> None:
+        """Count ``count`` acknowledged roll-ups' final outcome (from either thread)."""
+        ROLLUPS.labels(self._shard_id, outcome).inc(count)
+
+    def relayed(self, rollup: ValidatedRollup) -> None:
+        """Stage a roll-up an edge process judged and acknowledged ``rollup`` (ADR 0147).
+
+        Its ack is already sent; what happens here is its final outcome: the
+        engine's verdict once applied, ``superseded`` if a newer one of its
+        cluster arrives first, ``departed`` if its cluster started leaving
+        while it was on its way, ``stale`` if the engine holds a newer one.
+        """
+        echo = self.intake.stage(rollup)
+        if echo.startswith(STALE):
+            self.settled("stale")
+        elif echo.startswith(DEFERRED):
+            self.settled("departed")
 
     def ack_fields(self) -> tuple[int, int]:
         """(highest coordinator term seen, lease epoch) for every acknowledgement."""
         return self._terms.highest, self._lease.epoch
 
-    def apply(self, rollup: ValidatedRollup) -> None:
+    def apply(self, rollup: ValidatedRollup, *, counted: bool = True) -> None:
         """Apply one staged, validated roll-up to the engine (on the shard's loop).
 
         Nothing is judged again here: not the rules, not the clock, not the
         cluster's departure (a departure drops the staged roll-up, see
-        ``Intake.drop_staged``).
+        ``Intake.drop_staged``). ``counted=False``: a roll-up an edge resends
+        to a restarted engine process, acknowledged (and counted) before.
         """
         try:
             result = self._engine.apply_rollup(rollup, now=self._clock())
         except ValueError as err:
-            ROLLUPS.labels(self._shard_id, "rejected").inc()
+            if counted:
+                ROLLUPS.labels(self._shard_id, "rejected").inc()
             log.warning("cluster %s: roll-up refused by the engine: %s", rollup.cluster_id, err)
             return
-        ROLLUPS.labels(self._shard_id, result.status).inc()
+        if counted:
+            ROLLUPS.labels(self._shard_id, result.status).inc()
         if result.status == "quarantined":
             log.info("cluster %s: roll-up quarantined: %s", rollup.cluster_id, result.detail)
 

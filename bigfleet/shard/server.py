@@ -76,6 +76,9 @@ class IngestOptions:
     # instead (an ack, or RESOURCE_EXHAUSTED with a retry hint), not CANCELLED.
     # Waiting calls stay bounded by max_pending_requests (below).
     max_unrequested_s: float = 600.0
+    # Share the port with other processes that set it too (a shard's edge processes,
+    # ADR 0147): the kernel spreads new connections between them.
+    reuse_port: bool = False
 
     def server_options(self) -> list[tuple[str, Any]]:
         return [
@@ -92,7 +95,7 @@ class IngestOptions:
             # defaults, which keeps an idle session's buffers small.
             ("grpc.http2.bdp_probe", 0),
             ("grpc.max_receive_message_length", 16 * 1024 * 1024),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", 1 if self.reuse_port else 0),
             # gRPC's core refuses calls the application has not picked up yet beyond
             # 1,000 (at random) and 3,000 (all): a reconnection storm of thousands of
             # operators then sees CANCELLED or INTERNAL. Our own limit is max_sessions,
@@ -222,6 +225,7 @@ class IngestServer:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
         self._grace = 1.0
 
     async def start(self) -> str:
@@ -232,6 +236,30 @@ class IngestServer:
             target=self._run, args=(bridge, ready), name="shard-sessions", daemon=True
         )
         self._thread.start()
+        self.address = await asyncio.wrap_future(ready)
+        return self.address
+
+    async def serve_here(self, selector: TimedSelector | None = None) -> str:
+        """Serve on the running loop instead of a thread of its own; ``host:port``.
+
+        For a process whose loop has nothing else that could delay an ack:
+        an edge process (ADR 0147) saves the hand-over between two threads
+        of one interpreter. ``selector``: the loop's, if it is a
+        :class:`TimedSelector` (the busy share sheds Hellos).
+        """
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self.lag.selector = selector
+        ready: concurrent.futures.Future[str] = concurrent.futures.Future()
+        task = asyncio.create_task(self._serve(_Bridge(self._sink, loop), ready), name="sessions")
+
+        def failed(done: asyncio.Task[None]) -> None:
+            if not ready.done():
+                error = None if done.cancelled() else done.exception()
+                ready.set_exception(error or RuntimeError("the Session port ended at start-up"))
+
+        task.add_done_callback(failed)
+        self._task = task
         self.address = await asyncio.wrap_future(ready)
         return self.address
 
@@ -294,6 +322,14 @@ class IngestServer:
 
     async def stop(self, grace: float = 1.0) -> None:
         """Close every session and stop serving (in-flight calls get ``grace`` seconds)."""
+        if self._task is not None:
+            self._grace = grace
+            if self._stop is not None:
+                self._stop.set()
+            with contextlib.suppress(Exception):
+                await self._task
+            self._task = None
+            return
         if self._thread is None:
             return
         self._grace = grace

@@ -67,6 +67,7 @@ __all__ = [
     "SUPERSEDED",
     "ClusterElsewhere",
     "CountingSink",
+    "NotNow",
     "OperatorSession",
     "Outbox",
     "RollupSink",
@@ -87,6 +88,15 @@ class ShardUnavailable(RuntimeError):
 
     The session ends (or is refused) with ``UNAVAILABLE`` so the operator
     reconnects, reaching whichever process holds the lease next.
+    """
+
+
+class NotNow(RuntimeError):
+    """The cluster cannot be admitted now, for a passing reason (the message says which).
+
+    The Hello is refused ``UNAVAILABLE`` with a retry hint, as when the store
+    does not answer; an edge process raises it while its engine process
+    restarts (ADR 0147).
     """
 
 
@@ -287,6 +297,7 @@ class SessionHub:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: int | None = None
         self._open_listeners: list[Callable[[str], None]] = []
+        self._close_listeners: list[Callable[[str], None]] = []
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         """The loop (and its thread) the sessions run on; call from that thread."""
@@ -324,10 +335,26 @@ class SessionHub:
             except Exception:
                 log.exception("cluster %s: a session-open listener failed", cluster_id)
 
+    def on_close(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(cluster_id)`` when a cluster's session ends (not when a newer
+        session of the cluster replaced it); on the sessions' thread."""
+        self._close_listeners.append(listener)
+
     def close(self, session: OperatorSession) -> None:
-        if self._sessions.get(session.cluster_id) is session:
+        ended = self._sessions.get(session.cluster_id) is session
+        if ended:
             del self._sessions[session.cluster_id]
         session.close()
+        if ended:
+            for listener in self._close_listeners:
+                try:
+                    listener(session.cluster_id)
+                except Exception:
+                    log.exception("cluster %s: a session-close listener failed", session.cluster_id)
+
+    def session(self, cluster_id: str) -> OperatorSession | None:
+        """The cluster's open session, if it has one."""
+        return self._sessions.get(cluster_id)
 
     def evict(self, cluster_id: str, reason: ClusterElsewhere) -> bool:
         """End a cluster's session with ``reason`` (it moved to another shard)."""
@@ -367,23 +394,32 @@ class SessionHub:
         self, cluster_id: str, requirements: Sequence[RequirementSpec], *, wait_seconds: float
     ) -> BootstrapBlob:
         """Ask the cluster's operator for a bootstrap blob and wait for the matching answer."""
+        request_id = secrets.token_hex(12)
+        frame = shard_pb2.ShardMessage(
+            bootstrap_request=shard_pb2.BootstrapRequest(
+                request_id=request_id,
+                requirements=requirements_to_wire(requirements),
+                cluster_id=cluster_id,
+            )
+        )
+        return await self.ask_bootstrap(cluster_id, request_id, frame, wait_seconds=wait_seconds)
+
+    async def ask_bootstrap(
+        self,
+        cluster_id: str,
+        request_id: str,
+        frame: shard_pb2.ShardMessage,
+        *,
+        wait_seconds: float,
+    ) -> BootstrapBlob:
+        """Send a ready ``BootstrapRequest`` frame and wait for the answer to ``request_id``."""
         session = self._sessions.get(cluster_id)
         if session is None:
             raise SessionUnavailable(f"no session is open for cluster {cluster_id!r}")
-        request_id = secrets.token_hex(12)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[BootstrapBlob] = loop.create_future()
         session.pending[request_id] = (fut, loop)
-        self._on_loop(
-            session.outbox.put,
-            shard_pb2.ShardMessage(
-                bootstrap_request=shard_pb2.BootstrapRequest(
-                    request_id=request_id,
-                    requirements=requirements_to_wire(requirements),
-                    cluster_id=cluster_id,
-                )
-            ),
-        )
+        self._on_loop(session.outbox.put, frame)
         try:
             async with asyncio.timeout(wait_seconds):
                 return await fut
@@ -520,6 +556,10 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
             await context.abort(grpc.StatusCode.ABORTED, str(err))
         except ShardUnavailable as err:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+        except NotNow as err:
+            retry_ms = self._limits.retry_after_ms()
+            context.set_trailing_metadata(((RETRY_AFTER_KEY, str(retry_ms)),))
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"{err}; retry after {retry_ms} ms")
         except Exception as err:  # the store did not answer: retryable, say when
             log.warning("cluster %s: cannot admit now: %r", cluster_id, err)
             retry_ms = self._limits.retry_after_ms()

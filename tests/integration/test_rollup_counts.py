@@ -8,12 +8,19 @@ refused (one does not translate, one breaks the engine's rules). The counter
 summed over outcomes must equal the acknowledgements received, and the
 superseded ones must be counted as such (issue 20, item 2: the counter had
 counted roll-ups applied after coalescing, undercounting traffic).
+
+The same holds with the Session port in an edge process (ADR 0147): the
+edge acknowledges, counts what it settles itself (refused, stale,
+superseded before it relayed them) in SETTLED frames, and the engine
+process counts the rest.
 """
 
 from __future__ import annotations
 
+import tempfile
 from collections import Counter
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -53,8 +60,10 @@ def _rollup(
     )
 
 
-@pytest.fixture
-async def shard(empty_database_url: str) -> AsyncIterator[ShardProcess]:
+@pytest.fixture(params=[0, 1], ids=["in-process", "one-edge"])
+async def shard(
+    request: pytest.FixtureRequest, empty_database_url: str
+) -> AsyncIterator[ShardProcess]:
     env = await start_dev_server(port=free_port(), ui=False)
     db = Database.connect(empty_database_url)
     await db.migrate()
@@ -65,6 +74,8 @@ async def shard(empty_database_url: str) -> AsyncIterator[ShardProcess]:
             cycle_interval_s=0.5,
             # Long enough that roll-ups written back to back meet in the intake.
             apply_coalesce_s=1.0,
+            edges=request.param,
+            edge_socket=str(Path(tempfile.mkdtemp(prefix="bf-")) / "edge.sock"),
         ),
         store=Store(db.engine),
         temporal=env.client,

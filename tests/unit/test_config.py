@@ -128,3 +128,16 @@ def test_interruption_settings_reach_the_engine_config() -> None:
 def test_bad_interruption_settings_name_their_variable(name: str, value: str, reason: str) -> None:
     with pytest.raises(ConfigError, match=f"{name}: .*{reason}"):
         Settings.from_env({name: value})
+
+
+def test_edge_processes_default_to_none_and_reach_the_shards_options() -> None:
+    from bigfleet import bootstrap
+
+    assert Settings.from_env({}).shard_edges == 0
+    assert bootstrap.shard_options(Settings.from_env({})).edges == 0
+    env = {"BIGFLEET_SHARD_EDGES": "2", "BIGFLEET_SHARD_EDGE_SOCKET": "edges.sock"}
+    options = bootstrap.shard_options(Settings.from_env(env))
+    assert (options.edges, options.edge_socket) == (2, "edges.sock")
+    with pytest.raises(ConfigError, match="BIGFLEET_SHARD_EDGES"):
+        Settings.from_env({"BIGFLEET_SHARD_EDGES": "-1"})
+    assert {"BIGFLEET_SHARD_EDGES", "BIGFLEET_SHARD_EDGE_SOCKET"} <= set(Settings.describe())

@@ -1,0 +1,133 @@
+"""The Session port in an edge process: acked there, applied in the engine, answered back.
+
+A real :class:`ShardProcess` (PostgreSQL, a Temporal dev server) with
+``edges=1`` starts a real edge process (``python -m bigfleet.edge``) that
+serves ``Shard/Session`` on loopback gRPC and relays to the engine over
+its Unix-domain socket (ADR 0147). An operator's roll-ups are acknowledged
+by the edge and reach the engine's needs; node updates and a bootstrap
+request travel the way back on the same session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from bigfleet.shard.process import ShardOptions, ShardProcess
+from bigfleet.store import Database, Store
+from bigfleet.temporal import start_dev_server
+from bigfleet.v1alpha1 import capacity_pb2, provider_pb2, shard_pb2, shard_pb2_grpc
+from tests.ports import free_port
+from tests.waiting import eventually
+
+SHARD = "shard-edge"
+
+
+def _rollup(cluster: str, ts: int, cpu: str) -> shard_pb2.OperatorMessage:
+    return shard_pb2.OperatorMessage(
+        rollup=capacity_pb2.ClusterCapacityNeeds(
+            cluster_id=cluster,
+            timestamp_unix_nanos=ts,
+            needs=[capacity_pb2.CapacityNeed(aggregate_resources={"cpu": cpu}, priority=10)],
+        )
+    )
+
+
+def node_update(cluster: str, machine: str) -> shard_pb2.ShardMessage:
+    return shard_pb2.ShardMessage(
+        node_state_update=shard_pb2.NodeStateUpdate(
+            supersedes_key=f"node:{machine}",
+            machine_id=machine,
+            cluster_id=cluster,
+            state=provider_pb2.MACHINE_STATE_CONFIGURED,
+            node_name=machine,
+        )
+    )
+
+
+@pytest.fixture
+async def shard(empty_database_url: str) -> AsyncIterator[ShardProcess]:
+    env = await start_dev_server(port=free_port(), ui=False)
+    db = Database.connect(empty_database_url)
+    await db.migrate()
+    process = ShardProcess(
+        ShardOptions(
+            shard_id=SHARD,
+            listen="127.0.0.1:0",
+            cycle_interval_s=0.5,
+            apply_coalesce_s=0.05,
+            edges=1,
+            edge_socket=str(Path(tempfile.mkdtemp(prefix="bf-")) / "edge.sock"),
+        ),
+        store=Store(db.engine),
+        temporal=env.client,
+        providers={},
+    )
+    await process.start()
+    try:
+        yield process
+    finally:
+        await process.stop()
+        await db.close()
+        await env.shutdown()
+
+
+async def test_rollups_acked_by_the_edge_reach_the_engine_and_updates_come_back(
+    shard: ShardProcess,
+) -> None:
+    link = shard.edge_link
+    assert link is not None and len(link.edges()) == 1, "the edge process joined"
+    assert shard.address == link.edges()[0].address
+    async with grpc.aio.insecure_channel(shard.address) as channel:
+        stream: Any = shard_pb2_grpc.ShardStub(channel).Session()  # type: ignore[call-arg]
+        await stream.write(shard_pb2.OperatorMessage(hello=shard_pb2.Hello(cluster_id="edge-a")))
+        hello = (await stream.read()).ack
+        assert hello.echo == "hello" and "release" in hello.extensions
+        assert hello.shard_epoch == shard.epoch, "the edge stamps the engine's lease epoch"
+
+        await stream.write(_rollup("edge-a", 1, "4"))
+        assert (await stream.read()).ack.echo == "rollup"
+        await eventually(
+            lambda: [n.aggregate for n in shard.engine.needs_of("edge-a")] == [{"cpu": 4.0}],
+            within=30,
+            what="the edge's roll-up applied by the engine",
+        )
+        # A re-send of the same needs travels without them; a change with them.
+        await stream.write(_rollup("edge-a", 2, "4"))
+        assert (await stream.read()).ack.echo == "rollup"
+        await stream.write(_rollup("edge-a", 3, "8"))
+        assert (await stream.read()).ack.echo == "rollup"
+        await eventually(
+            lambda: [n.aggregate for n in shard.engine.needs_of("edge-a")] == [{"cpu": 8.0}],
+            within=30,
+            what="the changed roll-up applied",
+        )
+        assert link.received == 3
+
+        # The way back: a node update the engine sends reaches the operator's stream.
+        await eventually(lambda: shard.hub.clusters() == ["edge-a"], within=30, what="opened")
+        assert shard.hub.send("edge-a", node_update("edge-a", "m-1"), key="node:m-1")
+        update = await stream.read()
+        assert update.node_state_update.machine_id == "m-1"
+
+        # A bootstrap request goes out through the edge and its answer comes back.
+        asked = asyncio.create_task(shard.hub.request_bootstrap("edge-a", [], wait_seconds=20))
+        request = (await stream.read()).bootstrap_request
+        assert request.cluster_id == "edge-a"
+        await stream.write(
+            shard_pb2.OperatorMessage(
+                bootstrap_response=shard_pb2.BootstrapBlobResponse(
+                    request_id=request.request_id, user_data=b"join", ttl_seconds=60
+                )
+            )
+        )
+        blob = await asked
+        assert (blob.user_data, blob.ttl_seconds) == (b"join", 60)
+        await stream.done_writing()
+    await eventually(lambda: shard.hub.clusters() == [], within=30, what="the close relayed")

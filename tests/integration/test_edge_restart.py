@@ -1,0 +1,191 @@
+"""Sessions outlive the engine process: the edge defers meanwhile and relays again after.
+
+A real edge process (``python -m bigfleet.edge``) holds an operator's
+session; the engine process behind it (``tests.integration.edge_engine``,
+a real ShardProcess) is killed with SIGKILL. The session stays open: a
+roll-up is acknowledged ``rollup-deferred: engine restarting`` and a new
+Hello is refused UNAVAILABLE with a retry hint. A new engine process takes
+the lease, the edge joins it and resends the last accepted roll-up (the
+new engine's table starts empty), and relaying resumes both ways on the
+same session (ADR 0147).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from bigfleet.shard.sessions import RETRY_AFTER_KEY
+from bigfleet.temporal import start_dev_server
+from bigfleet.v1alpha1 import capacity_pb2, shard_pb2, shard_pb2_grpc
+from tests.ports import free_port
+from tests.waiting import eventually
+
+SHARD = "shard-edge-restart"
+
+
+def _rollup(cluster: str, ts: int, cpu: str) -> shard_pb2.OperatorMessage:
+    return shard_pb2.OperatorMessage(
+        rollup=capacity_pb2.ClusterCapacityNeeds(
+            cluster_id=cluster,
+            timestamp_unix_nanos=ts,
+            needs=[capacity_pb2.CapacityNeed(aggregate_resources={"cpu": cpu}, priority=10)],
+        )
+    )
+
+
+class Engine:
+    """One engine child process, asked questions over its stdin."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    async def line(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        while True:
+            raw = await asyncio.wait_for(self.proc.stdout.readline(), timeout=120)
+            if not raw:
+                raise RuntimeError("the engine process ended")
+            if raw.startswith(b"{"):
+                data: dict[str, Any] = json.loads(raw)
+                return data
+
+    async def ask(self, command: str) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command.encode() + b"\n")
+        await self.proc.stdin.drain()
+        return await self.line()
+
+
+@pytest.fixture
+async def stack(empty_database_url: str) -> AsyncIterator[dict[str, str]]:
+    env = await start_dev_server(port=free_port(), ui=False)
+    try:
+        yield {
+            "database": empty_database_url,
+            "temporal": env.client.service_client.config.target_host,
+            "socket": str(Path(tempfile.mkdtemp(prefix="bf-")) / "edge.sock"),
+            "listen": f"127.0.0.1:{free_port()}",
+        }
+    finally:
+        await env.shutdown()
+
+
+async def _engine(stack: dict[str, str]) -> Engine:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.integration.edge_engine",
+        "--database-url", stack["database"], "--temporal", stack["temporal"],
+        "--socket", stack["socket"], "--shard", SHARD,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    return Engine(proc)
+
+
+async def _end(proc: asyncio.subprocess.Process, sig: int = signal.SIGTERM) -> None:
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(sig)
+        try:
+            await asyncio.wait_for(proc.wait(), 30)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_sessions_stay_open_through_an_engine_restart_and_relaying_resumes(
+    stack: dict[str, str],
+) -> None:
+    edge = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bigfleet.edge",
+        "--socket", stack["socket"], "--listen", stack["listen"], "--index", "0",
+        "--orphan-seconds", "120",
+    )  # fmt: skip
+    first = await _engine(stack)
+    second: Engine | None = None
+    try:
+        ready = await first.line()
+        assert ready["address"] == stack["listen"], "the engine serves where its edge listens"
+        async with grpc.aio.insecure_channel(stack["listen"]) as channel:
+            stub = shard_pb2_grpc.ShardStub(channel)
+            stream: Any = stub.Session()  # type: ignore[call-arg]
+            await stream.write(shard_pb2.OperatorMessage(hello=shard_pb2.Hello(cluster_id="rs-a")))
+            assert (await stream.read()).ack.echo == "hello"
+            await stream.write(_rollup("rs-a", 10, "4"))
+            assert (await stream.read()).ack.echo == "rollup"
+
+            async def needs(engine: Engine) -> list[dict[str, float]]:
+                answer: list[dict[str, float]] = (await engine.ask("needs rs-a"))["needs"]
+                return answer
+
+            async def applied(engine: Engine, cpu: float) -> bool:
+                return await needs(engine) == [{"cpu": cpu}]
+
+            await eventually(
+                lambda: applied(first, 4.0),
+                within=120,
+                what="the first roll-up in the first engine",
+            )
+
+            first.proc.kill()  # SIGKILL: no goodbye to the edge
+            await first.proc.wait()
+
+            # The session is still open; roll-ups are deferred while no engine is there
+            # (one sent before the edge noticed the loss may still be taken).
+            ts, accepted = 11, 4.0
+            while True:
+                await stream.write(_rollup("rs-a", ts, str(ts)))
+                echo = (await stream.read()).ack.echo
+                if echo.startswith("rollup-deferred"):
+                    break
+                assert echo == "rollup", echo
+                accepted = float(ts)  # taken before the edge saw the engine go
+                ts += 1
+                await asyncio.sleep(0.05)
+            assert echo == "rollup-deferred: engine restarting"
+
+            # A new Hello meanwhile: UNAVAILABLE, with a retry hint.
+            other: Any = stub.Session()  # type: ignore[call-arg]
+            await other.write(shard_pb2.OperatorMessage(hello=shard_pb2.Hello(cluster_id="rs-b")))
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await other.read()
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "engine restarting" in str(refused.value.details())
+            trailing = dict(await other.trailing_metadata() or ())
+            assert RETRY_AFTER_KEY in trailing
+
+            second = await _engine(stack)
+            await second.line()
+            # The edge resent the last accepted roll-up to the new engine's empty table.
+            await eventually(
+                lambda: applied(second, accepted),
+                within=120,
+                what="the last accepted roll-up resent",
+            )
+            assert (await second.ask("clusters"))["clusters"] == ["rs-a"]
+
+            # Relaying resumes on the same session, both ways.
+            await stream.write(_rollup("rs-a", 100, "8"))
+            assert (await stream.read()).ack.echo == "rollup"
+            await eventually(
+                lambda: applied(second, 8.0), within=120, what="a roll-up after the restart applied"
+            )
+            assert (await second.ask("node rs-a m-7"))["sent"] is True
+            update = await stream.read()
+            assert update.node_state_update.machine_id == "m-7"
+            await stream.done_writing()
+    finally:
+        for engine in (first, second):
+            if engine is not None:
+                await _end(engine.proc)
+        # The engine's clean stop tells the edge to end; if it did not, end it here.
+        await _end(edge)
