@@ -19,7 +19,10 @@ way under both policies:
   pod of the same kind had already failed: counting only the first left the
   rest waiting behind a roll-up the shard saw as covered;
 * the **roll-up** is ``clusters.rollup.build_rollup`` over every pod the
-  cluster must run, best-effort pods that fit in the gap left out.
+  cluster must run, best-effort pods that fit in the gap left out — unless
+  some best-effort pod of the same need does not fit: then that need is
+  asked for whole, its borrowers included, since the gap they hold looks
+  spare to the shard.
 
 Arrays hold one row per node (swap-remove on leave), so a scheduling pass is
 a few numpy operations per pod.
@@ -414,13 +417,26 @@ class ClusterModel:
         """The cluster's full demand now (``clusters.rollup``), gap and fragmentation applied."""
         in_gap: list[str] = []
         if self.gap:
-            in_gap = [n for n, s in self.pods.items() if s.borrowing]
+            borrowers = [n for n, s in self.pods.items() if s.borrowing]
             waiting = [n for n in self.pending if self.pods[n].spec.in_gap]
+            fitting: list[str] = []
+            full: set[AggregationKey] = set()
             if waiting and self._ids:
                 room = np.maximum(self._alloc - self._reserved - self._borrowed, 0.0)
                 limits = np.array([self.pods[n].spec.limit for n in waiting])
                 fits = fit_in_gap(limits, room, self._alloc, self.heuristic)
-                in_gap += [n for n, node in zip(waiting, fits, strict=True) if node >= 0]
+                for name, node in zip(waiting, fits, strict=True):
+                    if node >= 0:
+                        fitting.append(name)
+                    else:
+                        full.add(self._keys[name][0])
+            elif waiting:
+                full = {self._keys[n][0] for n in waiting}
+            # A need whose gap is full is asked for whole: the gap its borrowers hold
+            # looks spare to the shard, which would count it against the pods that
+            # do not fit and buy nothing for them (issue 18: best-effort pods waited
+            # ~1,000 s beside 35 cores the shard saw as excess).
+            in_gap = [n for n in (*borrowers, *fitting) if self._keys[n][0] not in full]
         extra = {n: 1 for n in self.pending if self.pods[n].fragmented}
         self.dirty = False
         msg = build_rollup(
