@@ -2,9 +2,10 @@
 
 For every need, in priority order then arrival:
 
-1. **Have.** Supply is the allocatable of the cluster's machines that match
-   the need: configured, configuring, creating for it, and in flight or
-   promised toward it. In-flight machines count, so a second cycle never
+1. **Have.** Supply is what the cluster's machines that match the need
+   hold of it in whole units (``usable``: a 7.9-core machine holds one
+   4-core pod, not two): configured, configuring, creating for it, and in
+   flight or promised toward it. In-flight machines count, so a second cycle never
    provisions again for the same gap.
 2. **Deficit.** ``aggregate - have`` per resource; a need within rounding of
    zero is satisfied and costs nothing more this cycle. The satisfied check
@@ -43,6 +44,7 @@ from shard_engine.pools import TIER_IDLE, TIER_SPECULATIVE, PoolKey
 from shard_engine.requirements import RequirementMasks
 from shard_engine.selection import cover_by_cost, cover_by_units, cover_with_spread
 from shard_engine.topology import SpreadState, choose_gang_domain, domain_codes
+from shard_engine.usable import have_rows, usable_shapes
 from shard_engine.worksheet import Starved, Worksheet
 
 __all__ = ["assign", "cluster_have", "demand_supply", "memo_key", "shortages"]
@@ -52,13 +54,16 @@ BoolArray = npt.NDArray[np.bool_]
 
 
 def demand_supply(demand: Demand, supply: npt.NDArray[np.int64], alloc: FloatArray) -> FloatArray:
-    """Have per need of one cluster: ``matrix × supply × allocatable``, over held profiles only."""
+    """Have per need of one cluster: ``matrix × supply × usable``, over held profiles only.
+
+    A machine counts for what it holds of the need in whole units
+    (``shard_engine.usable``), not for its allocatable.
+    """
     held = np.flatnonzero(supply)
     if len(held) == 0:
         return np.zeros_like(demand.aggregate)
     weights = demand.matrix[:, held] * supply[held]
-    result = combine(weights, alloc[held])
-    return result
+    return have_rows(weights, usable_shapes(alloc[held], demand.min_unit))
 
 
 def memo_key(sheet: Worksheet, demand: Demand) -> tuple[int, int, int, int]:
@@ -94,7 +99,7 @@ def cluster_have(
         demand.priority,
     )
     if claims is not None:  # machines shared by several needs count for one each
-        have = combine(claims.own * claims.sub, claims.shapes)
+        have = have_rows(claims.own * claims.sub, usable_shapes(claims.shapes, demand.min_unit))
         if claims.displaced:
             keys = demand.keys
             sheet.rebinds[cluster] = [
@@ -169,7 +174,8 @@ def _need_have(
 ) -> FloatArray:
     supply: FloatArray = sheet.supply_row(demand.cluster).astype(np.float64) if row is None else row
     held = np.flatnonzero(supply * mask)
-    result = combine(supply[held], alloc[held])
+    usable = usable_shapes(alloc[held], demand.min_unit[index : index + 1])[0]
+    result = combine(supply[held], usable)
     return result
 
 

@@ -73,11 +73,11 @@ from shard_engine.claims import claim
 from shard_engine.clusters import NO_CLUSTER
 from shard_engine.config import EngineConfig
 from shard_engine.demand_history import DemandHistory, Peaks
-from shard_engine.linear import combine
 from shard_engine.model import CapacityType
 from shard_engine.needs import Demand
 from shard_engine.phase1 import memo_key
 from shard_engine.pools import TIER_BOUND, TIER_IDLE, PoolKey
+from shard_engine.usable import have_rows, usable_shapes
 from shard_engine.worksheet import Worksheet
 
 __all__ = ["ReclaimMemory", "excess_groups", "reclaim_excess", "release_idle"]
@@ -171,14 +171,27 @@ def _excess_of(matrix: BoolArray, surplus: FloatArray, profile: int, alloc: Floa
 
 
 def _settled_have(
-    matrix: BoolArray, settled: npt.NDArray[np.int64], alloc: FloatArray
+    matrix: BoolArray, settled: npt.NDArray[np.int64], alloc: FloatArray, units: FloatArray
 ) -> FloatArray:
-    """Per need: allocatable of the settled configured machines that may serve it."""
+    """Per need: what the settled configured machines that may serve it hold of it.
+
+    In whole units where the need has one (``shard_engine.usable``), so what a
+    machine strands for a need is never excess the need could give up.
+    """
     held = np.flatnonzero(settled[: matrix.shape[1]])
     if len(held) == 0:
         return np.zeros((matrix.shape[0], alloc.shape[1]))
-    result = combine(matrix[:, held] * settled[held], alloc[held])
-    return result
+    return have_rows(matrix[:, held] * settled[held], usable_shapes(alloc[held], units))
+
+
+def _units(peaks: Peaks, demand: Demand) -> FloatArray:
+    """Per row of ``peaks``: the need's ``min_unit`` (rows of vanished needs have none)."""
+    units = np.zeros_like(peaks.aggregate)
+    current = min(peaks.current, len(demand.min_unit))
+    if current:
+        width = min(units.shape[1], demand.min_unit.shape[1])
+        units[:current, :width] = demand.min_unit[:current, :width]
+    return units
 
 
 def reclaim_excess(
@@ -277,7 +290,8 @@ def reclaim_excess(
         supply = sheet.supply_row(cluster)
         settled = np.zeros(len(supply), dtype=np.int64)
         settled[profiles] = available
-        have = _settled_have(peaks.matrix, settled, alloc)
+        units = _units(peaks, demand)
+        have = _settled_have(peaks.matrix, settled, alloc, units)
         claims = claim(
             peaks.matrix,
             peaks.aggregate,
@@ -286,7 +300,7 @@ def reclaim_excess(
             partial(sheet.bound, cluster, demand.keys, len(settled), settled_only=True),
         )
         if claims is not None:  # machines shared by several needs count for one each
-            have = combine(claims.own * claims.sub, claims.shapes)
+            have = have_rows(claims.own * claims.sub, usable_shapes(claims.shapes, units))
         surplus = have - peaks.aggregate
         surplus -= config.reclaim_swing_margin * peaks.swing
         surplus += tolerance * np.maximum(peaks.aggregate, 1.0)
