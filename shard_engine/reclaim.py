@@ -124,28 +124,29 @@ class ReclaimMemory:
 
 
 def excess_groups(
-    matrix: BoolArray, surplus: FloatArray, profiles: npt.NDArray[np.int64], alloc: FloatArray
+    matrix: BoolArray, surplus: FloatArray, profiles: npt.NDArray[np.int64], usable: FloatArray
 ) -> npt.NDArray[np.int64]:
     """How many machines of each candidate profile could go without any need falling short.
 
     ``matrix`` says which profiles may serve which need (rows); ``surplus``
-    is have minus aggregate per need and resource (columns). For a profile,
-    the bound from each need it matches is ``min_d floor(surplus_d /
-    allocatable_d)`` over resources it offers; a profile no need matches is
-    unbounded (``2**62``).
+    is have minus aggregate per need and resource (columns); ``usable[n, i]``
+    is what one machine of ``profiles[i]`` holds of need ``n``
+    (:func:`shard_engine.usable.usable_shapes`), the same measure ``have``
+    was counted in. For a profile, the bound from each need it matches is
+    ``min_d floor(surplus_d / usable_d)`` over resources it holds of that
+    need; a profile no need matches is unbounded (``2**62``).
     """
-    shapes = alloc[profiles]
     if matrix.shape[0] == 0:
         return np.full(len(profiles), _UNBOUNDED, dtype=np.int64)
     width = matrix.shape[1]
     inside = profiles < width
     matches = np.zeros((matrix.shape[0], len(profiles)), dtype=np.bool_)
     matches[:, inside] = matrix[:, profiles[inside]]
-    offered = shapes > 0
+    offered = usable > 0
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(
-            offered[None, :, :],
-            np.floor(surplus[:, None, :] / np.where(offered, shapes, 1.0)[None, :, :] + 1e-9),
+            offered,
+            np.floor(surplus[:, None, :] / np.where(offered, usable, 1.0) + 1e-9),
             np.inf,
         )
     per_need = ratio.min(axis=2)
@@ -156,17 +157,18 @@ def excess_groups(
     return result
 
 
-def _excess_of(matrix: BoolArray, surplus: FloatArray, profile: int, alloc: FloatArray) -> int:
+def _excess_of(
+    matrix: BoolArray, surplus: FloatArray, profile: int, usable: FloatArray, position: int
+) -> int:
     """:func:`excess_groups` for one profile, in plain Python (it runs inside a loop)."""
     if matrix.shape[0] == 0 or profile >= matrix.shape[1]:
         return _UNBOUNDED
-    shape = alloc[profile].tolist()
-    offered = [d for d, amount in enumerate(shape) if amount > 0]
     best = _UNBOUNDED
     for n in np.flatnonzero(matrix[:, profile]).tolist():
         row = surplus[n].tolist()
-        for d in offered:
-            best = min(best, math.floor(row[d] / shape[d] + 1e-9))
+        for d, amount in enumerate(usable[n, position].tolist()):
+            if amount > 0:
+                best = min(best, math.floor(row[d] / amount + 1e-9))
     return max(best, 0)
 
 
@@ -316,7 +318,10 @@ def reclaim_excess(
             if grew.any():
                 surplus[peaks.matrix[:, grew].any(axis=1)] = _BLOCKED
                 recheck = min(recheck, now + float(youngest[grew].min() - oldest_since))
-        bound = excess_groups(peaks.matrix, surplus, profiles, alloc)
+        # What one machine of each candidate holds of each need: have was counted in
+        # it, so a machine leaves the surplus at it too (not at its allocatable).
+        usable = usable_shapes(alloc[profiles], units)
+        bound = excess_groups(peaks.matrix, surplus, profiles, usable)
         if not (bound > 0).any():
             if record:
                 memory.streaks.pop(cluster, None)
@@ -390,7 +395,7 @@ def reclaim_excess(
             profile = profile_of[position]
             if shrunk and any(matched[position][n] for n in shrunk):
                 allowed[position] = min(
-                    allowed[position], _excess_of(peaks.matrix, surplus, profile, alloc)
+                    allowed[position], _excess_of(peaks.matrix, surplus, profile, usable, position)
                 )
             machines = min(allowed[position], left[position], budget)
             if machines <= 0:
@@ -415,7 +420,7 @@ def reclaim_excess(
             sheet.move_supply(cluster, profile, -len(rows))
             if peaks.matrix.shape[0] and profile < width:
                 matches = peaks.matrix[:, profile]
-                surplus[matches] -= len(rows) * alloc[profile]
+                surplus[matches] -= len(rows) * usable[matches, position]
                 shrunk.update(np.flatnonzero(matches).tolist())
             if record and profile in streaks:
                 # What went is no longer excess; a streak used up ends, so the next

@@ -82,6 +82,7 @@ def need(
     priority: int = 1000,
     requirements: Iterable[Requirement] = (),
     min_cpu: float = 0.0,
+    min_memory: float = 0.0,
     min_gpu: float = 0.0,
     spread: Iterable[TopologySpread] = (),
     interruption_penalty: float = 0.0,
@@ -92,7 +93,11 @@ def need(
     aggregate = {
         k: v for k, v in (("cpu", cpu), ("memory", memory), ("nvidia.com/gpu", gpu)) if v != 0
     }
-    unit = {k: v for k, v in (("cpu", min_cpu), ("nvidia.com/gpu", min_gpu)) if v > 0}
+    unit = {
+        k: v
+        for k, v in (("cpu", min_cpu), ("memory", min_memory), ("nvidia.com/gpu", min_gpu))
+        if v > 0
+    }
     return Need(
         requirements=tuple(requirements),
         aggregate=aggregate,

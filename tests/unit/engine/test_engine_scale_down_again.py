@@ -14,7 +14,7 @@ from collections.abc import Callable
 from shard_engine.engine import EngineConfig, ShardEngine
 from shard_engine.model import MachineState, Reclaim, Rollup
 from tests.rollups import apply
-from tests.unit.engine.engine_fleet import Carrier, fleet, machine_ids, need, of_kind, rollup
+from tests.unit.engine.engine_fleet import GI, Carrier, fleet, machine_ids, need, of_kind, rollup
 
 CYCLE = 10.0  # seconds between cycles, as a shard runs them by default
 
@@ -134,3 +134,48 @@ def test_an_implicit_scale_down_after_a_scale_up_is_not_stalled_by_the_first() -
             lambda m=machines: len(configured(engine, "web")) == m,  # type: ignore[misc]
             limit=patience,
         )
+
+
+def small_worker_pool(stamp: int, workers: int, release: list[str] | None) -> Rollup:
+    """Workers of 4 cores and 2 GiB on 4-core, 16 GiB machines: one each, 14 GiB stranded."""
+    base = rollup(
+        "pool",
+        stamp,
+        need(cpu=4.0 * workers, memory=2.0 * GI * workers, min_cpu=4, min_memory=2 * GI),
+    )
+    if release is None:
+        return base
+    return Rollup(base.cluster_id, base.timestamp_ns, base.needs, release=frozenset(release))
+
+
+def test_a_pool_whose_unit_strands_memory_scales_down_when_named_and_when_not() -> None:
+    # A machine counts for the units it holds (one worker: 4 cores, 2 GiB), and it
+    # must leave the surplus at that too: taken off at its allocatable (16 GiB), one
+    # machine would eat seven machines' worth of memory surplus and none could go.
+    config = EngineConfig()
+    engine = ShardEngine(config)
+    carrier = Carrier(engine)
+    fleet(engine, 8)
+    apply(engine, small_worker_pool(1, 6, []), now=0)
+    _, now = cycles_until(
+        engine, carrier, 1.0, lambda: len(configured(engine, "pool")) == 6, limit=3
+    )
+    workers = configured(engine, "pool")
+
+    apply(engine, small_worker_pool(2, 2, workers[2:]), now=now)
+    named, now = cycles_until(
+        engine, carrier, now, lambda: configured(engine, "pool") == workers[:2], limit=3
+    )
+    assert named == 1
+
+    apply(engine, small_worker_pool(3, 6, []), now=now)
+    _, now = cycles_until(
+        engine, carrier, now, lambda: len(configured(engine, "pool")) == 6, limit=3
+    )
+    patience = int(
+        (config.reclaim_window_seconds + config.reclaim_min_age_seconds) / CYCLE
+        + config.reclaim_hysteresis_cycles
+        + 6
+    )
+    apply(engine, small_worker_pool(4, 1, None), now=now)
+    cycles_until(engine, carrier, now, lambda: len(configured(engine, "pool")) == 1, limit=patience)
