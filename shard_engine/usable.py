@@ -12,12 +12,18 @@ pods finished (issue 18). Buying already counts units
 count them the same way, so Phase 1 never calls a need covered by capacity
 it cannot use, and Phase 3 never sees it as excess.
 
-For every resource the unit asks for, one machine is worth ``hosted ×
-unit``; resources the unit does not ask for count at their allocatable. A
-need without a unit counts allocatable, as before. For a need whose pods are
-all the same size this is exact; for a need of mixed sizes it is a lower
-bound (its smaller pods may fill what the largest leave), the same bound
-buying uses.
+In every resource that binds (where the machine runs out of room for
+another unit first), one machine is worth ``hosted × unit``; every other
+resource counts at its allocatable, and so does every resource of a need
+without a unit, as before. Only the binding resources are discounted
+because only they say something true of every mix of pods: ``min_unit`` is
+the largest pod in each resource *separately*, so a need of 4 one-core
+pods and 8 GiB whose largest pod asks 1 GiB is made of smaller pods than
+(1 core, 1 GiB) × 8 suggests. Counting ``hosted × unit`` in memory there
+(1 GiB a machine) made it want eight machines for four cores, and a
+high-priority need of that shape preempted a whole pool it did not need.
+For a need whose pods are all the same size, every resource the pods fill
+at the same count binds, and the count is exact.
 """
 
 from __future__ import annotations
@@ -54,11 +60,13 @@ def usable_shapes(shapes: FloatArray, units: FloatArray) -> FloatArray:
         )
     has_unit: npt.NDArray[np.bool_] = np.asarray(asked.any(axis=1))
     # (needs, profiles): units one machine holds; 0 for a need without a unit
-    hosted = np.where(has_unit[:, None], np.maximum(ratio.min(axis=2), 0.0), 0.0)
+    fewest = ratio.min(axis=2)
+    hosted = np.where(has_unit[:, None], np.maximum(fewest, 0.0), 0.0)
     worth = hosted[:, :, None] * unit[:, None, :]
-    rows = has_unit[:, None, None] & asked[:, None, :]
+    # (needs, profiles, resources): the resources that run out first
+    binding = has_unit[:, None, None] & asked[:, None, :] & (ratio <= fewest[:, :, None])
     out[:, :, :width] = np.where(
-        rows, np.minimum(worth, shapes[None, :, :width]), out[:, :, :width]
+        binding, np.minimum(worth, shapes[None, :, :width]), out[:, :, :width]
     )
     return out
 

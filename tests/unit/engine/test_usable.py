@@ -17,10 +17,24 @@ def test_a_machine_is_worth_the_whole_pods_it_holds() -> None:
     assert usable[0].tolist() == [[4.0, 16.0], [12.0, 48.0], [28.0, 112.0]]
 
 
-def test_the_binding_resource_sets_the_count_for_every_resource() -> None:
-    # 2-core, 16 GiB pods on 15.9 cores / 58.4 GiB: memory binds at three pods.
+def test_only_the_binding_resource_is_counted_in_whole_units() -> None:
+    # 2-core, 16 GiB pods on 15.9 cores / 58.4 GiB: memory binds at three pods (48 GiB).
+    # The unit is each resource's largest pod separately, so other pods may be smaller in
+    # memory and use the cores three such pods leave: cores count at their allocatable.
     usable = usable_shapes(SHAPES[1:2], np.array([[2.0, 16.0]]))
-    assert usable[0, 0].tolist() == [6.0, 48.0]
+    assert usable[0, 0].tolist() == [15.9, 48.0]
+
+
+def test_a_mixed_need_is_not_worth_one_unit_in_every_resource() -> None:
+    # Four 1-core pods and 8 GiB, the largest pod asking 1 core and 1 GiB, on 1-core,
+    # 16 GiB machines: the cores bind at one unit; memory counts whole (16 GiB), so four
+    # machines cover it, not the eight that 1 GiB of memory a machine would ask for.
+    shapes = np.array([[1.0, 16.0]])
+    unit = np.array([[1.0, 1.0]])
+    usable = usable_shapes(shapes, unit)
+    assert usable[0, 0].tolist() == [1.0, 16.0]
+    have = have_rows(np.array([[4.0]]), usable)
+    assert (have[0] >= np.array([4.0, 8.0])).all()
 
 
 def test_a_need_without_a_unit_counts_allocatable() -> None:
