@@ -10,7 +10,9 @@ Aggregation follows the Go reference operator's semantics:
   machine serving the need must hold it);
 * a co-location group adds a ``Same`` requirement on its topology key, so
   the group's machines share one rack or zone; groups stay separate needs
-  even when everything else is equal;
+  even when everything else is equal; once some of a group's pods run, the
+  requirement names the domain they run in (``pinned``): the rest can only
+  join them there, so a machine in another rack would serve nobody;
 * ``ScheduleAnyway`` spreads are dropped (a preference, not a constraint);
 * raw dollar penalties become log-scale ``PenaltyBucket`` values here, the
   cluster side being where dollars are bucketed.
@@ -80,12 +82,24 @@ def bucket_for_dollars(dollars: float) -> int:
     return capacity_pb2.PENALTY_BUCKET_PINNED
 
 
-def _requirements(pod: PodSpec) -> tuple[Requirement, ...]:
+def _requirements(pod: PodSpec, pinned: str = "") -> tuple[Requirement, ...]:
+    """The pod's requirements, its co-location group's ``Same`` included.
+
+    ``pinned``: the domain the group's running pods hold ("" when none runs);
+    the ``Same`` requirement then allows that value only.
+    """
     reqs = list(pod.requirements)
     if pod.colocation and not any(
         r.operator is Operator.SAME and r.key == pod.colocation_key for r in reqs
     ):
         reqs.append(Requirement(pod.colocation_key, Operator.SAME))
+    if pinned:
+        reqs = [
+            Requirement(r.key, r.operator, (pinned,))
+            if r.operator is Operator.SAME and r.key == pod.colocation_key
+            else r
+            for r in reqs
+        ]
     return tuple(sorted(reqs, key=lambda r: (r.key, int(r.operator), tuple(sorted(r.values)))))
 
 
@@ -137,6 +151,7 @@ def build_rollup(
     in_gap: Iterable[str] = (),
     extra: Mapping[str, int] | None = None,
     prepared: Mapping[str, tuple[AggregationKey, Vector]] | None = None,
+    pinned: Mapping[str, str] | None = None,
 ) -> capacity_pb2.ClusterCapacityNeeds:
     """One full-replacement roll-up for ``cluster_id`` from every pod it must run.
 
@@ -146,8 +161,10 @@ def build_rollup(
     request is added (the fragmentation allowance). ``prepared`` may hold,
     per pod name, its aggregation key (:func:`need_key_of`) and the request
     this function would add for it (a caller that builds roll-ups often
-    keeps them per pod, as both are fixed for a pod's life). Needs come out
-    in a stable order (highest priority first, then key).
+    keeps them per pod, as both are fixed for a pod's life). ``pinned`` maps
+    a co-location group to the domain its running pods hold: its ``Same``
+    requirement names that value. Needs come out in a stable order (highest
+    priority first, then key).
     """
     skip = set(in_gap) if gap else set()
     extra = extra or {}
@@ -183,7 +200,9 @@ def build_rollup(
                         operator=int(r.operator),  # type: ignore[arg-type]
                         values=list(r.values),
                     )
-                    for r in _requirements(pod)
+                    for r in _requirements(
+                        pod, (pinned or {}).get(pod.colocation, "") if pod.colocation else ""
+                    )
                 ],
                 aggregate_resources=_resources(group.total, names),
                 priority=pod.priority,

@@ -15,9 +15,16 @@ machines first (scarce capacity is spread over zones and capacity types, so
 four GPU machines are rarely one profile). Every instruction respects a
 sanity limit: no donor gives away more than ``max_share`` of its machines in
 one planning round. Supply handed out is subtracted as the plan grows, so
-two shortfalls never claim the same machines. Topology constraints never
-cross shards: a need with a ``Same`` requirement is served by one donor
-profile or not at all.
+two shortfalls never claim the same machines.
+
+Supply is reported per profile *and rack* (``ProfileSupply.domain``, the
+``topology.kubernetes.io/rack`` label; zones are already part of a
+profile), so what an instruction moves stays in one rack. A need with a
+``Same`` requirement (a gang) is served inside one domain: by one donor
+profile that covers it whole, or, when no shard holds a domain whole, by
+assembling one: the rack where the receiver already holds the most of the
+gang gets the rest from one or more donors' machines in that very rack
+(:func:`_assemble`). A gang is never spread over domains.
 
 Quota nobody owns yet is spread by :func:`distribute_evenly`, per quota
 group (provider, zone, instance type, capacity type) and, for the
@@ -44,6 +51,7 @@ from shard_engine.model import Operator, Requirement
 
 __all__ = [
     "COOLDOWN_REPORT_INTERVALS",
+    "DOMAIN_LABEL",
     "CountUse",
     "Instruction",
     "ProfileSupply",
@@ -62,6 +70,13 @@ __all__ = [
     "quota_kind",
     "units_needed",
 ]
+
+
+#: The label whose value splits a profile's supply into domains (racks): the only
+#: topology finer than a zone that a gang can ask for and a profile does not already
+#: name. Machines without it report the domain "". (``catalog.LABEL_RACK``, written out:
+#: the coordinator's workflows load this module, and the catalog would bring numpy.)
+DOMAIN_LABEL = "topology.kubernetes.io/rack"
 
 
 #: After an instruction for a shortfall ends, the coordinator plans nothing more for it
@@ -108,10 +123,12 @@ class ProfileSupply:
     idle: int = 0
     speculative: int = 0
     configured_by_priority: Mapping[int, int] = field(default_factory=dict)
+    #: The machines' rack (their :data:`DOMAIN_LABEL`), "" for machines without one.
+    domain: str = ""
 
     @property
-    def key(self) -> tuple[str, str, str, int]:
-        return (self.provider, self.instance_type, self.zone, self.capacity_type)
+    def key(self) -> tuple[str, str, str, int, str]:
+        return (self.provider, self.instance_type, self.zone, self.capacity_type, self.domain)
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +178,8 @@ class Instruction:
     priority: int
     # For preemption: the victims' priority must be strictly below this.
     below_priority: int = 0
+    #: The rack (:data:`DOMAIN_LABEL`) the machines must be in; "" for any.
+    domain: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,12 +220,12 @@ def idle_offers(
     profile key (a stable answer, and what a shard's Phase 1 tries first).
     """
     budget = {sid: max(1, int(v.total_machines * max_share)) for sid, v in views.items()}
-    taken: dict[tuple[str, tuple[str, str, str, int]], int] = defaultdict(int)
+    taken: dict[tuple[str, tuple[str, str, str, int, str]], int] = defaultdict(int)
     for ins in planned:
         if ins.donor in budget:
             budget[ins.donor] -= ins.count
         if ins.kind == TransferKind.IDLE:
-            key = (ins.provider, ins.instance_type, ins.zone, ins.capacity_type)
+            key = (ins.provider, ins.instance_type, ins.zone, ins.capacity_type, ins.domain)
             taken[(ins.donor, key)] += ins.count
     on_offer: list[RemoteIdle] = []
     for donor, view in sorted(views.items()):
@@ -279,7 +298,7 @@ def plan_transfers(views: Mapping[str, ShardView], *, max_share: float = 0.05) -
         for kind in (TransferKind.IDLE, TransferKind.SPECULATIVE, TransferKind.PREEMPT):
             if kind is TransferKind.PREEMPT and not sf.escalated:
                 break
-            donations = _resolve(donors, receiver, sf, kind, taken, budget)
+            donations = _resolve(donors, receiver, sf, kind, taken, budget, views)
             if donations:
                 out.extend(donations)
                 break
@@ -288,7 +307,7 @@ def plan_transfers(views: Mapping[str, ShardView], *, max_share: float = 0.05) -
 
 #: Machines this round's instructions took, per (donor, profile key, bucket); a
 #: bucket is "idle", "speculative" or "p<priority>" (configured machines serving it).
-_Taken = defaultdict[tuple[str, tuple[str, str, str, int], str], int]
+_Taken = defaultdict[tuple[str, tuple[str, str, str, int, str], str], int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -382,6 +401,61 @@ def _is_gang(sf: ShardShortfall) -> bool:
     return any(r.operator is Operator.SAME for r in sf.requirements)
 
 
+#: Free machines of one shape: (allocatable, count).
+FreeShapes = list[tuple[Mapping[str, float], int]]
+
+
+def _own_in_domains(view: ShardView | None, sf: ShardShortfall) -> dict[str, FreeShapes]:
+    """Per rack, the free machines the receiver itself holds that may serve gang ``sf``."""
+    own: dict[str, FreeShapes] = defaultdict(list)
+    if view is None:
+        return own
+    for supply in view.supply:
+        free = supply.idle + supply.speculative
+        if not supply.domain or free <= 0:
+            continue
+        if labels_satisfy(sf.requirements, supply.labels) and _covers(
+            supply.allocatable, sf.min_unit
+        ):
+            own[supply.domain].append((supply.allocatable, free))
+    return own
+
+
+def _assemble(
+    offers: Sequence[_Offer],
+    sf: ShardShortfall,
+    own: Mapping[str, FreeShapes],
+    budget: Mapping[str, int],
+) -> list[tuple[_Offer, int]]:
+    """A gang's domain put together from what the receiver holds there and donors' machines.
+
+    For every rack some donor offers machines in: the gang's deficit less
+    the receiver's own free machines in that rack, covered by the donors'
+    machines in the same rack (:func:`_combine`, one donor or several).
+    The rack that takes the fewest machines wins (then the name, for a
+    stable answer); a rack where the receiver already holds the whole gang
+    is left to its own cycle. Empty when no rack can be completed.
+    """
+    by_domain: dict[str, list[_Offer]] = defaultdict(list)
+    for offer in offers:
+        if offer.supply.domain:
+            by_domain[offer.supply.domain].append(offer)
+    best: tuple[int, str, list[tuple[_Offer, int]]] | None = None
+    for domain, group in sorted(by_domain.items()):
+        rest = dict(sf.deficit)
+        for allocatable, count in own.get(domain, []):
+            for name in rest:
+                rest[name] -= count * allocatable.get(name, 0.0)
+        rest = {k: v for k, v in rest.items() if v > 1e-9 * max(1.0, sf.deficit[k])}
+        if not rest:
+            continue
+        plan = _combine(group, rest, budget)
+        moved = sum(count for _, count in plan)
+        if plan and (best is None or moved < best[0]):
+            best = (moved, domain, plan)
+    return best[2] if best is not None else []
+
+
 def _resolve(
     donors: Sequence[tuple[str, ShardView]],
     receiver: str,
@@ -389,13 +463,16 @@ def _resolve(
     kind: TransferKind,
     taken: _Taken,
     budget: dict[str, int],
+    views: Mapping[str, ShardView],
 ) -> list[Instruction]:
     """Donations of one step that together cover ``sf``, or none if they cannot.
 
     One profile that covers the whole deficit wins when there is one (fewest
     machines first), so one instruction does it. Otherwise several profiles,
     of one donor or several, are combined (:func:`_combine`). A gang (a
-    ``Same`` requirement) is never split over profiles: one or nothing.
+    ``Same`` requirement) stays in one rack: one profile's rack that holds it
+    whole, or a rack assembled from the receiver's own machines there and
+    donors' machines in it (:func:`_assemble`).
     """
     offers = _offers(donors, receiver, sf, kind, taken, budget)
     plan: list[tuple[_Offer, int]] = []
@@ -409,6 +486,8 @@ def _resolve(
         plan = [(best[1], best[0])]
     elif not _is_gang(sf):
         plan = _combine(offers, sf.deficit, budget)
+    else:
+        plan = _assemble(offers, sf, _own_in_domains(views.get(receiver), sf), budget)
     out: list[Instruction] = []
     for offer, count in plan:
         remaining = count
@@ -433,6 +512,7 @@ def _resolve(
                 need_key=sf.need_key,
                 priority=sf.priority,
                 below_priority=sf.priority if kind is TransferKind.PREEMPT else 0,
+                domain=offer.supply.domain,
             )
         )
     return out

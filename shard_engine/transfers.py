@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shard_engine.config import EngineConfig
+from shard_engine.coordination import DOMAIN_LABEL
 from shard_engine.costs import drain_grace_seconds
 from shard_engine.model import AppClass, MachineRecord, MachineState
 from shard_engine.preemption import blend_weights, victim_order, victim_scores
@@ -54,12 +55,14 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class TransferProfile:
-    """The machines an instruction is about: one (provider, instance type, zone, capacity)."""
+    """The machines an instruction is about: one (provider, instance type, zone, capacity),
+    and one rack when ``domain`` is set (its ``topology.kubernetes.io/rack`` label)."""
 
     provider: str
     instance_type: str
     zone: str
     capacity_type: int
+    domain: str = ""
 
     def matches(self, record: MachineRecord) -> bool:
         return (
@@ -67,6 +70,7 @@ class TransferProfile:
             and record.instance_type == self.instance_type
             and record.zone == self.zone
             and int(record.capacity_type) == self.capacity_type
+            and (not self.domain or record.labels.get(DOMAIN_LABEL) == self.domain)
         )
 
 

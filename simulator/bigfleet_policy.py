@@ -60,7 +60,7 @@ from bigfleet.shard.core import (
 )
 from bigfleet.shard.sequences import OperationSequences
 from bigfleet.shard.state import ShardState, Sighting, Workload
-from bigfleet.shard.supply import Held, profile_supply
+from bigfleet.shard.supply import Held, ProfileKey, profile_key, profile_supply
 from bigfleet.shard.terms import CoordinatorTerms
 from bigfleet.shard.transfers import CrossShardTransfers
 from providers.errors import ProviderError
@@ -96,8 +96,6 @@ from workflows.coordinator_contracts import AdoptInput, ReleaseInput
 __all__ = ["BigFleetOptions", "BigFleetPolicy", "CoreTap"]
 
 log = logging.getLogger(__name__)
-
-ProfileKey = tuple[str, str, str, int]
 
 #: The simulated coordinator's term: one coordinator, never replaced.
 _TERM = 1
@@ -381,7 +379,7 @@ class BigFleetPolicy:
 
     def _track(self, record: MachineRecord) -> None:
         self.state_of[record.id] = record.state
-        key = (record.provider, record.instance_type, record.zone, int(record.capacity_type))
+        key = profile_key(record)
         self.profile_of[record.id] = key
         self.profiles.setdefault(key, record)
 

@@ -331,6 +331,17 @@ class ClusterModel:
         self._masks[requirements] = mask
         return mask
 
+    def _gang_domains(self) -> dict[str, str]:
+        """Per co-location group with a pod running, the domain it runs in (its rack)."""
+        pinned: dict[str, str] = {}
+        for state in self.pods.values():
+            spec = state.spec
+            if spec.colocation and state.node and spec.colocation not in pinned:
+                value = self._labels[self._row[state.node]].get(spec.colocation_key, "")
+                if value:
+                    pinned[spec.colocation] = value
+        return pinned
+
     def _gang_requirements(self, pod: PodSpec) -> tuple[Requirement, ...]:
         """A gang member must land in the domain its placed peers hold."""
         reqs = pod.requirements
@@ -447,6 +458,7 @@ class ClusterModel:
             in_gap=in_gap,
             extra=extra,
             prepared=self._keys,
+            pinned=self._gang_domains(),
         )
         msg.release.SetInParent()  # present, even empty: reclaim only what is named
         msg.release.machine_ids.extend(self.releasable())

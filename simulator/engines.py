@@ -57,7 +57,7 @@ import numpy.typing as npt
 from bigfleet.shard import choices, supply
 from bigfleet.shard.choices import CrossShardVictim, TransferProfile, VictimTerms
 from bigfleet.shard.convert import InvalidRollup, rollup_from_wire
-from bigfleet.shard.supply import Free, ProfileKey
+from bigfleet.shard.supply import Free, ProfileKey, profile_key
 from bigfleet.v1alpha1 import capacity_pb2
 from shard_engine.catalog import Profile
 from shard_engine.coordination import ProfileSupply, RemoteIdle
@@ -227,8 +227,7 @@ class _FreeFeed:
         counters = engine.free_counters()
         size = len(counters[0])
         for index in range(len(self.keys), size):
-            p = engine.profile_at(index)
-            key = (p.provider, p.instance_type, p.zone, int(p.capacity_type))
+            key = profile_key(engine.profile_at(index))
             self.keys.append(key)
             self.indices.setdefault(key, []).append(index)
         moved = np.zeros(size, dtype=bool)

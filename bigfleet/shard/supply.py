@@ -2,12 +2,14 @@
 
     per machine (a sample record of its profile, its state, bound?, the priority it
     serves, busy?) ──profile_supply──▶ ProfileSupply per (provider, instance type,
-                                       zone, capacity type)
+                                       zone, capacity type, rack)
         idle         IDLE and bound to no cluster
         speculative  SPECULATIVE
         configured   CONFIGURED, counted by the priority it serves (0 when none echoed)
         busy machines (in flight, promised, leaving) are counted in no column, but
         their profile is still reported
+    rack: the machines' ``topology.kubernetes.io/rack`` label ("" without one), so
+          a gang's machines can be moved within one rack (``coordination.DOMAIN_LABEL``)
 
 One rule for production's ``CoordinatorReporter`` (over the engine's records)
 and the simulator (over its mirror of the provider cores), so the
@@ -23,11 +25,11 @@ fleet reports every 30 virtual seconds).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from shard_engine.catalog import Profile
-from shard_engine.coordination import ProfileSupply
+from shard_engine.coordination import DOMAIN_LABEL, ProfileSupply
 from shard_engine.model import MachineRecord, MachineState
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "free_counts",
     "free_entry",
     "free_supply",
+    "profile_key",
     "profile_supply",
 ]
 
@@ -55,15 +58,15 @@ class Held(NamedTuple):
 
 def profile_supply(machines: Iterable[Held]) -> tuple[ProfileSupply, ...]:
     """Supply per profile, sorted by profile key (see the module docstring)."""
-    samples: dict[tuple[str, str, str, int], MachineRecord] = {}
-    idle: Counter[tuple[str, str, str, int]] = Counter()
-    speculative: Counter[tuple[str, str, str, int]] = Counter()
-    configured: dict[tuple[str, str, str, int], Counter[int]] = {}
-    keys: dict[int, tuple[str, str, str, int]] = {}  # id(sample) -> its profile key
+    samples: dict[ProfileKey, MachineRecord] = {}
+    idle: Counter[ProfileKey] = Counter()
+    speculative: Counter[ProfileKey] = Counter()
+    configured: dict[ProfileKey, Counter[int]] = {}
+    keys: dict[int, ProfileKey] = {}  # id(sample) -> its profile key
     for sample, state, bound, priority, busy in machines:
         key = keys.get(id(sample))
         if key is None:
-            key = (sample.provider, sample.instance_type, sample.zone, int(sample.capacity_type))
+            key = profile_key(sample)
             keys[id(sample)] = key
             samples.setdefault(key, sample)
         if busy:
@@ -85,12 +88,26 @@ def profile_supply(machines: Iterable[Held]) -> tuple[ProfileSupply, ...]:
             idle=idle[key],
             speculative=speculative[key],
             configured_by_priority=dict(configured.get(key, {})),
+            domain=key[4],
         )
         for key, sample in sorted(samples.items())
     )
 
 
-ProfileKey = tuple[str, str, str, int]
+#: (provider, instance type, zone, capacity type, rack): what one supply entry counts.
+ProfileKey = tuple[str, str, str, int, str]
+
+
+def profile_key(shape: MachineRecord | Profile) -> ProfileKey:
+    """The supply entry a machine (or an engine profile) is counted in."""
+    labels = shape.labels if isinstance(shape.labels, Mapping) else dict(shape.labels)
+    return (
+        shape.provider,
+        shape.instance_type,
+        shape.zone,
+        int(shape.capacity_type),
+        labels.get(DOMAIN_LABEL, ""),
+    )
 
 
 class Free(NamedTuple):
@@ -113,7 +130,7 @@ def free_counts(free: Iterable[tuple[Profile, int, int]]) -> dict[ProfileKey, Fr
     idle: Counter[ProfileKey] = Counter()
     speculative: Counter[ProfileKey] = Counter()
     for profile, free_idle, free_speculative in free:
-        key = (profile.provider, profile.instance_type, profile.zone, int(profile.capacity_type))
+        key = profile_key(profile)
         samples.setdefault(key, profile)
         idle[key] += free_idle
         speculative[key] += free_speculative
@@ -133,6 +150,7 @@ def free_entry(key: ProfileKey, free: Free) -> ProfileSupply:
         allocatable=dict(free.sample.allocatable),
         idle=free.idle,
         speculative=free.speculative,
+        domain=key[4],
     )
 
 

@@ -349,4 +349,6 @@ def _default_deadlines(record: MachineRecord) -> Deadlines:
 
 
 def _profile(spec: co.TransferSpec) -> TransferProfile:
-    return TransferProfile(spec.provider, spec.instance_type, spec.zone, spec.capacity_type)
+    return TransferProfile(
+        spec.provider, spec.instance_type, spec.zone, spec.capacity_type, domain=spec.domain
+    )

@@ -348,3 +348,73 @@ def test_every_group_and_every_instance_type_ends_within_one_across_shards(
             for s in shards
         ]
         assert max(counts) - min(counts) <= 1, (key, counts)
+
+
+RACK = "topology.kubernetes.io/rack"
+
+
+def _server(zone: str, rack: str, idle: int) -> ProfileSupply:
+    """Idle H100 servers of one rack (the bare-metal site's racks hold four)."""
+    return ProfileSupply(
+        provider="metal",
+        instance_type="h100",
+        zone=zone,
+        capacity_type=4,
+        labels={**GPU_LABELS, "topology.kubernetes.io/zone": zone, RACK: rack},
+        allocatable=GPU,
+        idle=idle,
+        domain=rack,
+    )
+
+
+def _gang(servers: int) -> ShardShortfall:
+    return ShardShortfall(
+        cluster_id="gangs",
+        need_key="train",
+        priority=900_000,
+        deficit={"nvidia.com/gpu": 8.0 * servers},
+        requirements=(Requirement(RACK, Operator.SAME),),
+        min_unit={"nvidia.com/gpu": 8.0},
+    )
+
+
+def test_a_gang_rack_split_over_two_shards_is_completed_from_the_other() -> None:
+    # The scarce fleet's seed-1 episode: rack b-r03 has two idle servers on each shard,
+    # rack a-r04 two on the donor. A gang of four is short on s0, which holds half of
+    # b-r03: the donor gives its two b-r03 servers, not a-r04's, and only those.
+    views = {
+        "s0": ShardView("s0", 100, supply=(_server("b", "b-r03", 2),), shortfalls=(_gang(4),)),
+        "s1": ShardView("s1", 100, supply=(_server("a", "a-r04", 2), _server("b", "b-r03", 2))),
+    }
+    (ins,) = plan_transfers(views)
+    assert (ins.kind, ins.donor, ins.receiver, ins.zone, ins.domain, ins.count) == (
+        "idle",
+        "s1",
+        "s0",
+        "b",
+        "b-r03",
+        2,
+    )
+
+
+def test_a_gang_rack_is_assembled_from_several_donors() -> None:
+    # The receiver holds one server of r1; s1 and s2 hold one more each, s3 two of r2:
+    # r1 needs two moves (one from each), r2 three it cannot get. Two instructions, r1.
+    views = {
+        "s0": ShardView("s0", 100, supply=(_server("a", "r1", 1),), shortfalls=(_gang(3),)),
+        "s1": ShardView("s1", 100, supply=(_server("a", "r1", 1),)),
+        "s2": ShardView("s2", 100, supply=(_server("a", "r1", 1),)),
+        "s3": ShardView("s3", 100, supply=(_server("a", "r2", 2),)),
+    }
+    moves = sorted((i.donor, i.domain, i.count) for i in plan_transfers(views))
+    assert moves == [("s1", "r1", 1), ("s2", "r1", 1)]
+
+
+def test_a_gang_is_never_spread_over_racks_to_complete_it() -> None:
+    # Two servers in each of two racks and none on the receiver: four servers, but no
+    # rack holds four, so nothing moves.
+    views = {
+        "s0": ShardView("s0", 100, shortfalls=(_gang(4),)),
+        "s1": ShardView("s1", 100, supply=(_server("a", "r1", 2), _server("a", "r2", 2))),
+    }
+    assert plan_transfers(views) == []

@@ -6,6 +6,8 @@ by the same victim score as a local preemption (ADR 0004).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
@@ -103,6 +105,18 @@ def test_a_donor_gives_no_more_than_the_count_and_nothing_for_a_count_of_zero() 
     two = choose_donations(machines, profile=GPU, state=MachineState.IDLE, count=2, busy=())
     assert [r.id for r in two] == ["idle-0", "idle-1"]
     assert choose_donations(machines, profile=GPU, state=MachineState.IDLE, count=0, busy=()) == ()
+
+
+def test_an_instruction_for_one_rack_gives_only_machines_in_that_rack() -> None:
+    rack = "topology.kubernetes.io/rack"
+    machines = [
+        replace(_machine(f"{r}-{i}", MachineState.IDLE), labels={rack: r})
+        for r in ("r1", "r2")
+        for i in range(2)
+    ]
+    profile = replace(GPU, domain="r2")
+    chosen = choose_donations(machines, profile=profile, state=MachineState.IDLE, count=3, busy=())
+    assert [r.id for r in chosen] == ["r2-0", "r2-1"]
 
 
 # -------------------------------------------------------------------- victims

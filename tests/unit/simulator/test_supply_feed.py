@@ -115,7 +115,7 @@ def test_a_key_whose_machines_all_leave_is_removed_and_comes_back_with_its_label
     assert (entry.idle, entry.labels["rack"]) == (1, "r1")
     engine.remove_machine("m1")
     changes = free_supply_changes(engine)
-    assert changes.removed == (("simcloud", "m6i.large", "z1", int(CapacityType.ON_DEMAND)),)
+    assert changes.removed == (("simcloud", "m6i.large", "z1", int(CapacityType.ON_DEMAND), ""),)
     assert mirror.apply(changes) == free_supply(engine.free_by_profile()) == ()
     engine.upsert_machine(replace(record, id="m2", labels={"rack": "r2"}), now=1.0)
     assert mirror.apply(free_supply_changes(engine)) == free_supply(engine.free_by_profile())
