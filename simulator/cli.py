@@ -15,6 +15,7 @@ import typer
 from clusters.packing import DEFAULT_HEURISTIC, Heuristic
 from simulator.driver import POLICIES, Progress, RunOptions, simulate
 from simulator.engines import default_workers
+from simulator.floor import fleet_floor
 from simulator.scenarios import SCENARIOS, TIER_NAMES, build
 from simulator.seeds import compare, markdown, parse_seeds, to_json
 from simulator.trace import TraceError, dump_trace, load_trace
@@ -187,6 +188,7 @@ def simulate_command(
         "workers": options.workers,
         "heuristic": chosen.value,
         "wall_seconds": round(time.perf_counter() - started, 2),
+        "cost_floor": fleet_floor(replay, quota_scale=fleet_scale, seed=seed).to_json(),
     }
     # matplotlib is imported only when a report is written, not by every `bigfleet` command.
     from simulator.report import write_report
@@ -219,16 +221,21 @@ def _simulate_seeds(
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
     runs: dict[int, dict[str, Any]] = {}
+    floors: dict[int, float] = {}
     for seed in chosen:
         where = out / f"seed-{seed}"
         typer.echo(f"seed {seed}:")
         one(seed, where)
-        runs[seed] = json.loads((where / "summary.json").read_text())["policies"]
+        summary = json.loads((where / "summary.json").read_text())
+        runs[seed] = summary["policies"]
+        floor = summary.get("run", {}).get("cost_floor")
+        if floor is not None:
+            floors[seed] = float(floor["usd"])
     policies = set.intersection(*(set(r) for r in runs.values()))
     if not {"bigfleet", "baseline"} <= policies:
         typer.echo("seeds: no comparison (it needs both the bigfleet and baseline policies)")
         return
-    figures = compare(runs, tier_names=TIER_NAMES.get(scenario))
+    figures = compare(runs, tier_names=TIER_NAMES.get(scenario), floors=floors)
     (out / "seeds.json").write_text(to_json(figures, chosen) + "\n")
     table = markdown(figures, chosen)
     (out / "seeds.md").write_text(

@@ -35,6 +35,19 @@ def _row(label: str, values: Sequence[Any]) -> str:
     return "| " + label + " | " + " | ".join(str(v) for v in values) + " |"
 
 
+def _floor_lines(floor: dict[str, Any] | None) -> list[str]:
+    """The cost floor (``simulator.floor``) in a sentence, when the run has one."""
+    if not floor or not floor.get("pods"):
+        return []
+    return [
+        "",
+        f"Cost floor: ${floor['usd']:,.2f} — no policy that places pods on arrival pays less: "
+        f"{floor['pods']} GPU pods only undeletable servers hold, one each, need "
+        f"{floor['peak_servers']} servers at their peak at ${floor['price_per_hour']:g}/h "
+        "from when each is first needed (`simulator/floor.py`).",
+    ]
+
+
 def _markdown(meta: dict[str, Any], results: Sequence[PolicyResult]) -> str:
     names = [r.policy for r in results]
     s = [r.summary for r in results]
@@ -44,6 +57,7 @@ def _markdown(meta: dict[str, Any], results: Sequence[PolicyResult]) -> str:
         f"{meta['description']}. Duration {meta['duration_s']:.0f} s of virtual time, "
         f"seed {meta['seed']}, fleet quota scale {meta['quota_scale']}, "
         f"{meta['shards']} shards, packing `{meta['heuristic']}`.",
+        *_floor_lines(meta.get("cost_floor")),
         "",
         _row("", names),
         "|---|" + "---|" * len(names),

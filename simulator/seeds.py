@@ -13,6 +13,10 @@ The goals are those the project holds BigFleet to against the per-cluster
 baseline (issue 18): cost at most 0.85× the baseline's; unschedulable
 pod-minutes and pods never placed at most the baseline's; at every priority
 tier, p99 time to capacity at most the baseline's + 30 s; no flaps.
+
+Where the runs know their cost floor (``simulator.floor``: what no policy
+that places pods on arrival can pay less than), the table shows it against
+the baseline and names the seeds at which the cost goal lies below it.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ __all__ = [
 COST_GOAL = 0.85
 #: p99 time to capacity of a tier at most the reference's plus this (seconds).
 P99_SLACK_S = 30.0
+#: The figures shown as ratios to the reference (one column of multiples).
+_RATIOS = ("cost vs baseline", "cost floor vs baseline")
 
 Summary = Mapping[str, Any]
 
@@ -95,11 +101,14 @@ def compare(
     candidate: str = "bigfleet",
     reference: str = "baseline",
     tier_names: Mapping[int, str] | None = None,
+    floors: Mapping[int, float] | None = None,
 ) -> list[Figure]:
     """The figures of ``candidate`` against ``reference`` over the seeds of ``runs``.
 
     ``runs`` maps each seed to its summaries by policy (``summary.json``'s
-    ``policies``). Both policies must have run at every seed.
+    ``policies``). Both policies must have run at every seed. ``floors``,
+    the cost floor of each seed in dollars, adds a row of floor ÷ the
+    reference's cost when every seed has one.
     """
     if not runs:
         raise ValueError("runs: no seeds to compare")
@@ -137,6 +146,20 @@ def compare(
             f"≤ {COST_GOAL}×",
             tuple(s for s, x in zip(seeds, ratios, strict=True) if x > COST_GOAL + 1e-9),
         ),
+    ]
+    if floors is not None and all(seed in floors for seed in seeds):
+        figures.append(
+            Figure(
+                "cost floor vs baseline",
+                tuple(
+                    floors[s] / r if r > 0 else 0.0 for s, (_, r) in zip(seeds, costs, strict=True)
+                ),
+                tuple(1.0 for _ in ref),
+                "",
+                (),
+            )
+        )
+    figures += [
         figure("cost ($)", lambda x: float(x["cost_usd"])),
         figure(
             "unschedulable pod-minutes",
@@ -192,7 +215,7 @@ def markdown(
         "|---|---|---|---|---|---|",
     ]
     for f in figures:
-        is_ratio = f.label == "cost vs baseline"
+        is_ratio = f.label in _RATIOS
         per_seed = ", ".join(
             f"{c:.2f}" if is_ratio else f"{_number(c)}/{_number(r)}"
             for c, r in zip(f.candidate, f.reference, strict=True)
@@ -209,6 +232,15 @@ def markdown(
         f"Goals met at every seed: {len(met) - len(missed)} of {len(met)}"
         + (f"; missed: {', '.join(f.label for f in missed)}." if missed else ".")
     )
+    for f in figures:
+        if f.label == "cost floor vs baseline":
+            out_of_reach = [s for s, x in zip(seeds, f.candidate, strict=True) if x > COST_GOAL]
+            if out_of_reach:
+                lines.append(
+                    f"The cost goal ({COST_GOAL}× the baseline) lies below the cost floor at "
+                    f"seeds {', '.join(map(str, out_of_reach))}: no policy that places pods on "
+                    "arrival can meet it there."
+                )
     return "\n".join(lines) + "\n"
 
 

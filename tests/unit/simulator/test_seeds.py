@@ -74,6 +74,18 @@ def test_the_table_gives_mean_min_max_every_seed_and_the_misses() -> None:
     assert "Goals met at every seed: 2 of 6" in table
 
 
+def test_the_cost_floor_row_names_the_seeds_where_the_cost_goal_is_out_of_reach() -> None:
+    # Floors of $70 and $190 against baseline costs of $100 and $200: 0.70× and 0.95×.
+    # At seed 2 even the floor is above 0.85× the baseline's cost.
+    figures = _by_label(compare(RUNS, floors={1: 70.0, 2: 190.0}))
+    assert figures["cost floor vs baseline"].candidate == pytest.approx((0.70, 0.95))
+    table = markdown(list(figures.values()), [1, 2])
+    assert "| cost floor vs baseline | 0.825× (0.700×–0.950×) | 1 | 0.70, 0.95 | — | — |" in table
+    assert "lies below the cost floor at seeds 2:" in table
+    # Without a floor for every seed there is no row.
+    assert "cost floor vs baseline" not in _by_label(compare(RUNS, floors={1: 70.0}))
+
+
 def test_the_json_keeps_every_value() -> None:
     data = json.loads(to_json(compare(RUNS), [1, 2]))
     assert data["seeds"] == [1, 2]
@@ -144,6 +156,9 @@ def test_simulate_runs_each_seed_and_writes_the_table(tmp_path: Any) -> None:
     # The mixed scenario's tiers go by their names, not their priorities.
     assert "p99 (s) |" in table and "| priority " not in table
     assert len(json.loads((tmp_path / "seeds.json").read_text())["figures"]) >= 5
+    # Every run records its cost floor, and the table sets it against the baseline.
+    floor = json.loads((tmp_path / "seed-1" / "summary.json").read_text())["run"]["cost_floor"]
+    assert floor["usd"] >= 0 and "| cost floor vs baseline |" in table
 
 
 def test_simulate_refuses_a_bad_seed_list_before_running_anything(tmp_path: Any) -> None:
