@@ -5,6 +5,8 @@
                                    Hello ── EdgeSink.admit_cluster ── ADMIT ─▶ engine ─▶ ADMITTED
                                    roll-up ── Intake.offer (judged once) ── ack
                                                  └─ staged, newest per cluster
+    readers ══ShardRead/InspectNeeds══▶ ShardReadServicer (unchanged: caller, request checked)
+                                   ── EngineLink.inspect ── INSPECT ─▶ engine ─▶ INSPECTED
                 EngineLink ── ROLLUP (validated needs), SETTLED, OPENED/CLOSED ──▶ engine
                            ◀── SEND, BOOTSTRAP, EVICT, CLOSE_ALL, STAMPS, DEFER ── engine
 
@@ -24,20 +26,27 @@ accepts it again, the edge resends each cluster's last accepted roll-up
 (the engine's table starts empty) and relays as before. An edge whose
 engine stays away for ``orphan_s`` closes its sessions and ends.
 
-ShardRead (why-not) is not served by an edge: the engine's answer would
-need a frame of its own (ADR 0147).
+ShardRead (why-not) is served on the same port, by the shard's own
+``ShardReadServicer``: it checks the caller (under mutual TLS only
+``readonly`` and ``admin``) and the request as a shard without edges does,
+then its ``inspect`` asks the engine (an ``INSPECT`` frame) and the
+engine's ``Inspection`` comes back as plain values (``INSPECTED``), turned
+into the wire's messages by the same code. While the engine is away the
+question is refused ``UNAVAILABLE`` (``engine restarting``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import contextlib
 import itertools
 import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,11 +57,12 @@ from bigfleet.shard.frames import (
     FrameError,
     Kind,
     encode,
+    inspection_from_body,
     read_frame,
     rollup_body,
 )
 from bigfleet.shard.intake import DEFERRED, STALE, Intake
-from bigfleet.shard.server import IngestOptions, IngestServer, TimedSelector
+from bigfleet.shard.server import IngestOptions, IngestServer, TimedSelector, _Bridge
 from bigfleet.shard.sessions import (
     ClusterElsewhere,
     NotNow,
@@ -61,12 +71,22 @@ from bigfleet.shard.sessions import (
     SessionUnavailable,
     ShardUnavailable,
 )
+from bigfleet.shard.shardread import InspectUnavailable
 from bigfleet.v1alpha1 import shard_pb2
 from shard_engine.model import Need, Rollup
+from shard_engine.verdicts import Inspection
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RESTARTING", "EdgeOptions", "EdgeProcess", "EdgeSink", "EngineLink", "main"]
+__all__ = [
+    "RESTARTING",
+    "EdgeOptions",
+    "EdgeProcess",
+    "EdgeServer",
+    "EdgeSink",
+    "EngineLink",
+    "main",
+]
 
 RESTARTING = "engine restarting"
 """Why roll-ups are deferred while the engine process is away."""
@@ -106,6 +126,7 @@ class EngineLink:
         self._counts: Counter[str] = Counter()
         self._counts_lock = threading.Lock()
         self._admissions: dict[int, asyncio.Future[tuple[str, str, str, str]]] = {}
+        self._inspections: dict[int, concurrent.futures.Future[Inspection]] = {}
         self._ids = itertools.count(1)
         self._deferred: dict[str, str] = {}
         # Per cluster, the needs relayed last on this connection (unchanged: no needs sent),
@@ -170,6 +191,22 @@ class EngineLink:
         if verdict == "unavailable":
             raise ShardUnavailable(message)
         raise NotNow(message)
+
+    def inspect(self, cluster_id: str, limit: int) -> concurrent.futures.Future[Inspection]:
+        """Ask the engine why-not (on the edge's loop): the ShardRead servicer's ``inspect``.
+
+        The answer is the engine's ``Inspection``, rebuilt from an INSPECTED
+        frame. It fails with :class:`InspectUnavailable` (UNAVAILABLE) while
+        the engine is away or when the link goes before the answer came.
+        """
+        answer: concurrent.futures.Future[Inspection] = concurrent.futures.Future()
+        if not self.connected:
+            answer.set_exception(InspectUnavailable(_why_not_now()))
+            return answer
+        request_id = next(self._ids)
+        self._inspections[request_id] = answer
+        self._queue(encode(Kind.INSPECT, (request_id, cluster_id, limit)))
+        return answer
 
     async def run(self) -> None:
         """Join the engine, relay, and join again when it goes; until STOP or orphaned."""
@@ -257,6 +294,10 @@ class EngineLink:
             if not fut.done():
                 fut.set_result(("later", f"cannot admit now: {RESTARTING}", "", ""))
         self._admissions.clear()
+        for answer in self._inspections.values():
+            if not answer.done():
+                answer.set_exception(InspectUnavailable(_why_not_now()))
+        self._inspections.clear()
 
     async def _relay(self, writer: asyncio.StreamWriter) -> None:
         """Write what waits (roll-ups, counts, control frames), then sleep until there is more."""
@@ -289,6 +330,8 @@ class EngineLink:
             fut = self._admissions.get(int(body[0]))
             if fut is not None and not fut.done():
                 fut.set_result((str(body[1]), str(body[2]), str(body[3]), str(body[4])))
+        elif kind is Kind.INSPECTED:
+            self._inspected(int(body[0]), body[1], str(body[2]))
         elif kind is Kind.STAMPS:
             self.stamps = (int(body[0]), int(body[1]))
         elif kind is Kind.DEFER:
@@ -316,6 +359,19 @@ class EngineLink:
         else:
             raise FrameError(f"an engine does not send {kind.name} frames")
 
+    def _inspected(self, request_id: int, values: Any, error: str) -> None:
+        answer = self._inspections.pop(request_id, None)
+        if answer is None or answer.done():
+            return  # the link went meanwhile, and the question was answered UNAVAILABLE
+        if values is None:
+            answer.set_exception(RuntimeError(f"the engine could not answer: {error}"))
+            return
+        try:
+            answer.set_result(inspection_from_body(values))
+        except FrameError as err:  # a bug on one side: say so, fail the question, keep the link
+            log.error("edge %d: %s", self.options.index, err)
+            answer.set_exception(err)
+
     async def _bootstrap(
         self, cluster_id: str, request_id: str, frame: shard_pb2.ShardMessage, wait: float
     ) -> None:
@@ -327,6 +383,52 @@ class EngineLink:
         except SessionUnavailable as err:
             answer = (request_id, b"", 0, "", str(err) or "session unavailable")
         self._queue(encode(Kind.BOOTSTRAP_ANSWER, answer))
+
+
+def _why_not_now() -> str:
+    return f"why-not cannot be answered now: {RESTARTING}; retry"
+
+
+class _LinkBridge(_Bridge):
+    """The Session port's bridge of an edge: why-not is asked over the link, not on a loop."""
+
+    def __init__(self, bridge: _Bridge, link: EngineLink) -> None:
+        super().__init__(bridge._sink, bridge._loop)
+        self._link = link
+
+    def inspector(
+        self, inspect: Callable[[str, int], Inspection]
+    ) -> Callable[[str, int], concurrent.futures.Future[Inspection]]:
+        return self._link.inspect
+
+
+class EdgeServer(IngestServer):
+    """The edge's ``IngestServer``: Session, ShardRead, health and reflection, as a shard's.
+
+    ``IngestServer`` asks a shard's engine on the shard's loop, a call that
+    returns at once; an edge's answer comes over the link, so its bridge
+    hands the ShardRead servicer the link's ``inspect`` instead. Nothing
+    else differs.
+    """
+
+    def __init__(
+        self,
+        hub: SessionHub,
+        sink: EdgeSink,
+        options: IngestOptions,
+        *,
+        link: EngineLink,
+        tls: KeyPairSource | None = None,
+    ) -> None:
+        super().__init__(hub, sink, options, tls=tls, inspect=_asked_over_the_link)
+        self._link = link
+
+    async def _serve(self, bridge: _Bridge, ready: concurrent.futures.Future[str]) -> None:
+        await super()._serve(_LinkBridge(bridge, self._link), ready)
+
+
+def _asked_over_the_link(cluster_id: str, limit: int) -> Inspection:
+    raise AssertionError("an edge asks its engine over the link (EngineLink.inspect)")
 
 
 class EdgeSink:
@@ -369,10 +471,11 @@ class EdgeProcess:
         self.intake.set_on_dropped(self.sink.settled)
         self.hub.on_open(lambda cluster_id: self.link.note(Kind.OPENED, cluster_id))
         self.hub.on_close(self._closed)
-        self.server = IngestServer(
+        self.server = EdgeServer(
             self.hub,
             self.sink,
             IngestOptions(listen=options.listen, limits=options.limits, reuse_port=True),
+            link=self.link,
             tls=tls,
         )
 

@@ -13,7 +13,11 @@ the cluster, its stamp, and its needs already merged and normalised, each
 with its key — never the wire's message, so the engine applies it without
 judging it again (``ValidatedRollup.relayed``). A cluster that re-sends the
 needs it sent last gets a frame without needs (``needs`` is ``None``): the
-engine reuses the ones it has.
+engine reuses the ones it has. Why-not (``ShardRead/InspectNeeds``) asked
+of an edge travels the same way: an ``INSPECT`` frame with the question, an
+``INSPECTED`` frame with the engine's :class:`~shard_engine.verdicts.Inspection`
+as plain values (``inspection_body``), which the edge turns into the wire's
+messages with the very code a shard without edges uses.
 
 Every decoding failure is a :class:`FrameError` that says which frame and
 what was wrong: a peer sending one is a bug in this code, and the link ends.
@@ -38,6 +42,7 @@ from shard_engine.model import (
     WhenUnsatisfiable,
 )
 from shard_engine.needs import ValidatedRollup
+from shard_engine.verdicts import Inspection, MatchingSupply, NeedVerdict
 
 __all__ = [
     "HEADER",
@@ -48,6 +53,8 @@ __all__ = [
     "RelayedRollup",
     "decode",
     "encode",
+    "inspection_body",
+    "inspection_from_body",
     "need_from_tuple",
     "need_to_tuple",
     "read_frame",
@@ -55,8 +62,11 @@ __all__ = [
     "rollup_from_body",
 ]
 
-VERSION = 1
-"""The frames' version: an edge and an engine of different versions refuse each other."""
+VERSION = 2
+"""The frames' version: an edge and an engine of different versions refuse each other.
+
+2: INSPECT and INSPECTED (why-not asked of an edge).
+"""
 
 HEADER = struct.Struct(">IB")
 """Body length, then kind."""
@@ -82,6 +92,7 @@ class Kind(IntEnum):
     OPENED = 5  # (cluster,): a session's Hello was acknowledged
     CLOSED = 6  # (cluster,): the cluster's session ended
     BOOTSTRAP_ANSWER = 7  # (request id, user data, ttl s, error, unavailable)
+    INSPECT = 8  # (request id, cluster or '' for all, limit): why-not (ShardRead/InspectNeeds)
     # engine -> edge
     WELCOME = 20  # (version, coordinator term, lease epoch)
     ADMITTED = 21  # (request id, verdict, message, shard id, address)
@@ -92,6 +103,7 @@ class Kind(IntEnum):
     STAMPS = 26  # (coordinator term, lease epoch) for every acknowledgement
     DEFER = 27  # (cluster, reason): its roll-ups are deferred ('' when no longer)
     STOP = 28  # (): the engine stops for good; the edge closes its sessions and ends
+    INSPECTED = 29  # (request id, inspection_body or None, error): the answer to INSPECT
 
 
 _ARITY = {
@@ -102,6 +114,7 @@ _ARITY = {
     Kind.OPENED: 1,
     Kind.CLOSED: 1,
     Kind.BOOTSTRAP_ANSWER: 5,
+    Kind.INSPECT: 3,
     Kind.WELCOME: 3,
     Kind.ADMITTED: 5,
     Kind.SEND: 3,
@@ -111,6 +124,7 @@ _ARITY = {
     Kind.STAMPS: 2,
     Kind.DEFER: 2,
     Kind.STOP: 0,
+    Kind.INSPECTED: 3,
 }
 
 
@@ -182,8 +196,9 @@ def need_to_tuple(need: Need) -> tuple[Any, ...]:
     )
 
 
-def need_from_tuple(values: tuple[Any, ...]) -> Need:
-    """The need ``need_to_tuple`` wrote; raises ``FrameError`` when the values do not fit."""
+def need_from_tuple(values: tuple[Any, ...], frame: str = "ROLLUP") -> Need:
+    """The need ``need_to_tuple`` wrote; raises ``FrameError`` (naming ``frame``) when the
+    values do not fit."""
     try:
         reqs, aggregate, priority, unit, spread, ipen, rpen, app, dnd, gang = values
         return Need(
@@ -199,7 +214,7 @@ def need_from_tuple(values: tuple[Any, ...]) -> Need:
             gang=int(gang),
         )
     except (TypeError, ValueError, KeyError) as err:
-        raise FrameError(f"ROLLUP frame: a need does not decode: {err!r}") from None
+        raise FrameError(f"{frame} frame: a need does not decode: {err!r}") from None
 
 
 # --------------------------------------------------------------- roll-ups
@@ -320,3 +335,112 @@ def rollup_from_body(
         merged,
         bool(replay),
     )
+
+
+# ---------------------------------------------------------------- why-not
+
+
+def _amounts(values: Mapping[str, float]) -> dict[str, float]:
+    return {str(name): float(amount) for name, amount in values.items()}
+
+
+def _verdict_to_tuple(verdict: NeedVerdict) -> tuple[Any, ...]:
+    matching = verdict.matching
+    return (
+        str(verdict.cluster_id),
+        str(verdict.need_key),
+        need_to_tuple(verdict.need),
+        float(verdict.arrival_seconds),
+        str(verdict.fingerprint),
+        bool(verdict.satisfied),
+        _amounts(verdict.deficit),
+        int(verdict.claimed),
+        int(verdict.from_idle),
+        int(verdict.from_speculative),
+        str(verdict.same_domain),
+        bool(verdict.same_satisfiable),
+        int(verdict.age_cycles),
+        str(verdict.reason),
+        str(verdict.detail),
+        None
+        if matching is None
+        else (
+            int(matching.idle),
+            int(matching.configured),
+            int(matching.speculative),
+            bool(matching.capped),
+        ),
+        int(verdict.victims),
+        _amounts(verdict.victims_hold),
+    )
+
+
+def _verdict_from_tuple(values: tuple[Any, ...]) -> NeedVerdict:
+    (
+        cluster_id, need_key, need, arrival, fingerprint, satisfied, deficit, claimed,
+        from_idle, from_speculative, same_domain, same_satisfiable, age_cycles, reason,
+        detail, matching, victims, victims_hold,
+    ) = values  # fmt: skip
+    for name, text in (
+        ("cluster id", cluster_id), ("need key", need_key), ("fingerprint", fingerprint),
+        ("same domain", same_domain), ("reason", reason), ("detail", detail),
+    ):  # fmt: skip
+        if not isinstance(text, str):
+            raise FrameError(f"INSPECTED frame: a verdict's {name} is not a string: {text!r:.80}")
+    supply = None
+    if matching is not None:
+        idle, configured, speculative, capped = matching
+        supply = MatchingSupply(int(idle), int(configured), int(speculative), bool(capped))
+    return NeedVerdict(
+        cluster_id=cluster_id,
+        need_key=need_key,
+        need=need_from_tuple(need, "INSPECTED"),
+        arrival_seconds=float(arrival),
+        fingerprint=fingerprint,
+        satisfied=bool(satisfied),
+        deficit=_amounts(deficit),
+        claimed=int(claimed),
+        from_idle=int(from_idle),
+        from_speculative=int(from_speculative),
+        same_domain=same_domain,
+        same_satisfiable=bool(same_satisfiable),
+        age_cycles=int(age_cycles),
+        reason=reason,
+        detail=detail,
+        matching=supply,
+        victims=int(victims),
+        victims_hold=_amounts(victims_hold),
+    )
+
+
+def inspection_body(answer: Inspection) -> tuple[Any, ...]:
+    """The engine's why-not answer as plain values, for an INSPECTED frame.
+
+    Every field of every verdict travels (``inspection_from_body`` rebuilds
+    an equal :class:`Inspection`), so the edge's ``ShardReadServicer`` turns
+    it into the same messages the engine's own would.
+    """
+    return (
+        int(answer.cycle),
+        float(answer.computed_at),
+        int(answer.total),
+        tuple(_verdict_to_tuple(verdict) for verdict in answer.verdicts),
+    )
+
+
+def inspection_from_body(values: tuple[Any, ...]) -> Inspection:
+    """The :class:`Inspection` ``inspection_body`` wrote; ``FrameError`` when it does not fit."""
+    try:
+        cycle, computed_at, total, verdicts = values
+        if not isinstance(verdicts, tuple):
+            raise TypeError(f"the verdicts are a {type(verdicts).__name__}, not a tuple")
+        return Inspection(
+            cycle=int(cycle),
+            computed_at=float(computed_at),
+            total=int(total),
+            verdicts=tuple(_verdict_from_tuple(verdict) for verdict in verdicts),
+        )
+    except FrameError:
+        raise
+    except (TypeError, ValueError, AttributeError) as err:
+        raise FrameError(f"INSPECTED frame: the answer does not decode: {err!r:.200}") from None

@@ -7,6 +7,7 @@
     ROLLUP(validated needs) ──────────────────────▶ ValidatedRollup.relayed ─▶ Intake.stage
     SETTLED(outcome, n) ──────────────────────────▶ bigfleet_shard_rollups_total
     OPENED / CLOSED(cluster) ─────────────────────▶ RelayHub (which edge holds which cluster)
+    INSPECT(cluster, limit) ──────────────────────▶ engine.inspect_needs ─▶ INSPECTED
            ◀── SEND / BOOTSTRAP / EVICT / CLOSE_ALL ── RelayHub (node views, activities, …)
            ◀── STAMPS / DEFER ───────────────────────── acks' fields, clusters leaving
 
@@ -16,7 +17,9 @@ shard's parts use when its sessions live in edge processes
 to the edge that holds the cluster's session; the outboxes are the edge's.
 :class:`EdgeLink` serves the Unix-domain socket the edges join, and starts
 the edges that did not rejoin it (an edge outlives an engine process that
-was killed, and joins the next one: ADR 0147).
+was killed, and joins the next one: ADR 0147), and answers the why-not
+questions (``ShardRead/InspectNeeds``) the edges are asked, with the
+engine's :class:`~shard_engine.verdicts.Inspection` as plain values.
 
 Everything here runs on the shard's loop: no thread of its own.
 """
@@ -43,6 +46,7 @@ from bigfleet.shard.frames import (
     Kind,
     RelayedRollup,
     encode,
+    inspection_body,
     read_frame,
     rollup_from_body,
 )
@@ -58,6 +62,7 @@ from bigfleet.shard.sessions import (
 from bigfleet.v1alpha1 import shard_pb2
 from shard_engine.model import Need, Rollup
 from shard_engine.needs import ValidatedRollup
+from shard_engine.verdicts import Inspection
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +85,12 @@ class EdgeConnection:
 
     def write(self, kind: Kind, body: tuple[Any, ...]) -> None:
         """Queue a frame (the transport buffers it; nothing here waits)."""
+        self.send(encode(kind, body))
+
+    def send(self, frame: bytes) -> None:
+        """Queue an encoded frame."""
         if self.open and not self.writer.is_closing():
-            self.writer.write(encode(kind, body))
+            self.writer.write(frame)
 
 
 class RelayHub(SessionHub):
@@ -206,12 +215,18 @@ class EdgeLink:
         hub: RelayHub,
         sink: SessionSink,
         deferral: Callable[[str], str],
+        inspect: Callable[[str, int], Inspection] | None = None,
         stamps_every_s: float = 0.2,
     ) -> None:
         self.path = path
         self.hub = hub
         self.sink = sink
         self._deferral = deferral
+        # Why-not asked of an edge (INSPECT): by default the engine the sink feeds answers,
+        # as the Session port of a shard without edges asks it (bigfleet.shard.process).
+        self._inspect = inspect or (
+            lambda cluster_id, limit: sink._engine.inspect_needs(cluster_id, limit=limit)
+        )
         self._stamps_every_s = stamps_every_s
         self._edges: dict[int, EdgeConnection] = {}
         self._joined = asyncio.Event()
@@ -387,6 +402,8 @@ class EdgeLink:
             request_id, data, ttl, error, unavailable = body
             blob = None if unavailable else BootstrapBlob(bytes(data), int(ttl), str(error))
             self.hub.answer_bootstrap(str(request_id), blob, str(unavailable))
+        elif kind is Kind.INSPECT:
+            self._inspected(edge, int(body[0]), str(body[1]), int(body[2]))
         else:
             raise FrameError(f"an edge does not send {kind.name} frames")
 
@@ -411,6 +428,22 @@ class EdgeLink:
             self.sink.apply(validated, counted=False)
         else:
             self.sink.relayed(validated)
+
+    def _inspected(
+        self, edge: EdgeConnection, request_id: int, cluster_id: str, limit: int
+    ) -> None:
+        """Answer an edge's why-not question, on this loop (where the engine lives).
+
+        The edge validated the caller and the request; what the engine raises
+        (or an answer too large for a frame) goes back as the error.
+        """
+        try:
+            answer = inspection_body(self._inspect(cluster_id, limit))
+            frame = encode(Kind.INSPECTED, (request_id, answer, ""))
+        except Exception as err:
+            log.warning("edge %d: why-not of %r not answered: %r", edge.index, cluster_id, err)
+            frame = encode(Kind.INSPECTED, (request_id, None, f"{type(err).__name__}: {err}"))
+        edge.send(frame)
 
     async def _admit(self, edge: EdgeConnection, request_id: int, cluster_id: str) -> None:
         verdict, message, shard_id, address = "ok", "", "", ""

@@ -11,6 +11,12 @@ hands the question to the shard's loop, where the engine lives, and the
 answer comes back as a future. Under mutual TLS only the ``readonly`` and
 ``admin`` identities may read (``bigfleet.identity``); on plaintext anyone
 may.
+
+In an edge process (ADR 0147) the same servicer answers: its ``inspect``
+asks the engine process over the edge link and rebuilds the engine's
+:class:`~shard_engine.verdicts.Inspection`, so the translation below is the
+one code for both. While that engine is away, ``inspect`` fails with
+:class:`InspectUnavailable`: UNAVAILABLE, to be retried.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from bigfleet.shard.convert import need_to_wire, resources_to_wire
 from bigfleet.v1alpha1 import shardread_pb2, shardread_pb2_grpc
 from shard_engine.verdicts import Inspection, NeedVerdict, UnmetReason
 
-__all__ = ["SHARD_READ_SERVICE", "ShardReadServicer", "need_view"]
+__all__ = ["SHARD_READ_SERVICE", "InspectUnavailable", "ShardReadServicer", "need_view"]
 
 SHARD_READ_SERVICE = shardread_pb2.DESCRIPTOR.services_by_name["ShardRead"].full_name
 
@@ -37,6 +43,10 @@ _REASONS = {
     UnmetReason.TOPOLOGY: shardread_pb2.UNMET_REASON_TOPOLOGY_UNSATISFIABLE,
     UnmetReason.PREEMPTION_EXHAUSTED: shardread_pb2.UNMET_REASON_PREEMPTION_EXHAUSTED,
 }
+
+
+class InspectUnavailable(RuntimeError):
+    """Why-not cannot be answered now (an edge whose engine process is away): UNAVAILABLE."""
 
 
 def _nanos(seconds: float) -> int:
@@ -104,7 +114,10 @@ class ShardReadServicer(shardread_pb2_grpc.ShardReadServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"limit: must not be negative, got {request.limit}",
             )
-        answer = await asyncio.wrap_future(self._inspect(request.cluster_id, request.limit))
+        try:
+            answer = await asyncio.wrap_future(self._inspect(request.cluster_id, request.limit))
+        except InspectUnavailable as err:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
         yield shardread_pb2.InspectNeedsResponse(
             header=shardread_pb2.InspectNeedsHeader(
                 cycle=answer.cycle,

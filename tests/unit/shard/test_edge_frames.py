@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import marshal
 import struct
 from typing import Any
@@ -16,15 +17,21 @@ from bigfleet.shard.frames import (
     Kind,
     decode,
     encode,
+    inspection_body,
+    inspection_from_body,
     need_from_tuple,
     need_to_tuple,
     read_frame,
     rollup_body,
     rollup_from_body,
 )
+from bigfleet.shard.shardread import need_view
 from shard_engine.engine import ShardEngine
 from shard_engine.model import (
     AppClass,
+    CapacityType,
+    MachineRecord,
+    MachineState,
     Need,
     Operator,
     Requirement,
@@ -33,6 +40,8 @@ from shard_engine.model import (
     WhenUnsatisfiable,
 )
 from shard_engine.needs import ValidatedRollup
+from shard_engine.verdicts import Inspection, NeedVerdict
+from tests.rollups import apply
 
 
 def _needs() -> tuple[Need, ...]:
@@ -208,3 +217,85 @@ def test_a_need_sent_as_before_to_an_engine_that_never_saw_it_is_refused() -> No
     body = rollup_body(_validated(2), unchanged=False, memo=sent)  # all "as before"
     with pytest.raises(FrameError, match="is 'as before' but none was"):
         rollup_from_body(body, {})
+
+
+# ------------------------------------------------------------------ why-not
+
+GI = 2.0**30
+
+
+def _machine(machine_id: str, state: MachineState, cluster: str = "") -> MachineRecord:
+    return MachineRecord(
+        id=machine_id,
+        state=state,
+        provider="sim",
+        instance_type="m.xlarge",
+        zone="zone-a",
+        capacity_type=CapacityType.ON_DEMAND,
+        price_per_hour=0.2,
+        interruption_probability=0.0,
+        allocatable={"cpu": 4.0, "memory": 16 * GI},
+        cluster=cluster if state.has_host else "",
+        host_ref=f"h-{machine_id}" if state.has_host else "",
+    )
+
+
+def _inspection() -> Inspection:
+    """An engine's answer after one cycle: met by preemption, unmet, and left to starve."""
+    engine = ShardEngine()
+    for i in range(3):
+        engine.upsert_machine(_machine(f"low-{i}", MachineState.CONFIGURED, "batch"), now=0)
+    engine.upsert_machine(_machine("idle-0", MachineState.IDLE), now=0)
+    apply(engine, Rollup("batch", 1, (Need((), {"cpu": 12.0}, priority=10),)), now=0)
+    web = Need((), {"cpu": 8.0, "memory": 8 * GI}, priority=1_000_000)
+    apply(engine, Rollup("web", 1, (web,)), now=0)
+    gpus = Need((), {"nvidia.com/gpu": 2.0}, priority=500, min_unit={"nvidia.com/gpu": 1.0})
+    apply(engine, Rollup("ml", 1, (gpus,)), now=0)
+    engine.cycle(now=100.0)
+    return engine.inspect_needs()
+
+
+def test_an_engines_inspection_arrives_equal_and_makes_the_same_need_views() -> None:
+    answer = _inspection()
+    assert {v.cluster_id for v in answer.verdicts} == {"web", "ml", "batch"}
+    assert any(v.matching is not None for v in answer.verdicts)
+    assert any(v.victims for v in answer.verdicts) and any(v.deficit for v in answer.verdicts)
+
+    kind, body = _through_the_wire(encode(Kind.INSPECTED, (7, inspection_body(answer), "")))
+    assert kind is Kind.INSPECTED and body[0] == 7 and body[2] == ""
+    assert isinstance(body[1], tuple)
+    arrived = inspection_from_body(body[1])
+
+    assert arrived == answer
+    assert [need_view(v) for v in arrived.verdicts] == [need_view(v) for v in answer.verdicts]
+
+
+def test_every_field_of_a_verdict_travels() -> None:
+    """A field added to NeedVerdict must be added to the frame too, or this fails."""
+    [values] = inspection_body(_inspection())[3][:1]
+    assert len(values) == len(dataclasses.fields(NeedVerdict))
+
+
+def test_an_empty_answer_and_a_question_survive_the_trip() -> None:
+    empty = Inspection(cycle=0, computed_at=0.0, total=0, verdicts=())
+    assert inspection_from_body(inspection_body(empty)) == empty
+    assert _through_the_wire(encode(Kind.INSPECT, (3, "c1", 10))) == (Kind.INSPECT, (3, "c1", 10))
+    assert _through_the_wire(encode(Kind.INSPECTED, (3, None, "ValueError: no"))) == (
+        Kind.INSPECTED,
+        (3, None, "ValueError: no"),
+    )
+    with pytest.raises(FrameError, match="INSPECT frame: 2 fields, expected 3"):
+        _through_the_wire(encode(Kind.INSPECT, (3, "c1")))
+
+
+def test_an_answer_that_does_not_fit_is_refused_naming_the_frame() -> None:
+    cycle, at, total, verdicts = inspection_body(_inspection())
+    first = list(verdicts[0])
+    with pytest.raises(FrameError, match="INSPECTED frame: the answer does not decode"):
+        inspection_from_body((cycle, at, total))
+    with pytest.raises(FrameError, match="INSPECTED frame: the answer does not decode"):
+        inspection_from_body((cycle, at, total, list(verdicts)))
+    with pytest.raises(FrameError, match="INSPECTED frame: a verdict's cluster id is not a string"):
+        inspection_from_body((cycle, at, total, ((None, *first[1:]),)))
+    with pytest.raises(FrameError, match="INSPECTED frame: a need does not decode"):
+        inspection_from_body((cycle, at, total, ((*first[:2], ("short",), *first[3:]),)))
