@@ -185,10 +185,20 @@ class Need:
         Two roll-ups that list a need with the same requirements, priority,
         spread and penalties refer to the same need even if its size changed.
         The second and later gangs with such a key are told apart by ``gang``.
+        The values of a ``Same`` requirement are not part of it: a gang whose
+        first pods run names their domain from then on (ADR 0158), and stays
+        the same need, with its machines, arrival and history.
         """
         parts = [
             repr(
-                sorted((r.key, int(r.operator), tuple(sorted(r.values))) for r in self.requirements)
+                sorted(
+                    (
+                        r.key,
+                        int(r.operator),
+                        () if r.operator is Operator.SAME else tuple(sorted(r.values)),
+                    )
+                    for r in self.requirements
+                )
             ),
             str(self.priority),
             repr(

@@ -136,3 +136,32 @@ def test_a_gang_no_rack_can_hold_reports_all_of_itself_short() -> None:
 
     [shortfall] = plan.shortfalls
     assert shortfall.deficit["nvidia.com/gpu"] == 24.0
+
+
+def test_a_gang_that_names_its_rack_once_its_pods_run_stays_the_same_need() -> None:
+    # The cluster side pins a gang to the rack its first pods run in (ADR 0158). Were the
+    # rack part of the gang's identity, the pinned gang would be a new need: its machines
+    # would lose their binding, a second, unpinned gang of the cluster would claim them,
+    # and the pinned one would look short of its whole size.
+    assert (
+        gang(3).key
+        == need(gpu=24.0, min_gpu=8, priority=900_000, requirements=[same("rack", "ra")]).key
+    )
+
+    engine = ShardEngine(EAGER)
+    carrier = Carrier(engine)
+    gpu_racks(engine, ra=4, rb=3)
+    apply(engine, rollup("train", 1, gang(3)), now=0)
+    carrier.run(now=1, cycles=2)
+    (rack,) = racks_of(engine, "train")
+    placed = racks_of(engine, "train")[rack]
+    assert placed == 3
+
+    pinned = need(gpu=24.0, min_gpu=8, priority=900_000, requirements=[same("rack", rack)])
+    apply(engine, rollup("train", 2, pinned, gang(3)), now=30)
+    plans = carrier.run(now=31, cycles=3)
+
+    # The pinned gang keeps its three machines; the new gang gets three of its own.
+    assert not [a for p in plans for a in of_kind(p, Reclaim)]
+    assert sum(racks_of(engine, "train").values()) == 6
+    assert racks_of(engine, "train")[rack] >= 3
