@@ -259,6 +259,7 @@ class ShardProcess:
             hub=self.hub,
             sink=self.sink,
             deferral=self.parts.membership.deferral,
+            inspect=lambda cid, limit: self.engine.inspect_needs(cid, limit=limit),
         )
         self.parts.membership.on_departure(self._link.departing)
         await self._link.start()

@@ -215,18 +215,16 @@ class EdgeLink:
         hub: RelayHub,
         sink: SessionSink,
         deferral: Callable[[str], str],
-        inspect: Callable[[str, int], Inspection] | None = None,
+        inspect: Callable[[str, int], Inspection],
         stamps_every_s: float = 0.2,
     ) -> None:
         self.path = path
         self.hub = hub
         self.sink = sink
         self._deferral = deferral
-        # Why-not asked of an edge (INSPECT): by default the engine the sink feeds answers,
-        # as the Session port of a shard without edges asks it (bigfleet.shard.process).
-        self._inspect = inspect or (
-            lambda cluster_id, limit: sink._engine.inspect_needs(cluster_id, limit=limit)
-        )
+        # Why-not asked of an edge (INSPECT): the engine's inspection, the very call the
+        # Session port of a shard without edges makes (bigfleet.shard.process).
+        self._inspect = inspect
         self._stamps_every_s = stamps_every_s
         self._edges: dict[int, EdgeConnection] = {}
         self._joined = asyncio.Event()
