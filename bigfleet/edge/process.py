@@ -46,7 +46,6 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,7 +61,7 @@ from bigfleet.shard.frames import (
     rollup_body,
 )
 from bigfleet.shard.intake import DEFERRED, STALE, Intake
-from bigfleet.shard.server import IngestOptions, IngestServer, TimedSelector, _Bridge
+from bigfleet.shard.server import IngestOptions, IngestServer, TimedSelector
 from bigfleet.shard.sessions import (
     ClusterElsewhere,
     NotNow,
@@ -82,7 +81,6 @@ __all__ = [
     "RESTARTING",
     "EdgeOptions",
     "EdgeProcess",
-    "EdgeServer",
     "EdgeSink",
     "EngineLink",
     "main",
@@ -389,48 +387,6 @@ def _why_not_now() -> str:
     return f"why-not cannot be answered now: {RESTARTING}; retry"
 
 
-class _LinkBridge(_Bridge):
-    """The Session port's bridge of an edge: why-not is asked over the link, not on a loop."""
-
-    def __init__(self, bridge: _Bridge, link: EngineLink) -> None:
-        super().__init__(bridge._sink, bridge._loop)
-        self._link = link
-
-    def inspector(
-        self, inspect: Callable[[str, int], Inspection]
-    ) -> Callable[[str, int], concurrent.futures.Future[Inspection]]:
-        return self._link.inspect
-
-
-class EdgeServer(IngestServer):
-    """The edge's ``IngestServer``: Session, ShardRead, health and reflection, as a shard's.
-
-    ``IngestServer`` asks a shard's engine on the shard's loop, a call that
-    returns at once; an edge's answer comes over the link, so its bridge
-    hands the ShardRead servicer the link's ``inspect`` instead. Nothing
-    else differs.
-    """
-
-    def __init__(
-        self,
-        hub: SessionHub,
-        sink: EdgeSink,
-        options: IngestOptions,
-        *,
-        link: EngineLink,
-        tls: KeyPairSource | None = None,
-    ) -> None:
-        super().__init__(hub, sink, options, tls=tls, inspect=_asked_over_the_link)
-        self._link = link
-
-    async def _serve(self, bridge: _Bridge, ready: concurrent.futures.Future[str]) -> None:
-        await super()._serve(_LinkBridge(bridge, self._link), ready)
-
-
-def _asked_over_the_link(cluster_id: str, limit: int) -> Inspection:
-    raise AssertionError("an edge asks its engine over the link (EngineLink.inspect)")
-
-
 class EdgeSink:
     """The edge's :class:`~bigfleet.shard.sessions.CountingSink`: judge, stage, count."""
 
@@ -471,12 +427,14 @@ class EdgeProcess:
         self.intake.set_on_dropped(self.sink.settled)
         self.hub.on_open(lambda cluster_id: self.link.note(Kind.OPENED, cluster_id))
         self.hub.on_close(self._closed)
-        self.server = EdgeServer(
+        # Session, ShardRead (why-not asked of the engine over the link), health and
+        # reflection, as on a shard's own port.
+        self.server = IngestServer(
             self.hub,
             self.sink,
             IngestOptions(listen=options.listen, limits=options.limits, reuse_port=True),
-            link=self.link,
             tls=tls,
+            asked=self.link.inspect,
         )
 
     def _closed(self, cluster_id: str) -> None:

@@ -213,10 +213,14 @@ class IngestServer:
         *,
         tls: KeyPairSource | None = None,
         inspect: Callable[[str, int], Inspection] | None = None,
+        asked: Callable[[str, int], concurrent.futures.Future[Inspection]] | None = None,
     ) -> None:
         self.hub = hub
-        # Why-not (ShardRead) answered by the engine on the shard's loop; None: not served.
+        # Why-not (ShardRead): ``inspect`` is the engine's answer, run on the shard's loop;
+        # ``asked`` an answer that comes from elsewhere as a future (an edge asks its engine
+        # over the link). Neither: not served.
         self._inspect = inspect
+        self._asked = asked
         self.options = options
         self.tls = tls
         self.lag = LoopLag()
@@ -293,8 +297,11 @@ class IngestServer:
         )
         shard_pb2_grpc.add_ShardServicer_to_server(servicer, server)
         services = [shard_pb2.DESCRIPTOR.services_by_name["Shard"].full_name]
-        if self._inspect is not None:
-            reader = ShardReadServicer(bridge.inspector(self._inspect))
+        asked = self._asked
+        if asked is None and self._inspect is not None:
+            asked = bridge.inspector(self._inspect)
+        if asked is not None:
+            reader = ShardReadServicer(asked)
             shardread_pb2_grpc.add_ShardReadServicer_to_server(reader, server)
             services.append(SHARD_READ_SERVICE)
         health = HealthServicer()
