@@ -228,8 +228,8 @@ def _simulate_seeds(
         one(seed, where)
         summary = json.loads((where / "summary.json").read_text())
         runs[seed] = summary["policies"]
-        floor = summary.get("run", {}).get("cost_floor")
-        if floor is not None:
+        floor = summary.get("run", {}).get("cost_floor") or {}
+        if floor.get("usd") is not None:
             floors[seed] = float(floor["usd"])
     policies = set.intersection(*(set(r) for r in runs.values()))
     if not {"bigfleet", "baseline"} <= policies:

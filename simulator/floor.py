@@ -21,7 +21,10 @@ the baseline itself is within a few per cent of this floor).
 The bound is for policies that place every pod when it arrives: the trace
 fixes when a pod leaves, so one placed later runs for less and could share
 a server over time with another. Those delays are what the time-to-capacity
-goals measure; a policy that meets them moves the bound by seconds.
+goals measure; a policy that meets them moves the bound by seconds. Where
+more of those pods run at once than the fleet has servers for them (the
+scarce fleet), no policy places them on arrival and there is no floor
+(``usd`` is None).
 
 A GPU pod counts only when every machine of the fleet that could hold it
 (resources, requirements, and the label its gang shares) belongs to a
@@ -52,20 +55,25 @@ _GPU = DIMENSIONS.index("nvidia.com/gpu")
 class CostFloor:
     """The floor and what it was built from."""
 
-    usd: float
+    #: The floor in dollars; None where the fleet cannot hold the peak on arrival, so no
+    #: policy can place every pod when it arrives and the bound says nothing.
+    usd: float | None
     #: GPU pods that can only run one to a server of a provider without Delete.
     pods: int
     #: Most of them running at once.
     peak: int
     #: Cheapest $/h of a server able to hold one of them (0 when ``pods`` is 0).
     price: float
+    #: Servers of the fleet able to hold one of them.
+    servers: int = 0
 
-    def to_json(self) -> dict[str, float | int]:
+    def to_json(self) -> dict[str, float | int | None]:
         """As written into ``summary.json``."""
         return {
-            "usd": round(self.usd, 2),
+            "usd": None if self.usd is None else round(self.usd, 2),
             "pods": self.pods,
             "peak_servers": self.peak,
+            "servers": self.servers,
             "price_per_hour": self.price,
         }
 
@@ -76,10 +84,12 @@ def _vector(allocatable: Mapping[str, float]) -> np.ndarray:
 
 def _price_if_counted(
     pod: PodSpec, machines: list[tuple[np.ndarray, MachineRecord]], undeletable: frozenset[str]
-) -> float | None:
-    """The cheapest server for ``pod`` if only undeletable servers, one pod each, hold it."""
+) -> tuple[float, frozenset[str]] | None:
+    """The cheapest server for ``pod`` and every server able to hold it, if only undeletable
+    servers, one pod each, hold it."""
     need = np.array(pod.placement(gap=False), dtype=np.float64)
     best: float | None = None
+    able: set[str] = set()
     for alloc, record in machines:
         if not (alloc + 1e-9 >= need).all():
             continue
@@ -90,7 +100,8 @@ def _price_if_counted(
         if record.provider not in undeletable or (alloc + 1e-9 >= 2 * need).all():
             return None
         best = record.price_per_hour if best is None else min(best, record.price_per_hour)
-    return best
+        able.add(record.id)
+    return None if best is None else (best, frozenset(able))
 
 
 def cost_floor(
@@ -104,7 +115,8 @@ def cost_floor(
     no_delete = frozenset(undeletable)
     fleet = [(_vector(m.allocatable), m) for m in machines if m.allocatable]
     gpu_fleet = [(a, m) for a, m in fleet if a[_GPU] > 0]
-    verdicts: dict[tuple[object, ...], float | None] = {}
+    verdicts: dict[tuple[object, ...], tuple[float, frozenset[str]] | None] = {}
+    able: set[str] = set()
     counted: set[tuple[str, str]] = set()
     steps: list[tuple[float, int]] = []
     price: float | None = None
@@ -116,9 +128,11 @@ def cost_floor(
             key = (pod.limit, pod.reservation, pod.app_class, pod.requirements, pod.colocation_key)
             if key not in verdicts:
                 verdicts[key] = _price_if_counted(pod, gpu_fleet, no_delete)
-            server = verdicts[key]
-            if server is None:
+            verdict = verdicts[key]
+            if verdict is None:
                 continue
+            server, holders = verdict
+            able |= holders
             price = server if price is None else min(price, server)
             counted.add((event.cluster, pod.name))
             steps.append((event.t, 1))
@@ -137,7 +151,10 @@ def cost_floor(
     server_seconds += peak * (trace.duration - last)
     pods = sum(1 for _, change in steps if change > 0)
     hourly = price or 0.0
-    return CostFloor(usd=hourly * server_seconds / 3600.0, pods=pods, peak=peak, price=hourly)
+    # More of them at once than servers that hold them: no policy places every pod on
+    # arrival, and the bound, made for those that do, says nothing.
+    usd = hourly * server_seconds / 3600.0 if peak <= len(able) else None
+    return CostFloor(usd=usd, pods=pods, peak=peak, price=hourly, servers=len(able))
 
 
 def fleet_floor(trace: Trace, *, quota_scale: float, seed: int) -> CostFloor:

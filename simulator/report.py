@@ -39,6 +39,13 @@ def _floor_lines(floor: dict[str, Any] | None) -> list[str]:
     """The cost floor (``simulator.floor``) in a sentence, when the run has one."""
     if not floor or not floor.get("pods"):
         return []
+    if floor.get("usd") is None:
+        return [
+            "",
+            f"Cost floor: none — {floor['pods']} GPU pods only undeletable servers hold, one "
+            f"each, reach {floor['peak_servers']} at once against {floor.get('servers', 0)} "
+            "such servers: no policy places them all on arrival (`simulator/floor.py`).",
+        ]
     return [
         "",
         f"Cost floor: ${floor['usd']:,.2f} — no policy that places pods on arrival pays less: "

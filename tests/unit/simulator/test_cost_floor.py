@@ -53,7 +53,7 @@ def test_servers_are_billed_from_when_the_peak_so_far_first_needs_them() -> None
         duration=14400.0,
     )
     floor = cost_floor(trace, [_server("s1"), _server("s2"), _server("s3")], ["metal"])
-    assert (floor.pods, floor.peak, floor.price) == (3, 2, 28.0)
+    assert (floor.pods, floor.peak, floor.price, floor.servers) == (3, 2, 28.0, 3)
     assert floor.usd == pytest.approx(224.0)
 
 
@@ -66,3 +66,15 @@ def test_a_pod_that_a_deletable_machine_or_a_shared_server_could_hold_counts_not
     machines = [_server("s1"), _server("cloud-1", provider="cloud")]
     assert cost_floor(eight, machines, ["metal"]).usd == 0.0
     assert cost_floor(eight, machines[:1], ["metal"]).usd == pytest.approx(28.0)
+
+
+def test_no_floor_when_the_fleet_cannot_hold_the_peak_on_arrival() -> None:
+    # Three pods at once, two servers able to hold them: no policy places every pod when
+    # it arrives, so the bound (made for those that do) says nothing.
+    trace = Trace(
+        events=tuple(Arrive(0.0, "c", _pod(name)) for name in "abc"),
+        duration=3600.0,
+    )
+    floor = cost_floor(trace, [_server("s1"), _server("s2")], ["metal"])
+    assert (floor.usd, floor.peak, floor.servers) == (None, 3, 2)
+    assert floor.to_json()["usd"] is None
