@@ -11,19 +11,15 @@ request travel the way back on the same session.
 from __future__ import annotations
 
 import asyncio
-import tempfile
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
-from bigfleet.shard.process import ShardOptions, ShardProcess
-from bigfleet.store import Database, Store
-from bigfleet.temporal import start_dev_server
+from bigfleet.shard.process import ShardProcess
 from bigfleet.v1alpha1 import capacity_pb2, provider_pb2, shard_pb2, shard_pb2_grpc
-from tests.ports import free_port
+from tests.shard_stack import shard_process
 from tests.waiting import eventually
 
 SHARD = "shard-edge"
@@ -53,29 +49,8 @@ def node_update(cluster: str, machine: str) -> shard_pb2.ShardMessage:
 
 @pytest.fixture
 async def shard(empty_database_url: str) -> AsyncIterator[ShardProcess]:
-    env = await start_dev_server(port=free_port(), ui=False)
-    db = Database.connect(empty_database_url)
-    await db.migrate()
-    process = ShardProcess(
-        ShardOptions(
-            shard_id=SHARD,
-            listen="127.0.0.1:0",
-            cycle_interval_s=0.5,
-            apply_coalesce_s=0.05,
-            edges=1,
-            edge_socket=str(Path(tempfile.mkdtemp(prefix="bf-")) / "edge.sock"),
-        ),
-        store=Store(db.engine),
-        temporal=env.client,
-        providers={},
-    )
-    await process.start()
-    try:
+    async with shard_process(empty_database_url, SHARD, edges=1, cycle_interval_s=0.5) as process:
         yield process
-    finally:
-        await process.stop()
-        await db.close()
-        await env.shutdown()
 
 
 async def test_rollups_acked_by_the_edge_reach_the_engine_and_updates_come_back(

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,12 +25,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bigfleet.edge.process import EdgeOptions, EdgeProcess
 from bigfleet.identity import Identity, Role, channel
-from bigfleet.shard.process import ShardOptions, ShardProcess
+from bigfleet.shard.process import ShardProcess
 from bigfleet.shard.server import IngestOptions, IngestServer
 from bigfleet.shard.sessions import SessionHub
 from bigfleet.shard.shardread import SHARD_READ_SERVICE
-from bigfleet.store import Database, Store
-from bigfleet.temporal import start_dev_server
 from bigfleet.v1alpha1 import (
     capacity_pb2,
     shard_pb2,
@@ -41,7 +38,7 @@ from bigfleet.v1alpha1 import (
 )
 from shard_engine.model import Rollup
 from tests.integration.pki import Pki
-from tests.ports import free_port
+from tests.shard_stack import shard_process
 from tests.waiting import eventually
 
 SHARD = "shard-edge-read"
@@ -71,43 +68,26 @@ class Ports:
 
 @pytest.fixture
 async def ports(empty_database_url: str) -> AsyncIterator[Ports]:
-    env = await start_dev_server(port=free_port(), ui=False)
-    db = Database.connect(empty_database_url)
-    await db.migrate()
-    process = ShardProcess(
-        ShardOptions(
-            shard_id=SHARD,
-            listen="127.0.0.1:0",
-            # Cycles run when the test says (run_cycle), so both ports describe the same one.
-            cycle_interval_s=3600.0,
-            apply_coalesce_s=0.05,
-            edges=1,
-            edge_socket=str(Path(tempfile.mkdtemp(prefix="bf-")) / "edge.sock"),
-        ),
-        store=Store(db.engine),
-        temporal=env.client,
-        providers={},
-    )
-    await process.start()
-    engine = process.engine
-    alone = IngestServer(
-        SessionHub(),
-        IdleSink(),
-        IngestOptions(listen="127.0.0.1:0"),
-        inspect=lambda cluster_id, limit: engine.inspect_needs(cluster_id, limit=limit),
-    )
-    try:
-        address = await alone.start()
-        async with (
-            grpc.aio.insecure_channel(process.address) as edge,
-            grpc.aio.insecure_channel(address) as here,
-        ):
-            yield Ports(process, edge, here)
-    finally:
-        await alone.stop()
-        await process.stop()
-        await db.close()
-        await env.shutdown()
+    # Cycles run when the test says (run_cycle), so both ports describe the same one.
+    async with shard_process(
+        empty_database_url, SHARD, edges=1, cycle_interval_s=3600.0
+    ) as process:
+        engine = process.engine
+        alone = IngestServer(
+            SessionHub(),
+            IdleSink(),
+            IngestOptions(listen="127.0.0.1:0"),
+            inspect=lambda cluster_id, limit: engine.inspect_needs(cluster_id, limit=limit),
+        )
+        try:
+            address = await alone.start()
+            async with (
+                grpc.aio.insecure_channel(process.address) as edge,
+                grpc.aio.insecure_channel(address) as here,
+            ):
+                yield Ports(process, edge, here)
+        finally:
+            await alone.stop()
 
 
 def _rollup(cluster: str, ts: int, cpu: str, priority: int) -> shard_pb2.OperatorMessage:

@@ -17,21 +17,17 @@ process counts the rest.
 
 from __future__ import annotations
 
-import tempfile
 from collections import Counter
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 from prometheus_client import REGISTRY
 
-from bigfleet.shard.process import ShardOptions, ShardProcess
-from bigfleet.store import Database, Store
-from bigfleet.temporal import start_dev_server
+from bigfleet.shard.process import ShardProcess
 from bigfleet.v1alpha1 import capacity_pb2, shard_pb2, shard_pb2_grpc
-from tests.ports import free_port
+from tests.shard_stack import shard_process
 from tests.waiting import eventually
 
 SHARD = "shard-counts"
@@ -64,30 +60,15 @@ def _rollup(
 async def shard(
     request: pytest.FixtureRequest, empty_database_url: str
 ) -> AsyncIterator[ShardProcess]:
-    env = await start_dev_server(port=free_port(), ui=False)
-    db = Database.connect(empty_database_url)
-    await db.migrate()
-    process = ShardProcess(
-        ShardOptions(
-            shard_id=SHARD,
-            listen="127.0.0.1:0",
-            cycle_interval_s=0.5,
-            # Long enough that roll-ups written back to back meet in the intake.
-            apply_coalesce_s=1.0,
-            edges=request.param,
-            edge_socket=str(Path(tempfile.mkdtemp(prefix="bf-")) / "edge.sock"),
-        ),
-        store=Store(db.engine),
-        temporal=env.client,
-        providers={},
-    )
-    await process.start()
-    try:
+    async with shard_process(
+        empty_database_url,
+        SHARD,
+        edges=request.param,
+        cycle_interval_s=0.5,
+        # Long enough that roll-ups written back to back meet in the intake.
+        apply_coalesce_s=1.0,
+    ) as process:
         yield process
-    finally:
-        await process.stop()
-        await db.close()
-        await env.shutdown()
 
 
 async def test_every_acknowledged_rollup_is_counted_once_superseded_ones_included(
