@@ -29,8 +29,6 @@ from bigfleet.shard.shardread import need_view
 from shard_engine.engine import ShardEngine
 from shard_engine.model import (
     AppClass,
-    CapacityType,
-    MachineRecord,
     MachineState,
     Need,
     Operator,
@@ -42,6 +40,7 @@ from shard_engine.model import (
 from shard_engine.needs import ValidatedRollup
 from shard_engine.verdicts import Inspection, NeedVerdict
 from tests.rollups import apply
+from tests.unit.engine.engine_fleet import GI, machine
 
 
 def _needs() -> tuple[Need, ...]:
@@ -221,31 +220,15 @@ def test_a_need_sent_as_before_to_an_engine_that_never_saw_it_is_refused() -> No
 
 # ------------------------------------------------------------------ why-not
 
-GI = 2.0**30
-
-
-def _machine(machine_id: str, state: MachineState, cluster: str = "") -> MachineRecord:
-    return MachineRecord(
-        id=machine_id,
-        state=state,
-        provider="sim",
-        instance_type="m.xlarge",
-        zone="zone-a",
-        capacity_type=CapacityType.ON_DEMAND,
-        price_per_hour=0.2,
-        interruption_probability=0.0,
-        allocatable={"cpu": 4.0, "memory": 16 * GI},
-        cluster=cluster if state.has_host else "",
-        host_ref=f"h-{machine_id}" if state.has_host else "",
-    )
-
 
 def _inspection() -> Inspection:
     """An engine's answer after one cycle: met by preemption, unmet, and left to starve."""
     engine = ShardEngine()
     for i in range(3):
-        engine.upsert_machine(_machine(f"low-{i}", MachineState.CONFIGURED, "batch"), now=0)
-    engine.upsert_machine(_machine("idle-0", MachineState.IDLE), now=0)
+        engine.upsert_machine(
+            machine(f"low-{i}", state=MachineState.CONFIGURED, cluster="batch", price=0.2), now=0
+        )
+    engine.upsert_machine(machine("idle-0", price=0.2), now=0)
     apply(engine, Rollup("batch", 1, (Need((), {"cpu": 12.0}, priority=10),)), now=0)
     web = Need((), {"cpu": 8.0, "memory": 8 * GI}, priority=1_000_000)
     apply(engine, Rollup("web", 1, (web,)), now=0)
