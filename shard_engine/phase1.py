@@ -89,7 +89,6 @@ def cluster_have(
         if cached is not None and cached[0] == key:
             return cached[1], cached[2]
     supply = sheet.supply_row(cluster)
-    have = demand_supply(demand, supply, alloc)
     claims = claim(
         demand.matrix,
         demand.aggregate,
@@ -98,7 +97,9 @@ def cluster_have(
         partial(sheet.bound, cluster, demand.keys, len(supply)),
         demand.priority,
     )
-    if claims is not None:  # machines shared by several needs count for one each
+    if claims is None:
+        have = demand_supply(demand, supply, alloc)
+    else:  # machines shared by several needs count for one each
         have = have_rows(claims.own * claims.sub, usable_shapes(claims.shapes, demand.min_unit))
         if claims.displaced:
             keys = demand.keys
