@@ -22,9 +22,9 @@ Supply is reported per profile *and rack* (``ProfileSupply.domain``, the
 profile), so what an instruction moves stays in one rack. A need with a
 ``Same`` requirement (a gang) is served inside one domain: by one donor
 profile that covers it whole, or, when no shard holds a domain whole, by
-assembling one: the rack where the receiver already holds the most of the
-gang gets the rest from one or more donors' machines in that very rack
-(:func:`_assemble`). A gang is never spread over domains.
+assembling one: the receiver's own free machines in a rack plus one or more
+donors' machines in that very rack, in the rack that takes the fewest
+moves (:func:`_assemble`). A gang is never spread over domains.
 
 Quota nobody owns yet is spread by :func:`distribute_evenly`, per quota
 group (provider, zone, instance type, capacity type) and, for the
