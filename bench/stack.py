@@ -12,7 +12,8 @@ their shard the same way::
            stop_shard           SIGTERM, then kill after 20 s; the database dropped
 
 and the readings taken of a child: :func:`json_line` (its answers),
-:func:`rss_kib`, :func:`loadavg`, :func:`percentile`. The children's own code
+:func:`rss_kib`, :func:`loadavg`, :func:`percentile`; and, inside a child,
+:func:`malloc_kib` (what the C allocator holds in use and free). The children's own code
 (the shard, the load generator, the floor's echo server) stays in
 ``bench.ingest``.
 """
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import json
 import os
 import secrets
@@ -37,6 +40,7 @@ __all__ = [
     "free_port",
     "json_line",
     "loadavg",
+    "malloc_kib",
     "percentile",
     "rss_kib",
     "services",
@@ -64,6 +68,55 @@ def rss_kib(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     return 0
+
+
+class _MallInfo2(ctypes.Structure):
+    """glibc's ``struct mallinfo2`` (glibc 2.33 and later)."""
+
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def _mallinfo2() -> Callable[[], _MallInfo2] | None:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        fn = ctypes.CDLL(name).mallinfo2
+    except (OSError, AttributeError):  # not glibc, or older than 2.33
+        return None
+    fn.restype = _MallInfo2
+    return fn
+
+
+_MALLINFO2 = _mallinfo2()
+
+
+def malloc_kib() -> tuple[int, int] | None:
+    """This process's C heap (KiB): (in use, free but kept by the allocator); None off glibc.
+
+    What the RSS alone cannot tell: after a burst, memory the program gave
+    back (in use falls) that the allocator keeps in its free lists, in
+    fragments too small to hand back to the kernel (free rises), against
+    memory still held.
+    """
+    if _MALLINFO2 is None:
+        return None
+    info = _MALLINFO2()
+    return (info.uordblks + info.hblkhd) // 1024, info.fordblks // 1024
 
 
 def loadavg() -> str:
