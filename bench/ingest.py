@@ -550,9 +550,11 @@ async def serve_shard(args: argparse.Namespace) -> None:
             cycle_ends.append(time.monotonic())
 
     process.engine.cycle = timed_cycle  # type: ignore[method-assign]
-    # Every 2 s: when (time.monotonic(), system-wide), RSS, pymalloc's blocks in use,
-    # and the C heap in use and kept free (KiB): what memory a burst leaves behind.
+    # Every 2 s: when (time.monotonic(), system-wide), RSS of this process and its
+    # edges, this process's pymalloc blocks in use, and its C heap in use and kept
+    # free (KiB): what memory a burst leaves behind.
     memory: list[tuple[float, int, int, int, int]] = []
+    edge_pids = process.edge_link.pids() if process.edge_link is not None else []
 
     async def sample_memory() -> None:
         while True:
@@ -560,7 +562,7 @@ async def serve_shard(args: argparse.Namespace) -> None:
             memory.append(
                 (
                     round(time.monotonic(), 2),
-                    rss_kib(os.getpid()),
+                    _rss(os.getpid(), edge_pids),
                     sys.getallocatedblocks(),
                     *heap,
                 )
@@ -838,7 +840,9 @@ async def _recovery(stack: Stack, args: argparse.Namespace) -> None:
     level before the burst. The cadence's ack latency is reported per 5-s
     window of send time; the shard reports its RSS, pymalloc's blocks and
     the C heap (in use, and free but kept by the allocator) every 2 s, so a
-    second burst tells memory still held from a high-water mark reused.
+    second burst tells memory still held from a high-water mark reused. With
+    ``--edges`` the RSS is the engine's and its edges' together; the heap
+    figures are the engine process's.
     """
     name = "recovery"
     warm, burst, after = args.warm_seconds, args.burst_seconds, args.after_seconds
