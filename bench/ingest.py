@@ -554,7 +554,7 @@ async def serve_shard(args: argparse.Namespace) -> None:
     # edges, this process's pymalloc blocks in use, and its C heap in use and kept
     # free (KiB): what memory a burst leaves behind.
     memory: list[tuple[float, int, int, int, int]] = []
-    edge_pids = process.edge_link.pids() if process.edge_link is not None else []
+    link = process.edge_link
 
     async def sample_memory() -> None:
         while True:
@@ -562,7 +562,7 @@ async def serve_shard(args: argparse.Namespace) -> None:
             memory.append(
                 (
                     round(time.monotonic(), 2),
-                    _rss(os.getpid(), edge_pids),
+                    _rss(os.getpid(), link.pids() if link is not None else []),
                     sys.getallocatedblocks(),
                     *heap,
                 )
@@ -852,6 +852,13 @@ async def _recovery(stack: Stack, args: argparse.Namespace) -> None:
     assert shard.stdout is not None
     total = warm + bursts * (burst + after)
     starts = [warm + k * (burst + after) for k in range(bursts)]
+    # The same 200 clusters prime the shard and send every burst.
+    burst_clusters: dict[str, Any] = {
+        "prefix": "burst",
+        "sessions": 200,
+        "connections": 200,
+        "needs": 20,
+    }
     try:
         ready = await json_line(shard.stdout, 120)
         address = ready["address"]
@@ -869,16 +876,7 @@ async def _recovery(stack: Stack, args: argparse.Namespace) -> None:
             reconnect=True,
         )
         # The burst's clusters, known to the shard before the cadence starts.
-        primer = await start_load(
-            address,
-            "burst",
-            sessions=200,
-            connections=200,
-            mode="idle",
-            seconds=0,
-            prime=True,
-            needs=20,
-        )
+        primer = await start_load(address, mode="idle", seconds=0, prime=True, **burst_clusters)
         for proc in (*steady, primer):
             await json_line(proc.stdout, 300)  # sessions opened
         await json_line(primer.stdout, 300)  # primed
@@ -891,15 +889,12 @@ async def _recovery(stack: Stack, args: argparse.Namespace) -> None:
             await asyncio.sleep(max(0.0, t0 + offset - 8.0 - time.monotonic()))
             proc = await start_load(
                 address,
-                "burst",
-                sessions=200,
-                connections=200,
                 mode="open",
                 seconds=burst,
-                needs=20,
                 rate=args.burst_rate,
                 start_at=time.time() + (t0 + offset - time.monotonic()),
                 reconnect=True,
+                **burst_clusters,
             )
             await json_line(proc.stdout, 300)  # sessions opened
             result = await json_line(proc.stdout, total + 300)
