@@ -24,7 +24,6 @@ import contextlib
 import itertools
 import json
 import os
-import socket
 import sys
 import time
 import uuid
@@ -40,7 +39,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 from activities.context import BootstrapBlob, ProviderCalls
 from activities.registry import activities_for
 from bigfleet.shard.executor import MAX_BATCH
-from bigfleet.temporal import start_dev_server
+from bigfleet.temporal import free_port, start_dev_server
 from bigfleet.v1alpha1 import provider_pb2
 from providers.client import FencingToken, ProviderClient
 from providers.config import ProviderConfig
@@ -122,13 +121,6 @@ class BenchContext:
         self.records += 1
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @contextlib.asynccontextmanager
 async def _provider(machines: int, *, separate_process: bool) -> AsyncIterator[str]:
     """A simulated cloud with at least ``machines`` speculative slots; yields its address."""
@@ -147,7 +139,7 @@ async def _provider(machines: int, *, separate_process: bool) -> AsyncIterator[s
         finally:
             await running.stop(grace=None)
         return
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -264,7 +256,7 @@ def _emit(metric: str, value: float, unit: str, **extra: Any) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
-    env = await start_dev_server(port=_free_port(), ui=False)
+    env = await start_dev_server(port=free_port(), ui=False)
     try:
         async with _provider(args.machines, separate_process=args.provider_process) as address:
             provider = ProviderClient(address)

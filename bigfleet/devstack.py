@@ -229,7 +229,7 @@ class DevStack:
         sdk_metrics = o.temporal_metrics_listen
         if sdk_metrics and sdk_metrics.endswith(":0"):
             # The SDK's exporter cannot report the port it picked: pick one for it.
-            sdk_metrics = f"{sdk_metrics.rsplit(':', 1)[0]}:{_free_port()}"
+            sdk_metrics = f"{sdk_metrics.rsplit(':', 1)[0]}:{temporal.free_port()}"
         self.temporal_metrics_address = sdk_metrics or ""
         runtime = temporal.runtime(sdk_metrics)
         if o.tls:
@@ -265,10 +265,10 @@ class DevStack:
             # Our own child in its own session: a Ctrl-C reaches BigFleet only, and the
             # server is stopped last (stop()).
             self._temporal = await temporal.DevServer.start(
-                port=o.temporal_port or _free_port(),
+                port=o.temporal_port or None,
                 log_path=o.data_dir / "temporal.log",
                 db_file=o.data_dir / "temporal.sqlite" if o.persist else None,
-                ui_port=(o.ui_port or _free_port()) if o.ui else None,
+                ui_port=(o.ui_port or temporal.free_port()) if o.ui else None,
                 runtime=runtime,
             )
             self.client = self._temporal.client
@@ -568,10 +568,3 @@ class _StuckDrains:
                 config.stuck_rate["drain"] = saved
 
         core.drain = drain  # type: ignore[method-assign]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -34,6 +35,7 @@ __all__ = [
     "binary",
     "connect",
     "ensure_search_attributes",
+    "free_port",
     "runtime",
     "start_dev_server",
     "start_time_skipping",
@@ -103,6 +105,27 @@ _CLI_TYPES = {
 }
 
 
+class _ExitedEarly(Exception):
+    """The dev server process ended before it answered (a port it wanted was taken)."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free when asked (another process may take it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _log_tail(log_path: Path, lines: int = 5) -> str:
+    """The last lines of the server's log, to say why it stopped."""
+    try:
+        tail = log_path.read_text(errors="replace").strip().splitlines()[-lines:]
+    except OSError:
+        return ""
+    return ("\nlast lines of its log:\n" + "\n".join(tail)) if tail else ""
+
+
 class DevServer:
     """The Temporal CLI dev server as this process's own child, in a session of its own.
 
@@ -121,15 +144,53 @@ class DevServer:
     async def start(
         cls,
         *,
-        port: int,
+        port: int | None,
         log_path: Path,
         db_file: Path | None = None,
         ui_port: int | None = None,
         namespace: str = "default",
         runtime: Runtime | None = None,
         ready_within_s: float = 60.0,
+        attempts: int = 3,
     ) -> DevServer:
-        """Start the server on 127.0.0.1:``port`` and connect; raises when it does not come up."""
+        """Start the server on 127.0.0.1:``port`` and connect; raises when it does not come up.
+
+        ``port=None`` takes a free port. The server also binds ports of its own
+        choosing (HTTP, metrics, its internal services), and a port free when
+        asked can be taken by another process before the server binds it: when
+        the port was ours to choose and the server exits before it serves, it is
+        started again on a fresh port, up to ``attempts`` times. A port the
+        caller named is tried once.
+        """
+        tries = attempts if port is None else 1
+        for attempt in range(1, tries + 1):
+            try:
+                return await cls._start_once(
+                    port=port if port is not None else free_port(),
+                    log_path=log_path,
+                    db_file=db_file,
+                    ui_port=ui_port,
+                    namespace=namespace,
+                    runtime=runtime,
+                    ready_within_s=ready_within_s,
+                )
+            except _ExitedEarly as exited:
+                if attempt == tries:
+                    raise RuntimeError(str(exited)) from exited.__cause__
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    @classmethod
+    async def _start_once(
+        cls,
+        *,
+        port: int,
+        log_path: Path,
+        db_file: Path | None,
+        ui_port: int | None,
+        namespace: str,
+        runtime: Runtime | None,
+        ready_within_s: float,
+    ) -> DevServer:
         args = [str(binary("temporal")), "server", "start-dev", "--ip", "127.0.0.1"]
         args += ["--port", str(port), "--namespace", namespace, "--log-level", "warn"]
         args += ["--ui-port", str(ui_port)] if ui_port else ["--headless"]
@@ -151,13 +212,19 @@ class DevServer:
                 await client.service_client.check_health()
                 return cls(process, client, address)
             except (RuntimeError, RPCError) as err:
-                if process.returncode is not None or time.monotonic() > deadline:
+                exited = process.returncode is not None
+                if exited or time.monotonic() > deadline:
                     with contextlib.suppress(ProcessLookupError):
                         process.kill()
-                    raise RuntimeError(
-                        f"the Temporal dev server did not come up on {address} "
-                        f"(see {log_path}): {err}"
-                    ) from err
+                    await process.wait()
+                    how = f"exited with {process.returncode}" if exited else "did not answer"
+                    message = (
+                        f"the Temporal dev server did not come up on {address} ({how}; "
+                        f"see {log_path}): {err}{_log_tail(log_path)}"
+                    )
+                    if exited:
+                        raise _ExitedEarly(message) from err
+                    raise RuntimeError(message) from err
                 await asyncio.sleep(0.2)
 
     async def shutdown(self, timeout_s: float = 10.0) -> None:

@@ -2,15 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-
-
-def free_port() -> int:
-    """A port nothing listens on now (the OS picks it; the test binds it next)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
+from bigfleet.temporal import free_port
 
 __all__ = ["free_port"]
