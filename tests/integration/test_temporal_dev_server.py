@@ -21,7 +21,7 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture
 def taken_port() -> Iterator[int]:
-    """A port bound by this test and not listening: the server's bind fails, a connect is refused."""
+    """A port bound here and not listening: the server cannot bind it, a connect is refused."""
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         yield held.getsockname()[1]
