@@ -77,6 +77,8 @@ class Counters:
     flaps: int = 0
     abandoned: dict[int, int] = field(default_factory=dict)  # priority -> pods gone unplaced
     waits: list[tuple[int, float]] = field(default_factory=list)
+    # co-location group (a gang) -> [members arrived, members placed at least once]
+    gangs: dict[str, list[int]] = field(default_factory=dict)
 
 
 class ClusterModel:
@@ -233,6 +235,8 @@ class ClusterModel:
         if pod.name in self.pods:
             return
         self.pods[pod.name] = PodState(spec=pod, arrived=now)
+        if pod.colocation:
+            self.counters.gangs.setdefault(pod.colocation, [0, 0])[0] += 1
         self._rank[pod.name] = (-pod.priority, now)
         request = pod.placement(gap=False) if pod.in_gap else pod.placement(gap=self.gap)
         self._keys[pod.name] = (need_key_of(pod), request)
@@ -310,6 +314,8 @@ class ClusterModel:
         if state.first_placed is None:
             state.first_placed = now
             self.counters.waits.append((state.spec.priority, now - state.arrived))
+            if state.spec.colocation:
+                self.counters.gangs[state.spec.colocation][1] += 1
         self._on_node[row].add(state.spec.name)
         self.pending.pop(state.spec.name, None)
         self.dirty = True

@@ -16,7 +16,11 @@ end, or gone before they ran), evictions by cause
 (preemption, reclaim and consolidation, spot interruption, gap closing),
 flaps (a node drained within 10 minutes of joining), stranded capacity
 (allocatable of billed machines not holding a placed pod, in core-, GiB-
-and GPU-hours) and unschedulable pod-minutes (of which fragmentation).
+and GPU-hours) and unschedulable pod-minutes (of which fragmentation). Gangs (pods of one
+co-location group): how many arrived, their pods and how many of those were
+ever placed, and which gangs were placed whole (every member that arrived
+placed at least once), by ``cluster/gang``, so two policies' runs of one
+trace can be compared gang by gang.
 """
 
 from __future__ import annotations
@@ -103,8 +107,16 @@ class Recorder:
         unplaced: dict[int, int] = {}
         totals = {"preempt": 0, "reclaim": 0, "interrupt": 0, "gap": 0}
         flaps = joined = 0
+        gangs = {"total": 0, "pods": 0, "pods_placed": 0}
+        whole: list[str] = []
         for cluster in clusters.values():
             c = cluster.counters
+            for gang, (arrived, placed) in c.gangs.items():
+                gangs["total"] += 1
+                gangs["pods"] += arrived
+                gangs["pods_placed"] += placed
+                if placed >= arrived:
+                    whole.append(f"{cluster.cluster_id}/{gang}")
             for priority, wait in c.waits:
                 waits.setdefault(priority, []).append(wait)
             for priority, count in c.abandoned.items():
@@ -147,5 +159,6 @@ class Recorder:
             "stranded": stranded,
             "unschedulable_pod_minutes": round(self._pending_minutes, 1),
             "fragmentation_pod_minutes": round(self._fragment_minutes, 1),
+            "gangs": {**gangs, "placed_whole": len(whole), "whole": sorted(whole)},
             "actions": {k: int(v) for k, v in sorted(stats.items())},
         }

@@ -7,7 +7,7 @@ be committed under ``docs/``.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +88,10 @@ def _markdown(meta: dict[str, Any], results: Sequence[PolicyResult]) -> str:
         _row("pods evicted by spot interruptions", [x["evictions"]["interrupt"] for x in s]),
         _row("best-effort pods evicted as the gap closed", [x["evictions"]["gap"] for x in s]),
         _row("flaps (node drained < 10 min after joining)", [x["flaps"] for x in s]),
+        _row(
+            "gangs placed whole / arrived (pods placed / arrived)",
+            [_gangs(x) for x in s],
+        ),
         _row("stranded CPU (core-hours)", [x["stranded"]["cpu_core_hours"] for x in s]),
         _row("stranded memory (GiB-hours)", [x["stranded"]["memory_gib_hours"] for x in s]),
         _row("stranded GPU (GPU-hours)", [x["stranded"]["gpu_hours"] for x in s]),
@@ -116,6 +120,13 @@ def _markdown(meta: dict[str, Any], results: Sequence[PolicyResult]) -> str:
     lines.append(f"![cost by category]({CATEGORY_PLOT})")
     lines.append("")
     return "\n".join(lines)
+
+
+def _gangs(summary: Mapping[str, Any]) -> str:
+    gangs = summary.get("gangs")
+    if not gangs or not gangs.get("total"):
+        return "—"
+    return f"{gangs['placed_whole']} / {gangs['total']} ({gangs['pods_placed']} / {gangs['pods']})"
 
 
 def _plot(results: Sequence[PolicyResult], key: str, title: str, path: Path) -> None:

@@ -12,7 +12,8 @@ seeds at which the candidate misses it, so a regression names itself.
 The goals are those the project holds BigFleet to against the per-cluster
 baseline (issue 18): cost at most 0.85× the baseline's; unschedulable
 pod-minutes and pods never placed at most the baseline's; at every priority
-tier, p99 time to capacity at most the baseline's + 30 s; no flaps.
+tier, p99 time to capacity at most the baseline's + 30 s; no flaps; every
+gang the baseline places whole, placed whole too (compared gang by gang).
 
 Where the runs know their cost floor (``simulator.floor``: what no policy
 that places pods on arrival can pay less than), the table shows it against
@@ -175,6 +176,8 @@ def compare(
         ),
         figure("flaps", lambda x: float(x["flaps"]), "0", lambda a, _b: a == 0),
     ]
+    if all("gangs" in x for x in (*cand, *ref)):
+        figures += _gang_figures(seeds, cand, ref)
     for priority in _tiers([*cand, *ref]):
         name = names.get(priority, f"priority {priority:,}")
         figures.append(
@@ -186,6 +189,40 @@ def compare(
             )
         )
     return figures
+
+
+def _gang_figures(
+    seeds: Sequence[int], cand: Sequence[Summary], ref: Sequence[Summary]
+) -> list[Figure]:
+    """Gang pods placed, and the gangs one policy placed whole that the other did not.
+
+    The second is the goal "every gang the baseline places, BigFleet places",
+    checked gang by gang (the same trace gives both runs the same gangs):
+    each side's value is how many gangs the *other* placed whole and it did
+    not, so the candidate is held to 0.
+    """
+
+    def whole(summary: Summary) -> set[str]:
+        return set(summary["gangs"].get("whole", ()))
+
+    missed_by_cand = tuple(float(len(whole(r) - whole(c))) for c, r in zip(cand, ref, strict=True))
+    missed_by_ref = tuple(float(len(whole(c) - whole(r))) for c, r in zip(cand, ref, strict=True))
+    return [
+        Figure(
+            "gang pods placed",
+            tuple(float(c["gangs"]["pods_placed"]) for c in cand),
+            tuple(float(r["gangs"]["pods_placed"]) for r in ref),
+            "",
+            (),
+        ),
+        Figure(
+            "gangs the other placed whole, not placed whole",
+            missed_by_cand,
+            missed_by_ref,
+            "0",
+            tuple(s for s, m in zip(seeds, missed_by_cand, strict=True) if m > 0),
+        ),
+    ]
 
 
 def _number(value: float) -> str:

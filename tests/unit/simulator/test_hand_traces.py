@@ -61,6 +61,13 @@ def test_two_gangs_of_four_run_in_two_racks_of_four() -> None:
     tier = summary["time_to_capacity"]["p900000"]
     assert (tier["placed"], tier["never_placed"]) == (8, 0)
     assert summary["nodes_joined"] == 8
+    gangs = summary["gangs"]
+    assert (gangs["total"], gangs["pods"], gangs["pods_placed"], gangs["placed_whole"]) == (
+        2,
+        8,
+        8,
+        2,
+    )
 
 
 def test_nine_pods_of_four_cores_get_three_m6i_4xlarge_in_one_round() -> None:

@@ -170,3 +170,32 @@ def test_simulate_refuses_a_bad_seed_list_before_running_anything(tmp_path: Any)
     assert result.exit_code == 2
     assert "seeds: range '3-1' runs backwards" in result.output
     assert not any(tmp_path.iterdir())
+
+
+def _with_gangs(summary: dict[str, Any], whole: list[str], pods_placed: int) -> dict[str, Any]:
+    return {**summary, "gangs": {"pods_placed": pods_placed, "whole": whole}}
+
+
+def test_gangs_are_compared_gang_by_gang_not_by_pod_count() -> None:
+    # Seed 1: the same two gangs each. Seed 2: bigfleet places more gang pods (6 against 5)
+    # but not the gang c1/g3 the baseline placed whole; the baseline misses c2/g4 and c2/g5.
+    runs = {
+        1: {
+            "bigfleet": _with_gangs(RUNS[1]["bigfleet"], ["c1/g1", "c1/g2"], 4),
+            "baseline": _with_gangs(RUNS[1]["baseline"], ["c1/g1", "c1/g2"], 4),
+        },
+        2: {
+            "bigfleet": _with_gangs(RUNS[2]["bigfleet"], ["c2/g4", "c2/g5"], 6),
+            "baseline": _with_gangs(RUNS[2]["baseline"], ["c1/g3"], 5),
+        },
+    }
+    figures = _by_label(compare(runs))
+    assert figures["gang pods placed"].candidate == (4.0, 6.0)
+    assert figures["gang pods placed"].goal == ""
+    missed = figures["gangs the other placed whole, not placed whole"]
+    assert (missed.candidate, missed.reference) == ((0.0, 1.0), (0.0, 2.0))
+    assert missed.missed == (2,)
+
+
+def test_runs_without_gang_figures_get_no_gang_rows() -> None:
+    assert not any("gang" in f.label for f in compare(RUNS))
