@@ -28,7 +28,9 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["NO_BINDING", "Bindings"]
+from shard_engine.linear import combine
+
+__all__ = ["NO_BINDING", "Bindings", "pinned_first"]
 
 NO_BINDING = -1
 IntArray = npt.NDArray[np.int64]
@@ -132,3 +134,59 @@ class Bindings:
             return None
         flat = np.bincount(need[known] * width + profiles[known], minlength=len(keys) * width)
         return flat.reshape(len(keys), width).astype(np.float64)
+
+
+def pinned_first(
+    placed: FloatArray | None,
+    pinned: Sequence[bool],
+    loose: Sequence[bool],
+    matrix: npt.NDArray[np.bool_],
+    aggregate: FloatArray,
+    alloc: FloatArray,
+) -> FloatArray | None:
+    """Bindings read as the cluster runs them: a pinned gang's rack is its own first.
+
+    ``placed`` is machines per (need, profile) bound to each of a cluster's
+    needs (:meth:`Worksheet.bound`); ``pinned[i]`` says need ``i`` is a gang
+    whose running pods hold the domain its ``Same`` requirement names, so
+    ``matrix[i]`` is that domain's profiles; ``loose[i]`` a gang that names
+    none (no pod of it runs).
+
+    A cluster's scheduler does not know which gang a machine was bought
+    for: a gang of three that arrived first starts its pods on the two
+    servers bought for a later gang of two, and is pinned to their rack. The
+    bindings still say "the gang of two", which then counts them and looks
+    served, while the pinned gang looks short of all three and asks for a
+    whole rack no donor can give beside its own running pods (scarce fleet,
+    seed 1, ADR 0160). A loose gang runs nothing, so a machine bound to it in
+    a pinned gang's domain is idle or runs that pinned gang: it counts for
+    the pinned gang first, as many as cover it. Returns ``placed`` itself
+    when nothing moves (never modified: the caller's copy may be memoised).
+    """
+    if placed is None:
+        return None
+    rows = min(len(pinned), placed.shape[0])
+    if not any(pinned[:rows]) or not any(loose[:rows]):
+        return placed
+    width = min(placed.shape[1], matrix.shape[1])
+    out: FloatArray | None = None
+    for i in range(rows):
+        if not pinned[i]:
+            continue
+        asked = aggregate[i] > 0
+        domain = np.flatnonzero(matrix[i, :width])
+        current = placed if out is None else out
+        have = combine(current[i, domain], alloc[domain])
+        for p in domain.tolist():
+            for j in range(rows):
+                if not loose[j] or current[j, p] <= 0:
+                    continue
+                while current[j, p] > 0 and (have[asked] < aggregate[i][asked]).any():
+                    if out is None:
+                        out = placed.copy()
+                        current = out
+                    moved = min(1.0, float(current[j, p]))
+                    current[j, p] -= moved
+                    current[i, p] += moved
+                    have = have + moved * alloc[p]
+    return placed if out is None else out

@@ -27,17 +27,19 @@ one need become one batched :class:`Provision` (recorded as segments of an
 
 from __future__ import annotations
 
-from functools import partial
+from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
 
 from shard_engine.actions import ActionKind
+from shard_engine.binding import pinned_first
 from shard_engine.catalog import ProfileCatalog
 from shard_engine.claims import Claims, claim
 from shard_engine.costs import dominant_dimension, effective_cost
 from shard_engine.fleet_idle import FleetIdle
 from shard_engine.linear import combine
+from shard_engine.model import Need, Operator
 from shard_engine.needs import Demand, NeedsTable
 from shard_engine.pending import PendingNeed
 from shard_engine.pools import TIER_IDLE, TIER_SPECULATIVE, PoolKey
@@ -47,7 +49,7 @@ from shard_engine.topology import SpreadState, choose_gang_domain, domain_codes
 from shard_engine.usable import have_rows, usable_shapes
 from shard_engine.worksheet import Starved, Worksheet
 
-__all__ = ["assign", "cluster_have", "demand_supply", "memo_key", "shortages"]
+__all__ = ["assign", "bound_reader", "cluster_have", "demand_supply", "memo_key", "shortages"]
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
@@ -94,7 +96,7 @@ def cluster_have(
         demand.aggregate,
         supply,
         alloc,
-        partial(sheet.bound, cluster, demand.keys, len(supply)),
+        bound_reader(sheet, demand, len(supply), alloc, demand.matrix, demand.aggregate),
         demand.priority,
     )
     if claims is None:
@@ -140,7 +142,7 @@ def own_supply(
             demand.aggregate,
             supply,
             alloc,
-            partial(sheet.bound, demand.cluster, demand.keys, len(supply)),
+            bound_reader(sheet, demand, len(supply), alloc, demand.matrix, demand.aggregate),
             demand.priority,
         )
         if cache is not None:
@@ -163,6 +165,41 @@ def shortages(
             found.append((-int(demand.priority[i]), int(demand.arrival[i]), demand, i))
     found.sort(key=lambda t: (t[0], t[1]))
     return [(demand, i) for _, _, demand, i in found]
+
+
+def bound_reader(
+    sheet: Worksheet,
+    demand: Demand,
+    width: int,
+    alloc: FloatArray,
+    matrix: BoolArray,
+    aggregate: FloatArray,
+    *,
+    settled_only: bool = False,
+) -> Callable[[], FloatArray | None]:
+    """What :func:`~shard_engine.claims.claim` asks for as ``bound``: the cluster's bindings,
+    a pinned gang's rack counted for it first (:func:`~shard_engine.binding.pinned_first`).
+
+    ``matrix`` and ``aggregate`` are the rows the claim divides supply among
+    (the compiled demand's, or Phase 3's peaks, whose first rows are the same needs).
+    """
+
+    def read() -> FloatArray | None:
+        placed = sheet.bound(demand.cluster, demand.keys, width, settled_only=settled_only)
+        if placed is None or not any(demand.gang_keys):
+            return placed
+        pinned = [
+            bool(g) and _pinned(n) for n, g in zip(demand.needs, demand.gang_keys, strict=True)
+        ]
+        loose = [bool(g) and not p for g, p in zip(demand.gang_keys, pinned, strict=True)]
+        return pinned_first(placed, pinned, loose, matrix, aggregate, alloc)
+
+    return read
+
+
+def _pinned(need: Need) -> bool:
+    """A gang whose Same requirement names its domain (its pods run there, ADR 0158)."""
+    return any(r.operator is Operator.SAME and r.values for r in need.requirements)
 
 
 def _need_have(
@@ -259,8 +296,12 @@ def assign(
         if block and deficit.any():
             # A gang no domain can hold is short of a whole domain, not of the sum of
             # what several domains lack: it asks the coordinator for all of it, which
-            # one donor's rack can then give whole (ADR 0126).
-            deficit = aggregate.copy() if gang else np.maximum(deficit, 0.0)
+            # one donor's rack can then give whole (ADR 0126). A pinned gang (its
+            # running pods hold a rack, which its Same requirement names) can only
+            # grow where it runs: it asks for what that rack lacks of it, or no donor
+            # could ever complete the rack around the machines it already has (ADR 0160).
+            whole = gang and not _pinned(need)
+            deficit = aggregate.copy() if whole else np.maximum(deficit, 0.0)
             pending.append(PendingNeed(demand, index, deficit, mask, block))
             if untouched:
                 sheet.memo.starved[starved_key] = Starved(

@@ -30,7 +30,6 @@ promises them to the preemptor:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from functools import partial
 
 import numpy as np
 import numpy.typing as npt
@@ -44,6 +43,7 @@ from shard_engine.linear import combine
 from shard_engine.model import MachineState
 from shard_engine.needs import Demand
 from shard_engine.pending import PendingNeed
+from shard_engine.phase1 import bound_reader
 from shard_engine.pools import TIER_BOUND, TIER_IDLE, TIER_SPECULATIVE, PoolKey
 from shard_engine.selection import cover_in_order, cover_with_spread, settle_deficit
 from shard_engine.topology import SpreadState, choose_gang_domain, domain_codes
@@ -410,7 +410,7 @@ def _place_gang(
         demand.aggregate,
         supply,
         alloc,
-        partial(sheet.bound, item.cluster, demand.keys, len(supply)),
+        bound_reader(sheet, demand, len(supply), alloc, demand.matrix, demand.aggregate),
         demand.priority,
     )
     row = supply.astype(np.float64) if claims is None else claims.supply(item.index, len(supply))

@@ -62,7 +62,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import partial
 
 import numpy as np
 import numpy.typing as npt
@@ -75,7 +74,7 @@ from shard_engine.config import EngineConfig
 from shard_engine.demand_history import DemandHistory, Peaks
 from shard_engine.model import CapacityType
 from shard_engine.needs import Demand
-from shard_engine.phase1 import memo_key
+from shard_engine.phase1 import bound_reader, memo_key
 from shard_engine.pools import TIER_BOUND, TIER_IDLE, PoolKey
 from shard_engine.usable import have_rows, usable_shapes
 from shard_engine.worksheet import Worksheet
@@ -299,7 +298,15 @@ def reclaim_excess(
             peaks.aggregate,
             settled,
             alloc,
-            partial(sheet.bound, cluster, demand.keys, len(settled), settled_only=True),
+            bound_reader(
+                sheet,
+                demand,
+                len(settled),
+                alloc,
+                peaks.matrix,
+                peaks.aggregate,
+                settled_only=True,
+            ),
         )
         if claims is not None:  # machines shared by several needs count for one each
             have = have_rows(claims.own * claims.sub, usable_shapes(claims.shapes, units))

@@ -138,6 +138,55 @@ def test_a_gang_no_rack_can_hold_reports_all_of_itself_short() -> None:
     assert shortfall.deficit["nvidia.com/gpu"] == 24.0
 
 
+def test_a_pinned_gang_asks_for_what_its_rack_lacks_not_its_whole_size() -> None:
+    # Two pods of a gang of three run on ra's two servers of this shard; the cluster
+    # pins the gang to ra (ADR 0158) and the shard has no other server there. Only ra
+    # can take the third pod, so the gang is short of one server in ra: asking for three
+    # (a whole rack's worth) could never be met by the servers other shards hold there.
+    engine = ShardEngine()
+    fleet(
+        engine,
+        2,
+        prefix="ra",
+        state=MachineState.CONFIGURED,
+        cluster="train",
+        cpu=64,
+        gpu=8,
+        labels={"rack": "ra"},
+    )
+    gpu_racks(engine, rb=4)  # a whole free rack elsewhere, where the pinned gang cannot go
+    pinned = need(gpu=24.0, min_gpu=8, priority=900_000, requirements=[same("rack", "ra")])
+    apply(engine, rollup("train", 1, pinned), now=0)
+
+    plan = engine.cycle(now=1)
+
+    assert machine_ids(plan.actions) == []
+    [shortfall] = plan.shortfalls
+    assert (shortfall.need_key, shortfall.deficit["nvidia.com/gpu"]) == (pinned.key, 8.0)
+
+
+def test_a_rack_a_pinned_gang_runs_in_counts_for_it_not_for_the_gang_it_was_bought_for() -> None:
+    # ra's two servers were bought for gang x (two servers). The cluster's scheduler
+    # started an earlier gang p of three on them instead, and pins p to ra. x runs
+    # nothing, so its bindings in ra are p's machines: p is short of one server in ra
+    # (which a donor can add beside its pods), and x of its whole size (ADR 0160).
+    # Read the other way, x looked served and p short of three for good.
+    engine = ShardEngine()
+    gpu_racks(engine, ra=2)
+    x = gang(2)
+    apply(engine, rollup("train", 1, x), now=0)
+    Carrier(engine).run(now=1, cycles=2)
+    assert racks_of(engine, "train") == Counter(ra=2)
+
+    p = need(gpu=24.0, min_gpu=8, priority=900_000, requirements=[same("rack", "ra")])
+    apply(engine, rollup("train", 2, x, p), now=30)
+    plan = engine.cycle(now=31)
+
+    short = {sf.need_key: sf.deficit["nvidia.com/gpu"] for sf in plan.shortfalls}
+    [x_key, p_key] = [n.key for n in validate_rollup(rollup("train", 2, x, p))[0].values()]
+    assert short == {p_key: 8.0, x_key: 16.0}
+
+
 def test_a_gang_that_names_its_rack_once_its_pods_run_stays_the_same_need() -> None:
     # The cluster side pins a gang to the rack its first pods run in (ADR 0158). Were the
     # rack part of the gang's identity, the pinned gang would be a new need: its machines
