@@ -161,7 +161,8 @@ Validated = tuple[Need, Need, str]
 
 
 def _same_identity(a: Need, b: Need) -> bool:
-    """True when two needs differ at most in size (aggregate, ``min_unit``)."""
+    """True when two needs differ at most in size (aggregate, ``min_unit``): every other field
+    a row carries is compared, so a resized row keeps them all (``_resized``)."""
     return (
         a.requirements == b.requirements
         and a.priority == b.priority
@@ -169,6 +170,7 @@ def _same_identity(a: Need, b: Need) -> bool:
         and a.interruption_penalty == b.interruption_penalty
         and a.reclamation_penalty == b.reclamation_penalty
         and a.app_class == b.app_class
+        and a.do_not_disrupt_seconds == b.do_not_disrupt_seconds
     )
 
 
@@ -188,6 +190,8 @@ def _resized(need: Need, aggregate: dict[str, float], unit: dict[str, float]) ->
         interruption_penalty=need.interruption_penalty,
         reclamation_penalty=need.reclamation_penalty,
         app_class=need.app_class,
+        do_not_disrupt_seconds=need.do_not_disrupt_seconds,
+        gang=need.gang,
     )
 
 

@@ -8,7 +8,7 @@ from dataclasses import fields, replace
 import numpy as np
 import pytest
 
-from shard_engine.model import AppClass, Rollup
+from shard_engine.model import AppClass, Need, Rollup
 from shard_engine.needs import Demand, _equal_prefix, validate_rollup
 from shard_engine.needs import _resized as _resized_need
 from tests.rollups import apply
@@ -87,6 +87,8 @@ def test_resizing_a_validated_need_keeps_every_other_field() -> None:
             interruption_penalty=rng.random(),
             reclamation_penalty=rng.random(),
             app_class=rng.choice(list(AppClass)),
+            do_not_disrupt_seconds=rng.choice((0.0, 60.0, 3600.0)),
+            gang=rng.randint(0, 3),
         )
         aggregate, unit = {"cpu": 3.0}, {"memory": 1.0}
         assert _resized_need(need, aggregate, unit) == replace(
@@ -115,3 +117,22 @@ def test_validation_that_reuses_rows_equals_validation_from_scratch(seed: int) -
         assert list(reused.items()) == list(fresh.items())
         assert [v[1:] for v in validated] == [v[1:] for v in validate_rollup(rollup)[1]]
         previous = validated
+
+
+def test_a_resized_need_keeps_its_do_not_disrupt_and_a_changed_one_takes_the_new_value() -> None:
+    # Found by hand: resizing, the usual edit, rebuilt the need without its
+    # do_not_disrupt_seconds, so its machines lost their protection as soon as
+    # the need grew or shrank.
+    def row(cpu: float, hold: float) -> Need:
+        return Need(
+            requirements=(), aggregate={"cpu": cpu}, priority=1, do_not_disrupt_seconds=hold
+        )
+
+    _, previous = validate_rollup(Rollup("c", 1, (row(4.0, 3600.0),)))
+    resized, previous = validate_rollup(Rollup("c", 2, (row(8.0, 3600.0),)), previous)
+    [kept] = resized.values()
+    assert (kept.aggregate["cpu"], kept.do_not_disrupt_seconds) == (8.0, 3600.0)
+
+    changed, _ = validate_rollup(Rollup("c", 3, (row(6.0, 60.0),)), previous)
+    [now] = changed.values()
+    assert (now.aggregate["cpu"], now.do_not_disrupt_seconds) == (6.0, 60.0)
