@@ -217,6 +217,8 @@ def build_rollup(
                 interruption_penalty_bucket=key[3],  # type: ignore[arg-type]
                 reclamation_penalty_bucket=key[4],  # type: ignore[arg-type]
                 min_unit=_resources(group.largest, names),
+                # The co-location group's name is the gang's identity (ADR 0161).
+                gang_name=pod.colocation,
             )
         )
     return capacity_pb2.ClusterCapacityNeeds(

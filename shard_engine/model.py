@@ -177,6 +177,10 @@ class Need:
     # wire has no gang field: each need with a Same requirement is one gang, never
     # merged with another (ADR 0126); the roll-up's validation numbers them in order.
     gang: int = 0
+    # The gang's own name (the wire extension ``gang_name``, ADR 0161): when given, it
+    # is the gang's identity and ``gang`` stays 0; gangs then keep their keys whatever
+    # other gangs of the cluster come and go.
+    gang_name: str = ""
 
     @property
     def key(self) -> str:
@@ -184,7 +188,8 @@ class Need:
 
         Two roll-ups that list a need with the same requirements, priority,
         spread and penalties refer to the same need even if its size changed.
-        The second and later gangs with such a key are told apart by ``gang``.
+        A gang with a name (``gang_name``) is told apart by it; the second and
+        later unnamed gangs with such a key are told apart by ``gang``.
         The values of a ``Same`` requirement are not part of it: a gang whose
         first pods run names their domain from then on (ADR 0158), and stays
         the same need, with its machines, arrival and history.
@@ -207,7 +212,9 @@ class Need:
             repr(self.interruption_penalty),
             repr(self.reclamation_penalty),
         ]
-        if self.gang:
+        if self.gang_name:
+            parts.append(f"gang name {self.gang_name}")
+        elif self.gang:
             parts.append(f"gang {self.gang}")
         return hashlib.blake2b("|".join(parts).encode(), digest_size=8).hexdigest()
 

@@ -29,7 +29,14 @@ import numpy.typing as npt
 
 from shard_engine.catalog import ProfileCatalog
 from shard_engine.clusters import ClusterIndex
-from shard_engine.model import AppClass, Need, Rollup, TopologySpread, WhenUnsatisfiable
+from shard_engine.model import (
+    AppClass,
+    Need,
+    Operator,
+    Rollup,
+    TopologySpread,
+    WhenUnsatisfiable,
+)
 from shard_engine.names import KNOWN_LABEL_KEYS, label_key_problem, machine_id_problem
 from shard_engine.quantity import MAX_QUANTITY, MIN_QUANTITY, quantity_problem
 from shard_engine.quarantine import QuarantineRule
@@ -171,6 +178,7 @@ def _same_identity(a: Need, b: Need) -> bool:
         and a.reclamation_penalty == b.reclamation_penalty
         and a.app_class == b.app_class
         and a.do_not_disrupt_seconds == b.do_not_disrupt_seconds
+        and a.gang_name == b.gang_name
     )
 
 
@@ -192,7 +200,26 @@ def _resized(need: Need, aggregate: dict[str, float], unit: dict[str, float]) ->
         app_class=need.app_class,
         do_not_disrupt_seconds=need.do_not_disrupt_seconds,
         gang=need.gang,
+        gang_name=need.gang_name,
     )
+
+
+#: Longest ``gang_name`` (a Kubernetes object name's limit).
+MAX_GANG_NAME = 253
+
+
+def _validate_gang_name(need: Need, *, field: str) -> None:
+    name = need.gang_name
+    if not isinstance(name, str):
+        raise RollupRejected(field, f"not a string: {name!r}")
+    if len(name) > MAX_GANG_NAME:
+        raise RollupRejected(field, f"{len(name)} characters; at most {MAX_GANG_NAME}")
+    if not name.isprintable():
+        raise RollupRejected(field, f"contains control characters: {name!r}")
+    if not any(r.operator is Operator.SAME for r in need.requirements):
+        raise RollupRejected(
+            field, "given on a need without a SAME requirement (only a gang has a name)"
+        )
 
 
 def _validate_need(need: Need, *, field: str) -> Need:
@@ -218,6 +245,8 @@ def _validate_need(need: Need, *, field: str) -> Need:
             raise RollupRejected(f"{where}.max_skew", f"must be at least 1, got {spread.max_skew}")
     if not isinstance(need.app_class, AppClass):
         raise RollupRejected(f"{field}.app_class", f"unknown app class {need.app_class!r}")
+    if need.gang_name:
+        _validate_gang_name(need, field=f"{field}.gang_name")
     spreads = tuple(
         s
         if s.when_unsatisfiable != WhenUnsatisfiable.UNSPECIFIED
@@ -293,8 +322,9 @@ def validate_rollup(
     penalties) are one need on the wire's own terms: their aggregates are
     summed, the larger ``min_unit`` per resource kept, and the most
     protective app class wins. A row with a Same requirement is a gang and
-    is never merged: the second and later gangs with one key are numbered
-    (``Need.gang``, ADR 0126). Infinite penalties become ``PINNED_DOLLARS``.
+    is never merged: a gang with a name (``Need.gang_name``) is told apart by
+    it, and the second and later unnamed gangs with one key are numbered
+    (``Need.gang``, ADR 0126, 0161). Infinite penalties become ``PINNED_DOLLARS``.
 
     ``previous`` is what the cluster's last roll-up validated to, row by
     row: a row equal to its predecessor is reused, and one that differs only
@@ -324,6 +354,11 @@ def validate_rollup(
         if earlier is None:
             merged[key] = need
             continue
+        if need.gang_name:  # the key holds the name: a second row names the gang again
+            raise RollupRejected(
+                f"{field}.gang_name",
+                f"names gang {need.gang_name!r} a second time (one row per gang)",
+            )
         if same_keys(need):  # a gang of its own, in the order the roll-up lists them
             ordinal = gangs[key] = gangs.get(key, 0) + 1
             numbered = replace(need, gang=ordinal)

@@ -165,6 +165,7 @@ def _need(need: capacity_pb2.CapacityNeed, i: int) -> Need:
             need.reclamation_penalty_bucket, f"{field}.reclamation_penalty_bucket"
         ),
         do_not_disrupt_seconds=_do_not_disrupt(need.do_not_disrupt_seconds, field),
+        gang_name=need.gang_name,
     )
 
 

@@ -193,6 +193,7 @@ def need_to_tuple(need: Need) -> tuple[Any, ...]:
         need.app_class.value,
         need.do_not_disrupt_seconds,
         need.gang,
+        need.gang_name,
     )
 
 
@@ -200,7 +201,7 @@ def need_from_tuple(values: tuple[Any, ...], frame: str = "ROLLUP") -> Need:
     """The need ``need_to_tuple`` wrote; raises ``FrameError`` (naming ``frame``) when the
     values do not fit."""
     try:
-        reqs, aggregate, priority, unit, spread, ipen, rpen, app, dnd, gang = values
+        reqs, aggregate, priority, unit, spread, ipen, rpen, app, dnd, gang, name = values
         return Need(
             requirements=tuple(Requirement(k, Operator(op), tuple(v)) for k, op, v in reqs),
             aggregate=dict(aggregate),
@@ -212,6 +213,7 @@ def need_from_tuple(values: tuple[Any, ...], frame: str = "ROLLUP") -> Need:
             app_class=_APP_CLASSES[app],
             do_not_disrupt_seconds=float(dnd),
             gang=int(gang),
+            gang_name=str(name),
         )
     except (TypeError, ValueError, KeyError) as err:
         raise FrameError(f"{frame} frame: a need does not decode: {err!r}") from None

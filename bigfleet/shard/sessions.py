@@ -57,7 +57,7 @@ from workflows.contracts import RequirementSpec
 
 log = logging.getLogger(__name__)
 
-SESSION_EXTENSIONS = ("release", "do-not-disrupt")
+SESSION_EXTENSIONS = ("release", "do-not-disrupt", "gang-name")
 """Wire extensions this shard honours, listed on the Hello acknowledgement (ADR 0070)."""
 
 __all__ = [

@@ -216,6 +216,7 @@ class CapacityNeed(_message.Message):
     RECLAMATION_PENALTY_BUCKET_FIELD_NUMBER: _builtins.int
     MIN_UNIT_FIELD_NUMBER: _builtins.int
     DO_NOT_DISRUPT_SECONDS_FIELD_NUMBER: _builtins.int
+    GANG_NAME_FIELD_NUMBER: _builtins.int
     priority: _builtins.int
     """PriorityClass value; higher wins."""
     interruption_penalty_bucket: Global___PenaltyBucket.ValueType
@@ -227,6 +228,18 @@ class CapacityNeed(_message.Message):
     days). Preemption by a strictly higher priority is not restricted. A
     shard that honours it lists "do-not-disrupt" in its Hello
     acknowledgement (`extensions`).
+    """
+    gang_name: _builtins.str
+    """BigFleet extension (not in the Go reference, whose shard ignores it):
+    the name of the gang this need is (a co-location group, e.g. the Job the
+    pods belong to), given only on a need with a SAME requirement. It is the
+    gang's identity within its cluster: its machines, arrival and history
+    stay with it while other gangs of the cluster come and go. Without it,
+    gangs that are otherwise alike are told apart by their order in the
+    roll-up, and when an earlier one ends the later ones take over its
+    identity. At most 253 characters, no control characters; one name per
+    gang in a roll-up. A shard that honours it lists "gang-name" in its
+    Hello acknowledgement (`extensions`).
     """
     @_builtins.property
     def requirements(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeSelectorRequirement]: ...
@@ -253,10 +266,11 @@ class CapacityNeed(_message.Message):
         reclamation_penalty_bucket: Global___PenaltyBucket.ValueType = ...,
         min_unit: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         do_not_disrupt_seconds: _builtins.int = ...,
+        gang_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["aggregate_resources", b"aggregate_resources", "do_not_disrupt_seconds", b"do_not_disrupt_seconds", "interruption_penalty_bucket", b"interruption_penalty_bucket", "min_unit", b"min_unit", "priority", b"priority", "reclamation_penalty_bucket", b"reclamation_penalty_bucket", "requirements", b"requirements", "spread", b"spread"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["aggregate_resources", b"aggregate_resources", "do_not_disrupt_seconds", b"do_not_disrupt_seconds", "gang_name", b"gang_name", "interruption_penalty_bucket", b"interruption_penalty_bucket", "min_unit", b"min_unit", "priority", b"priority", "reclamation_penalty_bucket", b"reclamation_penalty_bucket", "requirements", b"requirements", "spread", b"spread"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

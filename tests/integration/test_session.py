@@ -112,7 +112,7 @@ async def test_hello_is_acknowledged_with_term_and_epoch(served: Served) -> None
     op = Operator(served.stub)
     ack = (await op.hello()).ack
     assert (ack.echo, ack.coordinator_term, ack.shard_epoch) == ("hello", 4, 9)
-    assert list(ack.extensions) == ["release", "do-not-disrupt"]
+    assert list(ack.extensions) == ["release", "do-not-disrupt", "gang-name"]
     assert served.hub.clusters() == ["c1"]
 
 

@@ -42,8 +42,9 @@ def test_fencing_fields_sit_at_the_reference_numbers() -> None:
 
 def test_capacity_need_keeps_field_four_reserved() -> None:
     numbers = {v[0] for v in _fields(capacity_pb2.CapacityNeed).values()}
-    # 1001 is our extension do_not_disrupt_seconds, which a reference peer skips.
-    assert 4 not in numbers and numbers == {1, 2, 3, 5, 6, 7, 8, 1001}
+    # 1001 and 1002 are our extensions do_not_disrupt_seconds and gang_name, which a
+    # reference peer skips.
+    assert 4 not in numbers and numbers == {1, 2, 3, 5, 6, 7, 8, 1001, 1002}
     assert capacity_pb2.NodeSelectorRequirement.OPERATOR_SAME == 5
     assert capacity_pb2.PENALTY_BUCKET_PINNED == 27
 

@@ -100,6 +100,8 @@ def test_a_need_keeps_every_field_through_its_tuple() -> None:
         gang=3,
     )
     assert need_from_tuple(need_to_tuple(gang)) == gang
+    named = dataclasses.replace(gang, gang=0, gang_name="train-000803")
+    assert need_from_tuple(need_to_tuple(named)) == named
 
 
 def test_an_unchanged_resend_carries_no_needs_and_a_replay_says_so() -> None:
