@@ -194,12 +194,15 @@ def compare(
 def _gang_figures(
     seeds: Sequence[int], cand: Sequence[Summary], ref: Sequence[Summary]
 ) -> list[Figure]:
-    """Gang pods placed, and the gangs one policy placed whole that the other did not.
+    """Gang pods placed, gangs placed whole, and those one policy placed whole and the other not.
 
-    The second is the goal "every gang the baseline places, BigFleet places",
+    The last is the goal "every gang the baseline places, BigFleet places",
     checked gang by gang (the same trace gives both runs the same gangs):
     each side's value is how many gangs the *other* placed whole and it did
-    not, so the candidate is held to 0.
+    not, so the candidate is held to 0. Where gangs of one priority wait for
+    the same racks, which of them starts first is a matter of order, and
+    the count of gangs placed whole (held to at least the baseline's) says
+    whether the fleet served as many.
     """
 
     def whole(summary: Summary) -> set[str]:
@@ -207,6 +210,8 @@ def _gang_figures(
 
     missed_by_cand = tuple(float(len(whole(r) - whole(c))) for c, r in zip(cand, ref, strict=True))
     missed_by_ref = tuple(float(len(whole(c) - whole(r))) for c, r in zip(cand, ref, strict=True))
+    placed_c = tuple(float(len(whole(c))) for c in cand)
+    placed_r = tuple(float(len(whole(r))) for r in ref)
     return [
         Figure(
             "gang pods placed",
@@ -214,6 +219,13 @@ def _gang_figures(
             tuple(float(r["gangs"]["pods_placed"]) for r in ref),
             "",
             (),
+        ),
+        Figure(
+            "gangs placed whole",
+            placed_c,
+            placed_r,
+            "≥ baseline",
+            tuple(s for s, c, r in zip(seeds, placed_c, placed_r, strict=True) if c < r),
         ),
         Figure(
             "gangs the other placed whole, not placed whole",

@@ -192,6 +192,8 @@ def test_gangs_are_compared_gang_by_gang_not_by_pod_count() -> None:
     figures = _by_label(compare(runs))
     assert figures["gang pods placed"].candidate == (4.0, 6.0)
     assert figures["gang pods placed"].goal == ""
+    whole = figures["gangs placed whole"]
+    assert (whole.candidate, whole.reference, whole.missed) == ((2.0, 2.0), (2.0, 1.0), ())
     missed = figures["gangs the other placed whole, not placed whole"]
     assert (missed.candidate, missed.reference) == ((0.0, 1.0), (0.0, 2.0))
     assert missed.missed == (2,)
@@ -199,3 +201,14 @@ def test_gangs_are_compared_gang_by_gang_not_by_pod_count() -> None:
 
 def test_runs_without_gang_figures_get_no_gang_rows() -> None:
     assert not any("gang" in f.label for f in compare(RUNS))
+
+
+def test_fewer_gangs_placed_whole_than_the_baseline_misses_the_count_goal() -> None:
+    runs = {
+        1: {
+            "bigfleet": _with_gangs(RUNS[1]["bigfleet"], ["c1/g1"], 4),
+            "baseline": _with_gangs(RUNS[1]["baseline"], ["c1/g1", "c1/g2"], 4),
+        },
+    }
+    whole = _by_label(compare(runs))["gangs placed whole"]
+    assert (whole.candidate, whole.reference, whole.missed) == ((1.0,), (2.0,), (1,))
