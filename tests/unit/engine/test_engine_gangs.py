@@ -31,6 +31,20 @@ def gpu_racks(engine: ShardEngine, **racks: int) -> None:
         fleet(engine, servers, prefix=rack, cpu=64, gpu=8, labels={"rack": rack})
 
 
+def servers_of_train_in_ra(engine: ShardEngine, servers: int) -> None:
+    """``servers`` 8-GPU servers of rack ra, configured for cluster train."""
+    fleet(
+        engine,
+        servers,
+        prefix="ra",
+        state=MachineState.CONFIGURED,
+        cluster="train",
+        cpu=64,
+        gpu=8,
+        labels={"rack": "ra"},
+    )
+
+
 def racks_of(engine: ShardEngine, cluster: str) -> Counter[str]:
     out: Counter[str] = Counter()
     for m in engine.machines():
@@ -120,16 +134,7 @@ def test_a_gang_no_rack_can_hold_reports_all_of_itself_short() -> None:
     # whole rack's worth another shard can give in one profile — not the 1 that
     # ra's two unclaimed servers leave.
     engine = ShardEngine()
-    fleet(
-        engine,
-        4,
-        prefix="ra",
-        state=MachineState.CONFIGURED,
-        cluster="train",
-        cpu=64,
-        gpu=8,
-        labels={"rack": "ra"},
-    )
+    servers_of_train_in_ra(engine, 4)
     apply(engine, two_gangs(1, 2, 3), now=0)
 
     plan = engine.cycle(now=1)
@@ -144,16 +149,7 @@ def test_a_pinned_gang_asks_for_what_its_rack_lacks_not_its_whole_size() -> None
     # can take the third pod, so the gang is short of one server in ra: asking for three
     # (a whole rack's worth) could never be met by the servers other shards hold there.
     engine = ShardEngine()
-    fleet(
-        engine,
-        2,
-        prefix="ra",
-        state=MachineState.CONFIGURED,
-        cluster="train",
-        cpu=64,
-        gpu=8,
-        labels={"rack": "ra"},
-    )
+    servers_of_train_in_ra(engine, 2)
     gpu_racks(engine, rb=4)  # a whole free rack elsewhere, where the pinned gang cannot go
     pinned = need(gpu=24.0, min_gpu=8, priority=900_000, requirements=[same("rack", "ra")])
     apply(engine, rollup("train", 1, pinned), now=0)
