@@ -73,25 +73,39 @@ async def start_dev_server(
     ui_port: int | None = 8233,
     namespace: str = "default",
     runtime: Runtime | None = None,
+    attempts: int = 3,
 ) -> WorkflowEnvironment:
     """Start the Temporal CLI dev server with BigFleet's search attributes registered.
 
     With ``db_file`` the server keeps its history in that SQLite file across runs.
+    ``port=None`` takes a free port, and starts the server again on a fresh
+    one (up to ``attempts`` times) when another process took it first, as
+    :meth:`DevServer.start` does; a port the caller names is tried once. The
+    address is ``env.client.service_client.config.target_host``.
     """
-    extra: list[str] = []
     if db_file is not None:
         db_file.parent.mkdir(parents=True, exist_ok=True)
-    return await WorkflowEnvironment.start_local(
-        namespace=namespace,
-        dev_server_existing_path=str(binary("temporal")),
-        dev_server_database_filename=str(db_file) if db_file is not None else None,
-        port=port,
-        ui=ui,
-        ui_port=ui_port if ui else None,
-        search_attributes=sa.ALL,
-        dev_server_extra_args=extra,
-        runtime=runtime,
-    )
+    tries = attempts if port is None else 1
+    for attempt in range(1, tries + 1):
+        try:
+            return await WorkflowEnvironment.start_local(
+                namespace=namespace,
+                dev_server_existing_path=str(binary("temporal")),
+                dev_server_database_filename=str(db_file) if db_file is not None else None,
+                port=port if port is not None else free_port(),
+                ui=ui,
+                ui_port=ui_port if ui else None,
+                search_attributes=sa.ALL,
+                dev_server_extra_args=[],
+                runtime=runtime,
+            )
+        except RuntimeError:
+            # The SDK says only that the server did not start in time (its output,
+            # which names the taken port, is not always in the message): any failure
+            # on a port we chose is worth one more port.
+            if attempt == tries:
+                raise
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 _CLI_TYPES = {

@@ -36,7 +36,6 @@ from providers.core import ProviderCore
 from providers.kinds import build_provider
 from providers.model import Ack, FencingToken
 from providers.server import RunningProvider, start_provider_server
-from tests.ports import free_port
 from workflows.contracts import (
     DRAIN_MACHINE,
     Deadlines,
@@ -114,7 +113,7 @@ class Rig:
 
 @pytest.fixture
 async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
-    env = await start_dev_server(port=free_port(), ui=False)
+    env = await start_dev_server(ui=False)
     config = ProviderConfig(
         kind="sim-cloud",
         quota_scale=0.1,

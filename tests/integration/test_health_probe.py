@@ -117,10 +117,9 @@ async def test_the_probe_fails_without_a_certificate_or_without_a_server(
 
 
 async def test_the_temporal_probe_wants_a_frontend_that_knows_the_namespace() -> None:
-    port = free_port()
-    env = await start_dev_server(port=port, ui=False)
+    env = await start_dev_server(ui=False)
     try:
-        address = f"127.0.0.1:{port}"
+        address = env.client.service_client.config.target_host
         assert await probe_temporal(address) == "SERVING (namespace default)"
         with pytest.raises(NotReady, match="NOT_FOUND"):
             await probe_temporal(address, namespace="no-such-namespace")

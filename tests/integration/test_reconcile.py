@@ -30,7 +30,6 @@ from providers.server import RunningProvider, start_provider_server
 from shard_engine.config import EngineConfig
 from shard_engine.drift import RepairKind
 from tests.integration.multishard import TINY_CLOUD, eventually
-from tests.ports import free_port
 from workflows.contracts import PollPolicy
 
 pytestmark = pytest.mark.e2e
@@ -50,7 +49,7 @@ class World:
 
 @pytest.fixture
 async def world(database: Database) -> AsyncIterator[World]:
-    env = await temporal.start_dev_server(port=free_port(), ui=False)
+    env = await temporal.start_dev_server(ui=False)
     store = Store(database.engine)
     config = ProviderConfig(kind="sim-cloud", catalog_path=TINY_CLOUD, time_factor=0.02)
     provider = await start_provider_server(config, "127.0.0.1:0", provider=build_provider(config))

@@ -43,7 +43,6 @@ from bigfleet.v1alpha1 import capacity_pb2, shard_pb2
 from shard_engine.engine import ShardEngine
 from shard_engine.names import cluster_id_problem
 from shard_engine.needs import RollupRejected
-from tests.ports import free_port
 from tests.rollups import apply
 
 CLUSTER = "fuzz-c1"
@@ -74,7 +73,7 @@ class Served:
 
 @pytest.fixture
 async def served(empty_database_url: str) -> AsyncIterator[Served]:
-    env = await start_dev_server(port=free_port(), ui=False)
+    env = await start_dev_server(ui=False)
     db = Database.connect(empty_database_url)
     await db.migrate()
     store = Store(db.engine)

@@ -79,7 +79,7 @@ class World:
 
 @pytest.fixture
 async def world(empty_database_url: str) -> AsyncIterator[World]:
-    env = await temporal.start_dev_server(port=free_port(), ui=False)
+    env = await temporal.start_dev_server(ui=False)
     db = Database.connect(empty_database_url)
     await db.migrate()
     store = Store(db.engine)

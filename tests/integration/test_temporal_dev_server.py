@@ -65,3 +65,25 @@ async def test_a_chosen_port_gives_up_after_its_attempts(
     with pytest.raises(RuntimeError, match="address already in use"):
         await temporal.DevServer.start(port=None, log_path=log, attempts=2)
     assert log.read_text().count("can't set frontend port") == 2
+
+
+async def test_the_sdk_started_server_also_replaces_a_chosen_port_taken_first(
+    taken_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = temporal.free_port
+    chosen = iter([taken_port])
+    monkeypatch.setattr(temporal, "free_port", lambda: next(chosen, None) or real())
+    env = await temporal.start_dev_server(ui=False)
+    try:
+        address = env.client.service_client.config.target_host
+        assert address != f"127.0.0.1:{taken_port}"
+        await env.client.service_client.check_health()
+    finally:
+        await env.shutdown()
+
+
+async def test_the_sdk_started_server_on_a_named_port_that_is_taken_fails_at_once(
+    taken_port: int,
+) -> None:
+    with pytest.raises(RuntimeError, match=f"127.0.0.1:{taken_port} did not start"):
+        await temporal.start_dev_server(port=taken_port, ui=False)
