@@ -210,6 +210,9 @@ class MachineWorkflow:
         """
         now = workflow.now()
         self._target = machine
+        # A signal sent with the start (or before the first task ran) is handled
+        # before ``run`` begins: keep what its handler recorded.
+        earlier = self._view
         self._view = MachineView(
             workflow_id=workflow.info().workflow_id,
             operation=operation,
@@ -225,6 +228,8 @@ class MachineWorkflow:
             reason=reason,
             priority=priority,
         )
+        self._view.notes.extend(earlier.notes)
+        self._view.signals.extend(earlier.signals)
         updates: list[SearchAttributeUpdate[Any]] = [
             sa.MACHINE_ID.value_set(machine.machine_id),
             sa.MACHINE_IDS.value_set([machine.machine_id]),

@@ -61,6 +61,25 @@ async def test_a_drain_in_flight_is_marked_paused_then_active_again(rig: Rig) ->
     await handle.terminate("test over")
 
 
+async def test_a_mode_signalled_with_the_start_keeps_its_note(rig: Rig) -> None:
+    # A signal delivered with the start is handled before the workflow's run begins;
+    # filling the view at the start of the run used to drop its note (seen as a
+    # flaky test when the signal happened to arrive before the first task ran).
+    handle = await rig.client.start_workflow(
+        DrainWorkflow.run,
+        drain_input(rig.configured_machine(), grace=600),
+        id=f"wf-{uuid.uuid4()}",
+        task_queue=rig.task_queue,
+        start_signal=ShardSignal.MODE.value,
+        start_signal_args=[ShardModeSignal("paused", "incident 43")],
+    )
+
+    assert await _mode_becomes(handle, "paused") == "paused"
+    view = await rig.until(handle, lambda v: v.phase == "DRAINING", what="draining")
+    assert any("shard paused (incident 43)" in n for n in view.notes), view.notes
+    await handle.terminate("test over")
+
+
 async def test_a_mode_nobody_knows_is_ignored_and_the_workflow_keeps_going(rig: Rig) -> None:
     handle = await rig.start(DrainWorkflow.run, drain_input(rig.configured_machine(), grace=600))
     await handle.signal(ShardSignal.MODE.value, ShardModeSignal("sleepy"))
