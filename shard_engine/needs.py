@@ -32,7 +32,6 @@ from shard_engine.clusters import ClusterIndex
 from shard_engine.model import (
     AppClass,
     Need,
-    Operator,
     Rollup,
     TopologySpread,
     WhenUnsatisfiable,
@@ -42,7 +41,7 @@ from shard_engine.quantity import MAX_QUANTITY, MIN_QUANTITY, quantity_problem
 from shard_engine.quarantine import QuarantineRule
 from shard_engine.requirements import MaskKey, RequirementMasks, mask_key, validate_requirements
 from shard_engine.resources import APP_CLASS_VICTIM_RANK, InvalidResource, ResourceVec
-from shard_engine.topology import domain_codes, same_keys
+from shard_engine.topology import domain_codes, is_pinned, same_keys
 
 __all__ = [
     "MAX_NEEDS",
@@ -216,7 +215,7 @@ def _validate_gang_name(need: Need, *, field: str) -> None:
         raise RollupRejected(field, f"{len(name)} characters; at most {MAX_GANG_NAME}")
     if not name.isprintable():
         raise RollupRejected(field, f"contains control characters: {name!r}")
-    if not any(r.operator is Operator.SAME for r in need.requirements):
+    if not same_keys(need):
         raise RollupRejected(
             field, "given on a need without a SAME requirement (only a gang has a name)"
         )
@@ -491,6 +490,8 @@ class Demand:
     matrix: BoolArray
     serving: npt.NDArray[np.int32]
     gang_keys: tuple[tuple[str, ...], ...]
+    # Per need: a gang whose running pods pin it to the domain its Same names (ADR 0160).
+    pinned: tuple[bool, ...]
     topological: BoolArray
     profiles: int
     dims: int
@@ -853,6 +854,7 @@ class NeedsTable:
             matrix=old.matrix,
             serving=old.serving,
             gang_keys=old.gang_keys,
+            pinned=old.pinned,
             topological=old.topological,
             profiles=old.profiles,
             dims=width,
@@ -913,6 +915,7 @@ class NeedsTable:
             matrix=matrix,
             serving=serving,
             gang_keys=tuple(gangs),
+            pinned=tuple(bool(g) and is_pinned(n) for g, n in zip(gangs, needs, strict=True)),
             topological=np.array(
                 [bool(g) or bool(n.spread) for g, n in zip(gangs, needs, strict=True)]
             ),

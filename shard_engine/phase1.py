@@ -39,7 +39,6 @@ from shard_engine.claims import Claims, claim
 from shard_engine.costs import dominant_dimension, effective_cost
 from shard_engine.fleet_idle import FleetIdle
 from shard_engine.linear import combine
-from shard_engine.model import Need, Operator
 from shard_engine.needs import Demand, NeedsTable
 from shard_engine.pending import PendingNeed
 from shard_engine.pools import TIER_IDLE, TIER_SPECULATIVE, PoolKey
@@ -186,20 +185,12 @@ def bound_reader(
 
     def read() -> FloatArray | None:
         placed = sheet.bound(demand.cluster, demand.keys, width, settled_only=settled_only)
-        if placed is None or not any(demand.gang_keys):
+        if placed is None or not any(demand.pinned):
             return placed
-        pinned = [
-            bool(g) and _pinned(n) for n, g in zip(demand.needs, demand.gang_keys, strict=True)
-        ]
-        loose = [bool(g) and not p for g, p in zip(demand.gang_keys, pinned, strict=True)]
-        return pinned_first(placed, pinned, loose, matrix, aggregate, alloc)
+        loose = [bool(g) and not p for g, p in zip(demand.gang_keys, demand.pinned, strict=True)]
+        return pinned_first(placed, demand.pinned, loose, matrix, aggregate, alloc)
 
     return read
-
-
-def _pinned(need: Need) -> bool:
-    """A gang whose Same requirement names its domain (its pods run there, ADR 0158)."""
-    return any(r.operator is Operator.SAME and r.values for r in need.requirements)
 
 
 def _need_have(
@@ -300,7 +291,7 @@ def assign(
             # running pods hold a rack, which its Same requirement names) can only
             # grow where it runs: it asks for what that rack lacks of it, or no donor
             # could ever complete the rack around the machines it already has (ADR 0160).
-            whole = gang and not _pinned(need)
+            whole = gang and not demand.pinned[index]
             deficit = aggregate.copy() if whole else np.maximum(deficit, 0.0)
             pending.append(PendingNeed(demand, index, deficit, mask, block))
             if untouched:

@@ -23,6 +23,7 @@ __all__ = [
     "SpreadState",
     "choose_gang_domain",
     "domain_codes",
+    "is_pinned",
     "same_keys",
 ]
 
@@ -34,6 +35,11 @@ CodeArray = npt.NDArray[np.int64]
 def same_keys(need: Need) -> tuple[str, ...]:
     """Label keys the need's machines must all share one value of (sorted)."""
     return tuple(sorted({r.key for r in need.requirements if r.operator == Operator.SAME}))
+
+
+def is_pinned(need: Need) -> bool:
+    """A gang whose Same requirement names its domain (its pods run there, ADR 0158)."""
+    return any(r.operator is Operator.SAME and r.values for r in need.requirements)
 
 
 def domain_codes(catalog: ProfileCatalog, keys: Sequence[str]) -> CodeArray:
