@@ -14,7 +14,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import (
@@ -40,6 +42,8 @@ __all__ = [
     "start_dev_server",
     "start_time_skipping",
 ]
+
+T = TypeVar("T")
 
 
 # Which extra ships each server binary (bigfleet.extras).
@@ -85,24 +89,39 @@ async def start_dev_server(
     """
     if db_file is not None:
         db_file.parent.mkdir(parents=True, exist_ok=True)
+
+    async def start(on: int) -> WorkflowEnvironment:
+        return await WorkflowEnvironment.start_local(
+            namespace=namespace,
+            dev_server_existing_path=str(binary("temporal")),
+            dev_server_database_filename=str(db_file) if db_file is not None else None,
+            port=on,
+            ui=ui,
+            ui_port=ui_port if ui else None,
+            search_attributes=sa.ALL,
+            runtime=runtime,
+        )
+
+    # The SDK says only that the server did not start in time (its output, which
+    # names the taken port, is not always in the message): any failure on a port
+    # we chose is worth one more port.
+    return await _on_a_port(port, attempts, start, RuntimeError)
+
+
+async def _on_a_port(
+    port: int | None,
+    attempts: int,
+    start: Callable[[int], Awaitable[T]],
+    retry: type[Exception],
+) -> T:
+    """``start(port)``; with ``port=None`` on a free port, and when ``retry`` is raised
+    (another process took the port first) again on a fresh one, up to ``attempts`` times.
+    A port the caller named is tried once."""
     tries = attempts if port is None else 1
     for attempt in range(1, tries + 1):
         try:
-            return await WorkflowEnvironment.start_local(
-                namespace=namespace,
-                dev_server_existing_path=str(binary("temporal")),
-                dev_server_database_filename=str(db_file) if db_file is not None else None,
-                port=port if port is not None else free_port(),
-                ui=ui,
-                ui_port=ui_port if ui else None,
-                search_attributes=sa.ALL,
-                dev_server_extra_args=[],
-                runtime=runtime,
-            )
-        except RuntimeError:
-            # The SDK says only that the server did not start in time (its output,
-            # which names the taken port, is not always in the message): any failure
-            # on a port we chose is worth one more port.
+            return await start(port if port is not None else free_port())
+        except retry:
             if attempt == tries:
                 raise
     raise AssertionError("unreachable: the last attempt returns or raises")
@@ -119,7 +138,7 @@ _CLI_TYPES = {
 }
 
 
-class _ExitedEarly(Exception):
+class _ExitedEarly(RuntimeError):
     """The dev server process ended before it answered (a port it wanted was taken)."""
 
 
@@ -176,22 +195,19 @@ class DevServer:
         started again on a fresh port, up to ``attempts`` times. A port the
         caller named is tried once.
         """
-        tries = attempts if port is None else 1
-        for attempt in range(1, tries + 1):
-            try:
-                return await cls._start_once(
-                    port=port if port is not None else free_port(),
-                    log_path=log_path,
-                    db_file=db_file,
-                    ui_port=ui_port,
-                    namespace=namespace,
-                    runtime=runtime,
-                    ready_within_s=ready_within_s,
-                )
-            except _ExitedEarly as exited:
-                if attempt == tries:
-                    raise RuntimeError(str(exited)) from exited.__cause__
-        raise AssertionError("unreachable: the last attempt returns or raises")
+
+        async def start(on: int) -> DevServer:
+            return await cls._start_once(
+                port=on,
+                log_path=log_path,
+                db_file=db_file,
+                ui_port=ui_port,
+                namespace=namespace,
+                runtime=runtime,
+                ready_within_s=ready_within_s,
+            )
+
+        return await _on_a_port(port, attempts, start, _ExitedEarly)
 
     @classmethod
     async def _start_once(
