@@ -37,7 +37,8 @@ COPY --from=build /opt/bigfleet /opt/bigfleet
 ENV PATH=/opt/bigfleet/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    BIGFLEET_DATA_DIR=/home/bigfleet/.bigfleet
+    BIGFLEET_DATA_DIR=/home/bigfleet/.bigfleet \
+    NUMBA_CACHE_DIR=/home/bigfleet/.cache/numba
 USER bigfleet
 WORKDIR /home/bigfleet
 ENTRYPOINT ["bigfleet"]

@@ -15,6 +15,8 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,test]'
+	# The engine's compiled loops, cached on disk once instead of in the first test (ADR 0162).
+	$(PY) -c 'from shard_engine import kernels; kernels.warm()'
 	touch $(STAMP)
 
 ## The full stack on embedded defaults with a demo fleet (Ctrl-C stops it).

@@ -101,22 +101,24 @@ class Bindings:
 
     def counts(
         self,
-        rows: IntArray,
-        profiles: IntArray,
+        rows: npt.NDArray[np.integer],
+        profile: npt.NDArray[np.integer],
         *,
         cluster: int,
         keys: Sequence[str],
         width: int,
+        skip: IntArray | None = None,
     ) -> FloatArray | None:
         """Machines per (need, profile) among ``rows`` bound to one of ``cluster``'s ``keys``.
 
-        ``rows`` are machines counting toward ``cluster`` and ``profiles``
-        their profiles; ``keys`` the cluster's needs in cycle order. None
-        when none of them is bound to any of those needs.
+        ``rows`` are machines counting toward ``cluster``, ``profile`` the
+        inventory's profile per row, ``keys`` the cluster's needs in cycle
+        order; rows in ``skip`` (sorted) and profiles from ``width`` on are
+        not counted. None when none of them is bound to any of those needs.
         """
         if not self._key:
             return None
-        lookup = np.full(len(self._key) + 1, -1, dtype=np.int64)  # the last: no binding
+        lookup = np.full(len(self._key), -1, dtype=np.int64)
         found = False
         for i, key in enumerate(keys):
             code = self._codes.get((cluster, key))
@@ -125,15 +127,12 @@ class Bindings:
                 found = True
         if not found:
             return None
-        inside = rows < len(self._rows)
-        codes = np.full(len(rows), -1, dtype=np.int64)
-        codes[inside] = self._rows[rows[inside]]
-        need = lookup[codes]  # -1 (no binding) reads the last entry: -1
-        known = need >= 0
-        if not known.any():
-            return None
-        flat = np.bincount(need[known] * width + profiles[known], minlength=len(keys) * width)
-        return flat.reshape(len(keys), width).astype(np.float64)
+        from shard_engine import kernels  # numba loads with the first count, not with the CLI
+
+        out = np.zeros((len(keys), width))
+        skipped = kernels.NOTHING if skip is None else skip
+        counted = kernels.tally(rows, profile, self._rows, lookup, skipped, out)
+        return out if counted else None
 
 
 def pinned_first(

@@ -28,7 +28,12 @@ still excess for Phase 3 and no machine counts twice. Claims are fractions
 of machines (shares, not placements).
 
 Pure functions on arrays; Phase 1 and Phase 3 call them only for clusters
-whose needs overlap on a held machine.
+whose needs overlap on a held machine. The passes are compiled (numba,
+ADR 0162): a claim is a few hundred small sequential steps over one
+cluster's needs and held profiles, where numpy's per-call overhead was
+most of the cycle. The compiled code does the same floating-point
+operations in the same order as the numpy it replaced, so every decision
+is bit for bit what it was.
 """
 
 from __future__ import annotations
@@ -105,165 +110,27 @@ def claim(
     held = np.flatnonzero(supply[:width])
     if len(held) == 0 or matrix.shape[0] < 2:
         return None
-    sub = matrix[:, held]
-    if not (sub.sum(axis=0) > 1).any():
+    from shard_engine import kernels  # numba loads with the first claim, not with the CLI
+
+    sub = np.ascontiguousarray(matrix[:, held])  # one layout: one compiled signature
+    if not kernels.shared(sub):
         return None
     shapes = alloc[held]
     counts = supply[held].astype(np.float64)
-    # How many later needs (in cycle order) could use each held profile: a need
-    # takes the profiles fewest later needs can use first, so a broad need does
-    # not take what a narrower one after it depends on.
-    later = np.add.accumulate(sub[::-1].astype(np.int64), axis=0)[::-1] - sub
-    own_bound = None
     placed = bound() if bound is not None else None
-    if placed is not None:
-        mine = np.zeros(sub.shape)
-        rows = min(len(placed), sub.shape[0])
-        cols = held < placed.shape[1]
-        mine[:rows, cols] = placed[:rows, held[cols]]
-        mine *= sub
-        if mine.any():
-            own_bound = mine
-    left = counts.copy()
-    claims = np.zeros((matrix.shape[0], len(held)))
-    wanted = np.maximum(aggregate, 0.0)
-    if own_bound is not None:
-        # First every need takes back the machines placed for it, as far as it
-        # still wants them; what it no longer wants is anyone's.
-        if (own_bound.sum(axis=0) <= counts).all():
-            # The usual case, in one step: no profile is bound beyond what is
-            # held, and a need bound to machines of one shape takes as many of
-            # them as cover what it asks for (what it takes from one profile
-            # does not depend on the others, so the needs are independent).
-            single = (own_bound > 0).sum(axis=1) == 1
-            rows = np.flatnonzero(single)
-            if len(rows):
-                at = (own_bound[rows] > 0).argmax(axis=1)
-                shape = shapes[at]
-                ask = wanted[rows]
-                per = np.divide(ask, shape, out=np.zeros_like(ask), where=(ask > 0) & (shape > 0))
-                taken = np.minimum(own_bound[rows, at], per.max(axis=1))
-                claims[rows, at] = taken
-                np.subtract.at(left, at, taken)
-                wanted[rows] = np.maximum(ask - taken[:, None] * shape, 0.0)
-            partial_rows = np.flatnonzero(~single & own_bound.any(axis=1)).tolist()
-        else:
-            partial_rows = np.flatnonzero(own_bound.any(axis=1)).tolist()
-        for i in partial_rows:
-            available = np.minimum(own_bound[i], left)
-            taken = _take(wanted[i], available, later[i], shapes)
-            claims[i] += taken
-            left -= taken
-            wanted[i] = np.maximum(wanted[i] - combine(taken, shapes), 0.0)
-    # Only needs still wanting with something left in their mask; what is
-    # left only shrinks, so a need with nothing left now gets nothing later.
-    open_rows = np.flatnonzero(wanted.any(axis=1) & (sub & (left > 0)).any(axis=1))
-    for i in open_rows.tolist():
-        if not (left * sub[i]).any():
-            continue
-        taken = _take(wanted[i], left * sub[i], later[i], shapes)
-        claims[i] += taken
-        left -= taken
-        wanted[i] = np.maximum(wanted[i] - combine(taken, shapes), 0.0)
-    displaced: list[tuple[int, int, int, float]] = []
-    if priority is not None and len(priority) >= sub.shape[0]:
-        for i in np.flatnonzero(wanted.any(axis=1)).tolist():
-            for j in range(sub.shape[0] - 1, i, -1):  # the lowest priority first
-                if not wanted[i].any():
-                    break
-                if priority[j] >= priority[i]:
-                    break
-                offered = claims[j] * sub[i]
-                if not offered.any():
-                    continue
-                taken = _take(wanted[i], offered, later[i], shapes)
-                moved = np.flatnonzero(taken > 0)
-                if len(moved) == 0:
-                    continue
-                claims[j] -= taken
-                claims[i] += taken
-                wanted[i] = np.maximum(wanted[i] - combine(taken, shapes), 0.0)
-                displaced.extend((j, i, int(held[p]), float(taken[p])) for p in moved.tolist())
-    own = counts - claims.sum(axis=0) + claims
-    return Claims(held, own, sub, shapes, tuple(displaced))
-
-
-_SMALL = 12
-"""Candidate profiles up to which a take loops in plain Python (numpy overhead wins below)."""
-
-
-def _take(
-    wanted: FloatArray, available: FloatArray, contest: IntArray, shapes: FloatArray
-) -> FloatArray:
-    """Machines per profile that cover ``wanted``, least contested profiles first.
-
-    Whole profiles while some asked resource is still short, the last one in
-    part (a fraction of a machine: claims are shares, not placements). Ties
-    in contest go to the lower profile.
-    """
-    taken = np.zeros(len(available))
-    asked = wanted > 0
-    if not asked.any():
-        return taken
-    inside = np.flatnonzero(available > 0)
-    if len(inside) == 0:
-        return taken
-    if len(inside) > _SMALL:
-        return _take_wide(wanted, asked, available, contest, shapes, inside, taken)
-    # Plain Python over the few candidate profiles: numpy's per-call overhead
-    # is most of the cost at these sizes.
-    rest = wanted.tolist()
-    dims = range(len(rest))
-    have = available[inside].tolist()
-    rows = shapes[inside].tolist()
-    for _, k in sorted(zip(contest[inside].tolist(), range(len(have)), strict=True)):
-        shape = rows[k]
-        machines = 0.0
-        for d in dims:
-            if rest[d] > 0 and shape[d] > 0:
-                machines = max(machines, rest[d] / shape[d])
-        if machines <= 0:
-            continue
-        count = min(have[k], machines)
-        taken[inside[k]] = count
-        done = True
-        for d in dims:
-            if rest[d] > 0:
-                rest[d] = max(0.0, rest[d] - count * shape[d])
-                done = done and rest[d] <= 0
-        if done:
-            break
-    return taken
-
-
-def _take_wide(
-    wanted: FloatArray,
-    asked: BoolArray,
-    available: FloatArray,
-    contest: IntArray,
-    shapes: FloatArray,
-    inside: IntArray,
-    taken: FloatArray,
-) -> FloatArray:
-    """:func:`_take` in vector steps, for many candidate profiles (``inside``).
-
-    A running sum in the order of contest finds the profiles ahead of which
-    some asked resource is still short: those are taken whole, the last of
-    them in part.
-    """
-    useful = inside[(shapes[inside][:, asked] > 0).any(axis=1)]
-    if len(useful) == 0:
-        return taken
-    order = useful[np.lexsort((useful, contest[useful]))]
-    offered = available[order][:, None] * shapes[order]
-    before = np.add.accumulate(offered, axis=0) - offered  # cover of the profiles ahead
-    take = order[((before < wanted) & asked).any(axis=1)]
-    if len(take) == 0:
-        return taken
-    taken[take] = available[take]
-    last = take[-1]
-    rest = np.maximum(wanted - before[len(take) - 1], 0.0)
-    usable = asked & (shapes[last] > 0)
-    if usable.any():
-        taken[last] = min(taken[last], float((rest[usable] / shapes[last][usable]).max()))
-    return taken
+    ranked = priority is not None and len(priority) >= sub.shape[0]
+    own, moves, machines = kernels.divide(
+        sub,
+        counts,
+        shapes,
+        np.ascontiguousarray(aggregate[: sub.shape[0]], dtype=np.float64),
+        kernels.NO_PLACED if placed is None else np.ascontiguousarray(placed, dtype=np.float64),
+        placed is not None,
+        held,
+        np.ascontiguousarray(priority, dtype=np.int64) if ranked else kernels.NO_PRIORITY,
+        ranked,
+    )
+    displaced = tuple(
+        (j, i, p, m) for (j, i, p), m in zip(moves.tolist(), machines.tolist(), strict=True)
+    )
+    return Claims(held, own, sub, shapes, displaced)

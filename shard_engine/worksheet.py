@@ -164,14 +164,17 @@ class Worksheet:
                 parts.append(np.asarray(flying, dtype=np.int32))
         if not parts:
             return None
-        rows = np.concatenate(parts).astype(np.int64)
+        skip = None
         if self.taken:
-            rows = rows[~np.isin(rows, np.fromiter(self.taken, np.int64, len(self.taken)))]
-        profiles = self.inventory.profile[rows].astype(np.int64)
-        inside = profiles < width
+            skip = np.sort(np.fromiter(self.taken, np.int64, len(self.taken)))
         assert self.bindings is not None
         return self.bindings.counts(
-            rows[inside], profiles[inside], cluster=cluster, keys=keys, width=width
+            np.concatenate(parts),
+            self.inventory.profile,
+            cluster=cluster,
+            keys=keys,
+            width=width,
+            skip=skip,
         )
 
     # -- taking machines -----------------------------------------------------------------

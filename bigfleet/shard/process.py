@@ -158,6 +158,12 @@ class ShardProcess:
         """Take the lease, load inventory, serve sessions, and start the loops."""
         # Short GIL hand-overs and short collector pauses for the acks (interpreter.py).
         self._undo_interpreter = self.options.interpreter.apply()
+        # The engine's compiled loops, loaded (or compiled, once per machine) before
+        # the lease: the first cycle would otherwise pay for it (ADR 0162). Imported
+        # here so that commands importing this module do not load numba.
+        from shard_engine import kernels
+
+        await asyncio.to_thread(kernels.warm)
         await self.lease.take_or_stand_by()
         # Renewals start at once: the rest of start-up may outlast the acting window.
         self._lease_task = asyncio.create_task(self.lease.keep(self._after_retake), name="lease")

@@ -85,21 +85,20 @@ def test_needs_on_disjoint_machines_are_left_to_the_plain_sum() -> None:
     assert claim(matrix, np.ones((2, 1)), np.array([1, 1]), np.ones((2, 1))) is None
 
 
-def test_claims_over_many_shapes_decide_as_over_few() -> None:
-    rng = np.random.default_rng(3)
-    matrix = rng.random((6, 40)) < 0.6
-    alloc = rng.integers(1, 9, size=(40, 3)).astype(float)
-    aggregate = rng.integers(0, 60, size=(6, 3)).astype(float)
-    supply = rng.integers(0, 4, size=40)
-    import shard_engine.claims as claims_module
+def test_a_need_does_not_claim_machines_without_the_resource_it_still_lacks() -> None:
+    # Twelve GPU-only servers (0 cores, 4 GPUs) and two CPU servers (4 cores);
+    # every profile equally contested, so the first need walks them in order.
+    alloc = np.array([[0.0, 4.0]] * 12 + [[4.0, 0.0]])
+    supply = np.array([1] * 12 + [2])
+    matrix = np.ones((2, 13), dtype=bool)
+    aggregate = np.array([[8.0, 4.0], [0.0, 4.0]])  # 8 cores and 4 GPUs; then 4 GPUs
 
-    wide = claim(matrix, aggregate, supply, alloc)
-    saved = claims_module._SMALL
-    try:
-        claims_module._SMALL = 10_000
-        small = claim(matrix, aggregate, supply, alloc)
-    finally:
-        claims_module._SMALL = saved
+    claims = claim(matrix, aggregate, supply, alloc)
 
-    assert wide is not None and small is not None
-    assert np.allclose(wide.own, small.own)
+    # The first need takes one GPU server and both CPU servers; the eleven other
+    # GPU servers hold nothing it still lacks. The second takes one of those
+    # and may count the ten left over: 44 GPUs. Summing past a dozen
+    # candidates, the first need took all twelve and left the second none.
+    assert claims is not None
+    assert claims.have(1).tolist() == [0.0, 44.0]
+    assert claims.have(0).tolist() == [8.0, 44.0]

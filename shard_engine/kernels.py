@@ -1,0 +1,381 @@
+"""Compiled loops: the engine's few hot paths that numpy cannot vectorise (ADR 0162).
+
+A claim (``shard_engine.claims``) walks one cluster's needs in order, each
+taking machines from what the previous ones left: a few hundred small,
+sequential steps over ~15 needs and ~15 held profiles. Written with numpy,
+each step was a handful of calls on arrays of a dozen elements, and the
+calls' overhead was most of the cost: some 230 µs a claim, 63 % of the
+500K-machine steady cycle. Counting a cluster's bound machines
+(``Bindings.counts``) made half a dozen temporaries of a few thousand rows
+for one histogram. Here both are plain loops compiled by numba.
+
+**Same arithmetic, same decisions.** Each function performs the floating
+point operations of the numpy code it replaced, in the same order (running
+sums left to right, as :func:`shard_engine.linear.combine` adds; ``max`` and
+``min`` with numpy's and Python's tie rules), so plans are bit for bit what
+they were: the recorded plan digests and the simulator's golden traces
+pass unchanged, and ``tests/unit/engine/test_kernels.py`` compares every
+function with its plain-Python execution (``py_func``) on random inputs.
+
+**Loading.** The module is imported by the functions that use it, not at
+the top of theirs, so commands that never run a cycle do not load numba.
+Compiled code is cached on disk next to this file (or in
+``NUMBA_CACHE_DIR``): the first process on a machine compiles for ~7 s, the
+next load in ~0.2 s. :func:`warm` compiles or loads everything up front;
+the shard process and ``make install`` call it, so no cycle pays for it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+from numba import njit
+
+__all__ = ["NOTHING", "NO_PLACED", "NO_PRIORITY", "divide", "shared", "tally", "warm"]
+
+FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+IntArray = npt.NDArray[np.int64]
+
+NO_PLACED = np.zeros((0, 0))
+"""``divide``'s ``placed`` when nothing is bound."""
+NO_PRIORITY = np.zeros(0, dtype=np.int64)
+"""``divide``'s ``priority`` when the needs are not ranked."""
+NOTHING = np.zeros(0, dtype=np.int64)
+"""``tally``'s ``skip`` when no row is left out."""
+
+
+@njit(cache=True)
+def shared(sub: BoolArray) -> bool:
+    """True when some held profile may serve more than one need."""
+    for p in range(sub.shape[1]):
+        users = 0
+        for i in range(sub.shape[0]):
+            if sub[i, p]:
+                users += 1
+                if users > 1:
+                    return True
+    return False
+
+
+@njit(cache=True)
+def _floor0(x: float) -> float:
+    """``np.maximum(x, 0.0)``."""
+    return x if x >= 0.0 else 0.0
+
+
+@njit(cache=True)
+def _any(row: FloatArray) -> bool:
+    """``row.any()``: some entry is not zero."""
+    for v in row:  # noqa: SIM110 (a loop compiles; a generator in any() does not pay)
+        if v != 0.0:
+            return True
+    return False
+
+
+@njit(cache=True)
+def _less_wanted(wanted: FloatArray, taken: FloatArray, shapes: FloatArray) -> None:
+    """``wanted = np.maximum(wanted - combine(taken, shapes), 0.0)``, in place.
+
+    The products are added left to right in profile order, as
+    :func:`~shard_engine.linear.combine` adds them.
+    """
+    for d in range(len(wanted)):
+        total = taken[0] * shapes[0, d]
+        for p in range(1, len(taken)):
+            total = total + taken[p] * shapes[p, d]
+        wanted[d] = _floor0(wanted[d] - total)
+
+
+@njit(cache=True)
+def divide(
+    sub: BoolArray,
+    counts: FloatArray,
+    shapes: FloatArray,
+    aggregate: FloatArray,
+    placed: FloatArray,
+    has_placed: bool,
+    held: IntArray,
+    priority: IntArray,
+    ranked: bool,
+) -> tuple[FloatArray, IntArray, FloatArray]:
+    """The three passes (module docstring): ``own`` per need and held profile, and what moved.
+
+    Returns ``own``, then one row (from need, to need, profile) per machine
+    count a higher-priority need took over, and those counts.
+    """
+    n, h = sub.shape
+    dims = shapes.shape[1]
+    # How many later needs (in cycle order) could use each held profile: a need
+    # takes the profiles fewest later needs can use first, so a broad need does
+    # not take what a narrower one after it depends on.
+    later = np.zeros((n, h), dtype=np.int64)
+    for p in range(h):
+        users = 0
+        for i in range(n - 1, -1, -1):
+            later[i, p] = users
+            if sub[i, p]:
+                users += 1
+    left = counts.copy()
+    claims = np.zeros((n, h))
+    wanted = np.empty((n, dims))
+    for i in range(n):
+        for d in range(dims):
+            wanted[i, d] = _floor0(aggregate[i, d])
+    # The machines placed for each need, within what it may use.
+    mine = np.zeros((n, h))
+    bound = False
+    if has_placed:
+        for i in range(min(placed.shape[0], n)):
+            for p in range(h):
+                if sub[i, p] and held[p] < placed.shape[1]:
+                    mine[i, p] = placed[i, held[p]]
+                    if mine[i, p] != 0.0:
+                        bound = True
+    if bound:
+        # First every need takes back the machines placed for it, as far as it
+        # still wants them; what it no longer wants is anyone's.
+        fits = True
+        for p in range(h):
+            total = mine[0, p]
+            for i in range(1, n):
+                total += mine[i, p]
+            if not total <= counts[p]:
+                fits = False
+        partial = np.zeros(n, dtype=np.bool_)
+        for i in range(n):
+            positive = 0
+            at = -1
+            for p in range(h):
+                if mine[i, p] > 0.0:
+                    positive += 1
+                    if at < 0:
+                        at = p
+            if fits and positive == 1:
+                # The usual case: bound to machines of one shape, a need takes
+                # as many of them as cover what it asks for, independently of
+                # the others (no profile is bound beyond what is held).
+                per = 0.0
+                for d in range(dims):
+                    ask = wanted[i, d]
+                    if ask > 0.0 and shapes[at, d] > 0.0:
+                        ratio = ask / shapes[at, d]
+                        if ratio > per:
+                            per = ratio
+                taken = mine[i, at] if mine[i, at] <= per else per
+                claims[i, at] = taken
+                left[at] -= taken
+                for d in range(dims):
+                    wanted[i, d] = _floor0(wanted[i, d] - taken * shapes[at, d])
+            elif _any(mine[i]):
+                partial[i] = True
+        available = np.empty(h)
+        for i in range(n):
+            if not partial[i]:
+                continue
+            for p in range(h):
+                available[p] = mine[i, p] if mine[i, p] <= left[p] else left[p]
+            taken_row = _take(wanted[i], available, later[i], shapes)
+            for p in range(h):
+                claims[i, p] += taken_row[p]
+                left[p] -= taken_row[p]
+            _less_wanted(wanted[i], taken_row, shapes)
+    # Then the needs still wanting, from what nobody holds; what is left only
+    # shrinks, so a need with nothing left in its mask now gets nothing later.
+    still = np.zeros(n, dtype=np.bool_)
+    for i in range(n):
+        if _any(wanted[i]):
+            for p in range(h):
+                if sub[i, p] and left[p] > 0.0:
+                    still[i] = True
+                    break
+    offered = np.empty(h)
+    for i in range(n):
+        if not still[i]:
+            continue
+        for p in range(h):
+            offered[p] = left[p] if sub[i, p] else 0.0
+        if not _any(offered):
+            continue
+        taken_row = _take(wanted[i], offered, later[i], shapes)
+        for p in range(h):
+            claims[i, p] += taken_row[p]
+            left[p] -= taken_row[p]
+        _less_wanted(wanted[i], taken_row, shapes)
+    moves = np.empty((16, 3), dtype=np.int64)
+    machines = np.empty(16)
+    moved = 0
+    if ranked:
+        short = np.zeros(n, dtype=np.bool_)
+        for i in range(n):
+            short[i] = _any(wanted[i])
+        for i in range(n):
+            if not short[i]:
+                continue
+            for j in range(n - 1, i, -1):  # the lowest priority first
+                if not _any(wanted[i]):
+                    break
+                if priority[j] >= priority[i]:
+                    break
+                for p in range(h):
+                    offered[p] = claims[j, p] if sub[i, p] else 0.0
+                if not _any(offered):
+                    continue
+                taken_row = _take(wanted[i], offered, later[i], shapes)
+                first = moved
+                for p in range(h):
+                    if taken_row[p] > 0.0:
+                        if moved == len(machines):
+                            moves = _grown_moves(moves)
+                            machines = _grown(machines)
+                        moves[moved, 0] = j
+                        moves[moved, 1] = i
+                        moves[moved, 2] = held[p]
+                        machines[moved] = taken_row[p]
+                        moved += 1
+                if moved == first:
+                    continue
+                for p in range(h):
+                    claims[j, p] -= taken_row[p]
+                    claims[i, p] += taken_row[p]
+                _less_wanted(wanted[i], taken_row, shapes)
+    own = np.empty((n, h))
+    for p in range(h):
+        total = claims[0, p]
+        for i in range(1, n):
+            total += claims[i, p]
+        spare = counts[p] - total
+        for i in range(n):
+            own[i, p] = spare + claims[i, p]
+    return own, moves[:moved].copy(), machines[:moved].copy()
+
+
+@njit(cache=True)
+def _grown_moves(moves: IntArray) -> IntArray:
+    out = np.empty((2 * moves.shape[0], 3), dtype=np.int64)
+    out[: moves.shape[0]] = moves
+    return out
+
+
+@njit(cache=True)
+def _grown(values: FloatArray) -> FloatArray:
+    out = np.empty(2 * len(values))
+    out[: len(values)] = values
+    return out
+
+
+@njit(cache=True)
+def _take(
+    wanted: FloatArray, available: FloatArray, contest: IntArray, shapes: FloatArray
+) -> FloatArray:
+    """Machines per profile that cover ``wanted``, least contested profiles first.
+
+    Each profile in turn gives as many machines as the resources still short
+    that it has call for, at most what is available: whole profiles while
+    something stays short, the last one in part (a fraction of a machine:
+    claims are shares, not placements). A profile with none of the resources
+    still short gives nothing. Ties in contest go to the lower profile.
+
+    One walk for any number of profiles: the numpy version switched to
+    running sums past a dozen candidates, which took whole every profile
+    ahead of which any resource was short, including profiles without that
+    resource (a need claimed GPU servers for the CPU it still lacked).
+    """
+    h = len(available)
+    dims = len(wanted)
+    taken = np.zeros(h)
+    if not (wanted > 0.0).any():
+        return taken
+    inside = np.flatnonzero(available > 0.0)
+    if len(inside) == 0:
+        return taken
+    order = _by_contest(inside, contest)
+    rest = wanted.copy()
+    for k in range(len(order)):
+        p = order[k]
+        machines = 0.0
+        for d in range(dims):
+            if rest[d] > 0.0 and shapes[p, d] > 0.0:
+                ratio = rest[d] / shapes[p, d]
+                if ratio > machines:
+                    machines = ratio
+        if machines <= 0.0:
+            continue
+        count = machines if machines < available[p] else available[p]
+        taken[p] = count
+        done = True
+        for d in range(dims):
+            if rest[d] > 0.0:
+                less = rest[d] - count * shapes[p, d]
+                rest[d] = less if less > 0.0 else 0.0
+                done = done and rest[d] <= 0.0
+        if done:
+            break
+    return taken
+
+
+@njit(cache=True)
+def _by_contest(candidates: IntArray, contest: IntArray) -> IntArray:
+    """``candidates`` (ascending profiles) ordered by contest, ties to the lower profile."""
+    order = candidates.copy()
+    for k in range(1, len(order)):
+        p = order[k]
+        j = k - 1
+        while j >= 0 and contest[order[j]] > contest[p]:
+            order[j + 1] = order[j]
+            j -= 1
+        order[j + 1] = p
+    return order
+
+
+@njit(cache=True)
+def tally(
+    rows: npt.NDArray[np.integer],
+    profile: npt.NDArray[np.integer],
+    codes: npt.NDArray[np.int32],
+    lookup: IntArray,
+    skip: IntArray,
+    out: FloatArray,
+) -> int:
+    """Add one to ``out[need, profile]`` per row bound to a need ``lookup`` knows; how many.
+
+    One pass over the rows (a cluster's few thousand machines, read at every
+    claim of a cluster something moved): no per-row temporaries.
+    """
+    width = out.shape[1]
+    counted = 0
+    for k in range(len(rows)):
+        row = rows[k]
+        if row >= len(codes) or codes[row] < 0:
+            continue
+        need = lookup[codes[row]]
+        if need < 0 or profile[row] >= width:
+            continue
+        if len(skip):
+            at = np.searchsorted(skip, row)
+            if at < len(skip) and skip[at] == row:
+                continue
+        out[need, profile[row]] += 1.0
+        counted += 1
+    return counted
+
+
+def warm() -> None:
+    """Compile (or load from the cache) every kernel for the types the engine passes.
+
+    The arrays are made the way ``claims.claim`` and ``Bindings.counts``
+    make theirs (a boolean matrix's columns, ``flatnonzero`` rows, the
+    inventory's ``int16`` or widened ``int32`` profile column), so a cycle
+    finds each signature compiled.
+    """
+    matrix = np.ones((2, 3), dtype=np.bool_)
+    held = np.flatnonzero(np.ones(3, dtype=np.int64))
+    sub = np.ascontiguousarray(matrix[:, held])
+    shapes = np.ones((3, 2))[held]
+    shared(sub)
+    for placed, priority in ((NO_PLACED, NO_PRIORITY), (np.ones((2, 3)), np.array([2, 1]))):
+        divide(sub, np.ones(3), shapes, np.ones((2, 2)), placed, True, held, priority, True)
+    codes = np.zeros(3, dtype=np.int32)
+    lookup = np.zeros(1, dtype=np.int64)
+    for column in (np.zeros(3, dtype=np.int16), np.zeros(3, dtype=np.int32)):
+        tally(np.arange(3, dtype=np.int32), column, codes, lookup, NOTHING, np.zeros((1, 1)))

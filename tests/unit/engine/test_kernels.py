@@ -1,0 +1,259 @@
+"""The compiled claim passes decide exactly what the numpy code they replaced did (ADR 0162).
+
+``reference_claim`` below is that numpy code, kept here as the oracle, with
+one change the compiled code makes on purpose: a take walks the profiles
+one by one however many there are (the numpy code summed past a dozen
+candidates and then over-claimed; ``test_engine_claims`` shows the case).
+The engine's plans are only reproducible (recorded plan digests, golden
+traces, two shards compared by the coordinator) if the compiled loops
+perform the same floating-point operations in the same order, so every
+comparison is exact, not within a tolerance. The inputs are shaped like a
+cluster's (up to 16 needs, up to 30 held profiles, ties in shapes and
+priorities, bindings narrower than the needs, negative asks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from shard_engine import kernels
+from shard_engine.binding import Bindings
+from shard_engine.claims import claim
+from shard_engine.engine import ShardEngine
+from shard_engine.linear import combine
+from shard_engine.model import MachineState
+from tests.rollups import apply
+from tests.unit.engine.engine_fleet import fleet, need, rollup
+
+
+def reference_claim(
+    matrix: np.ndarray,
+    aggregate: np.ndarray,
+    supply: np.ndarray,
+    alloc: np.ndarray,
+    bound: Callable[[], np.ndarray | None] | None = None,
+    priority: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, tuple[tuple[int, int, int, float], ...]] | None:
+    """``claim`` as numpy calls: (held, own, displaced), or None."""
+    width = min(len(supply), matrix.shape[1])
+    held = np.flatnonzero(supply[:width])
+    if len(held) == 0 or matrix.shape[0] < 2:
+        return None
+    sub = matrix[:, held]
+    if not (sub.sum(axis=0) > 1).any():
+        return None
+    shapes = alloc[held]
+    counts = supply[held].astype(np.float64)
+    later = np.add.accumulate(sub[::-1].astype(np.int64), axis=0)[::-1] - sub
+    own_bound = None
+    placed = bound() if bound is not None else None
+    if placed is not None:
+        mine = np.zeros(sub.shape)
+        rows = min(len(placed), sub.shape[0])
+        cols = held < placed.shape[1]
+        mine[:rows, cols] = placed[:rows, held[cols]]
+        mine *= sub
+        if mine.any():
+            own_bound = mine
+    left = counts.copy()
+    claims = np.zeros((matrix.shape[0], len(held)))
+    wanted = np.maximum(aggregate, 0.0)
+    if own_bound is not None:
+        if (own_bound.sum(axis=0) <= counts).all():
+            single = (own_bound > 0).sum(axis=1) == 1
+            rows_ = np.flatnonzero(single)
+            if len(rows_):
+                at = (own_bound[rows_] > 0).argmax(axis=1)
+                shape = shapes[at]
+                ask = wanted[rows_]
+                per = np.divide(ask, shape, out=np.zeros_like(ask), where=(ask > 0) & (shape > 0))
+                taken = np.minimum(own_bound[rows_, at], per.max(axis=1))
+                claims[rows_, at] = taken
+                np.subtract.at(left, at, taken)
+                wanted[rows_] = np.maximum(ask - taken[:, None] * shape, 0.0)
+            partial_rows = np.flatnonzero(~single & own_bound.any(axis=1)).tolist()
+        else:
+            partial_rows = np.flatnonzero(own_bound.any(axis=1)).tolist()
+        for i in partial_rows:
+            available = np.minimum(own_bound[i], left)
+            taken = _reference_take(wanted[i], available, later[i], shapes)
+            claims[i] += taken
+            left -= taken
+            wanted[i] = np.maximum(wanted[i] - combine(taken, shapes), 0.0)
+    open_rows = np.flatnonzero(wanted.any(axis=1) & (sub & (left > 0)).any(axis=1))
+    for i in open_rows.tolist():
+        if not (left * sub[i]).any():
+            continue
+        taken = _reference_take(wanted[i], left * sub[i], later[i], shapes)
+        claims[i] += taken
+        left -= taken
+        wanted[i] = np.maximum(wanted[i] - combine(taken, shapes), 0.0)
+    displaced: list[tuple[int, int, int, float]] = []
+    if priority is not None and len(priority) >= sub.shape[0]:
+        for i in np.flatnonzero(wanted.any(axis=1)).tolist():
+            for j in range(sub.shape[0] - 1, i, -1):
+                if not wanted[i].any():
+                    break
+                if priority[j] >= priority[i]:
+                    break
+                offered = claims[j] * sub[i]
+                if not offered.any():
+                    continue
+                taken = _reference_take(wanted[i], offered, later[i], shapes)
+                moved = np.flatnonzero(taken > 0)
+                if len(moved) == 0:
+                    continue
+                claims[j] -= taken
+                claims[i] += taken
+                wanted[i] = np.maximum(wanted[i] - combine(taken, shapes), 0.0)
+                displaced.extend((j, i, int(held[p]), float(taken[p])) for p in moved.tolist())
+    own = counts - claims.sum(axis=0) + claims
+    return held, own, tuple(displaced)
+
+
+def _reference_take(
+    wanted: np.ndarray, available: np.ndarray, contest: np.ndarray, shapes: np.ndarray
+) -> np.ndarray:
+    taken = np.zeros(len(available))
+    asked = wanted > 0
+    if not asked.any():
+        return taken
+    inside = np.flatnonzero(available > 0)
+    if len(inside) == 0:
+        return taken
+    rest = wanted.tolist()
+    have = available[inside].tolist()
+    rows = shapes[inside].tolist()
+    for _, k in sorted(zip(contest[inside].tolist(), range(len(have)), strict=True)):
+        shape = rows[k]
+        machines = 0.0
+        for d in range(len(rest)):
+            if rest[d] > 0 and shape[d] > 0:
+                machines = max(machines, rest[d] / shape[d])
+        if machines <= 0:
+            continue
+        count = min(have[k], machines)
+        taken[inside[k]] = count
+        done = True
+        for d in range(len(rest)):
+            if rest[d] > 0:
+                rest[d] = max(0.0, rest[d] - count * shape[d])
+                done = done and rest[d] <= 0
+        if done:
+            break
+    return taken
+
+
+def cluster(seed: int) -> dict[str, object]:
+    """One cluster's claim inputs, drawn to hit ties, partial bindings and many profiles."""
+    rng = np.random.default_rng(seed)
+    needs = int(rng.integers(2, 17))
+    profiles = int(rng.integers(1, 31))
+    dims = int(rng.integers(1, 5))
+    matrix = rng.random((needs, profiles)) < rng.uniform(0.3, 1.0)
+    supply = rng.integers(0, 6, profiles) * (rng.random(profiles) < 0.8)
+    # Whole-number shapes and asks make exact ties common; some resources absent.
+    alloc = rng.integers(0, 5, (profiles, dims)).astype(np.float64) * rng.choice([1.0, 0.5, 4.0])
+    aggregate = rng.integers(-2, 24, (needs, dims)).astype(np.float64) * rng.choice([1.0, 0.25])
+    placed = None
+    if rng.random() < 0.7:
+        rows = int(rng.integers(1, needs + 1))
+        cols = int(rng.integers(1, profiles + 1))
+        placed = rng.integers(0, 4, (rows, cols)).astype(np.float64)
+        placed *= rng.random((rows, cols)) < 0.4
+    priority = None
+    if rng.random() < 0.7:
+        priority = -np.sort(-rng.choice([10, 100, 1_000], needs)).astype(np.int64)
+    return {
+        "matrix": matrix,
+        "aggregate": aggregate,
+        "supply": supply.astype(np.int64),
+        "alloc": alloc,
+        "bound": None if placed is None else (lambda p=placed: p),
+        "priority": priority,
+    }
+
+
+@pytest.mark.parametrize("seed", range(400))
+def test_a_compiled_claim_is_the_numpy_claim_bit_for_bit(seed: int) -> None:
+    inputs = cluster(seed)
+    expected = reference_claim(**inputs)  # type: ignore[arg-type]
+    got = claim(**inputs)  # type: ignore[arg-type]
+
+    if expected is None:
+        assert got is None
+        return
+    assert got is not None
+    held, own, displaced = expected
+    assert got.held.tolist() == held.tolist()
+    assert got.own.tolist() == own.tolist()
+    assert got.displaced == displaced
+
+
+def test_the_inputs_reach_every_way_of_claiming() -> None:
+    """The random clusters above exercise what the oracle can tell apart."""
+    many = bound = moved = none = 0
+    for seed in range(400):
+        inputs = cluster(seed)
+        supply = inputs["supply"]
+        assert isinstance(supply, np.ndarray)
+        many += int((supply > 0).sum() > 12)
+        bound += inputs["bound"] is not None
+        result = reference_claim(**inputs)  # type: ignore[arg-type]
+        none += result is None
+        moved += result is not None and bool(result[2])
+    assert many > 40 and bound > 200 and moved > 20 and 0 < none < 200
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_bound_machines_are_counted_per_need_and_profile(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    bindings = Bindings()
+    keys = [f"need-{i}" for i in range(int(rng.integers(1, 6)))]
+    machines = int(rng.integers(1, 300))
+    for row in range(machines):
+        if rng.random() < 0.8:
+            cluster_ = int(rng.integers(0, 2))
+            bindings.bind([row], cluster_, str(rng.choice([*keys, "gone"])))
+    profile = rng.integers(0, 9, machines + 50).astype(np.int16)
+    rows = rng.choice(machines + 50, int(rng.integers(1, machines + 50)), replace=False)
+    rows = rows.astype(np.int32)
+    skip = np.sort(rng.choice(machines + 50, int(rng.integers(0, 20)), replace=False))
+    width = int(rng.integers(1, 10))
+
+    got = bindings.counts(rows, profile, cluster=1, keys=keys, width=width, skip=skip)
+
+    expected = np.zeros((len(keys), width))
+    for row in rows.tolist():
+        bound = bindings.need_of(row)
+        if row in skip.tolist() or bound is None or bound[0] != 1 or bound[1] not in keys:
+            continue
+        if profile[row] < width:
+            expected[keys.index(bound[1]), profile[row]] += 1
+    if not expected.any():
+        assert got is None
+    else:
+        assert got is not None
+        assert got.tolist() == expected.tolist()
+
+
+def test_warming_compiles_what_a_cycle_calls() -> None:
+    kernels.warm()
+    compiled = {k: len(k.signatures) for k in (kernels.divide, kernels.shared, kernels.tally)}
+
+    # A cycle's claims and counts, bound and ranked or not, find every signature compiled.
+    for seed in range(30):
+        claim(**cluster(seed))  # type: ignore[arg-type]
+    bindings = Bindings()
+    bindings.bind([0, 1], 0, "need")
+    engine = ShardEngine()
+    fleet(engine, 3, prefix="held", state=MachineState.CONFIGURED, cluster="c")
+    apply(engine, rollup("c", 1, need(cpu=4), need(cpu=4, priority=10)), now=0)
+    engine.cycle(now=1)
+    for column in (np.zeros(3, dtype=np.int16), np.zeros(3, dtype=np.int32)):
+        bindings.counts(np.arange(3, dtype=np.int32), column, cluster=0, keys=["need"], width=1)
+
+    assert {k: len(k.signatures) for k in compiled} == compiled
