@@ -31,7 +31,17 @@ import numpy as np
 import numpy.typing as npt
 from numba import njit
 
-__all__ = ["NOTHING", "NO_PLACED", "NO_PRIORITY", "divide", "shared", "tally", "warm"]
+__all__ = [
+    "NOTHING",
+    "NO_PLACED",
+    "NO_PRIORITY",
+    "divide",
+    "have_rows",
+    "shared",
+    "tally",
+    "usable",
+    "warm",
+]
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
@@ -360,6 +370,60 @@ def tally(
     return counted
 
 
+@njit(cache=True)
+def usable(shapes: FloatArray, units: FloatArray) -> FloatArray:
+    """:func:`shard_engine.usable.usable_shapes`: per need and profile, what a machine holds.
+
+    ``shapes`` (profiles, resources), ``units`` (needs, resources) with zeros
+    where a need has no unit; returns (needs, profiles, resources).
+    """
+    needs, profiles, dims = units.shape[0], shapes.shape[0], shapes.shape[1]
+    width = min(units.shape[1], dims)
+    out = np.empty((needs, profiles, dims))
+    ratio = np.empty(width)
+    for n in range(needs):
+        has_unit = False
+        for d in range(width):
+            if units[n, d] > 0.0:
+                has_unit = True
+        for p in range(profiles):
+            for d in range(dims):
+                out[n, p, d] = shapes[p, d]
+            if not has_unit:
+                continue
+            fewest = np.inf
+            for d in range(width):
+                if units[n, d] > 0.0:
+                    ratio[d] = np.floor(shapes[p, d] / units[n, d] + 1e-9)
+                else:
+                    ratio[d] = np.inf
+                if ratio[d] < fewest:
+                    fewest = ratio[d]
+            hosted = _floor0(fewest)
+            for d in range(width):
+                # The resources that run out first count whole units only.
+                if units[n, d] > 0.0 and ratio[d] <= fewest:
+                    worth = hosted * units[n, d]
+                    out[n, p, d] = worth if worth <= shapes[p, d] else shapes[p, d]
+    return out
+
+
+@njit(cache=True)
+def have_rows(weights: FloatArray, usable: FloatArray) -> FloatArray:
+    """:func:`shard_engine.usable.have_rows`: per need, the weighted sum over profiles, left to right."""
+    needs, profiles, dims = usable.shape
+    out = np.zeros((needs, dims))
+    if profiles == 0:
+        return out
+    for n in range(needs):
+        for d in range(dims):
+            total = weights[n, 0] * usable[n, 0, d]
+            for p in range(1, profiles):
+                total = total + weights[n, p] * usable[n, p, d]
+            out[n, d] = total
+    return out
+
+
 def warm() -> None:
     """Compile (or load from the cache) every kernel for the types the engine passes.
 
@@ -377,5 +441,6 @@ def warm() -> None:
         divide(sub, np.ones(3), shapes, np.ones((2, 2)), placed, True, held, priority, True)
     codes = np.zeros(3, dtype=np.int32)
     lookup = np.zeros(1, dtype=np.int64)
+    have_rows(np.ones((2, 3)), usable(shapes, np.ones((2, 2))))
     for column in (np.zeros(3, dtype=np.int16), np.zeros(3, dtype=np.int32)):
         tally(np.arange(3, dtype=np.int32), column, codes, lookup, NOTHING, np.zeros((1, 1)))

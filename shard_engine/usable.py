@@ -41,34 +41,19 @@ def usable_shapes(shapes: FloatArray, units: FloatArray) -> FloatArray:
 
     ``shapes`` is (profiles, resources), ``units`` (needs, resources) with
     zeros where a need has no unit; returns (needs, profiles, resources).
+    A machine holds ``floor(allocatable / unit)`` units in each resource
+    the need has a unit in (with 1e-9 of slack for decimal quantities); the
+    fewest of those is what it hosts, and each resource that reaches that
+    fewest counts ``hosted × unit`` (at most the allocatable). A loop per
+    need and profile, compiled (``kernels.usable``, ADR 0162).
     """
-    shapes = np.asarray(shapes, dtype=np.float64)
-    units = np.asarray(units, dtype=np.float64)
-    needs, width = units.shape[0], min(units.shape[1], shapes.shape[1])
-    out = np.broadcast_to(shapes, (needs, *shapes.shape)).copy()
-    if needs == 0 or shapes.shape[0] == 0:
-        return out
-    unit = units[:, :width]
-    asked = unit > 0
-    if not asked.any():
-        return out
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(
-            asked[:, None, :],
-            np.floor(shapes[None, :, :width] / np.where(asked, unit, 1.0)[:, None, :] + 1e-9),
-            np.inf,
-        )
-    has_unit: npt.NDArray[np.bool_] = np.asarray(asked.any(axis=1))
-    # (needs, profiles): units one machine holds; 0 for a need without a unit
-    fewest = ratio.min(axis=2)
-    hosted = np.where(has_unit[:, None], np.maximum(fewest, 0.0), 0.0)
-    worth = hosted[:, :, None] * unit[:, None, :]
-    # (needs, profiles, resources): the resources that run out first
-    binding = has_unit[:, None, None] & asked[:, None, :] & (ratio <= fewest[:, :, None])
-    out[:, :, :width] = np.where(
-        binding, np.minimum(worth, shapes[None, :, :width]), out[:, :, :width]
+    from shard_engine import kernels  # numba loads with the first cycle, not with the CLI
+
+    result: FloatArray = kernels.usable(
+        np.ascontiguousarray(shapes, dtype=np.float64),
+        np.ascontiguousarray(units, dtype=np.float64),
     )
-    return out
+    return result
 
 
 def have_rows(weights: npt.ArrayLike, usable: FloatArray) -> FloatArray:
@@ -77,8 +62,10 @@ def have_rows(weights: npt.ArrayLike, usable: FloatArray) -> FloatArray:
     The same order of additions as :func:`shard_engine.linear.combine`, so a
     need without a unit gets bit-for-bit what ``combine`` gives.
     """
-    w = np.asarray(weights, dtype=np.float64)
-    if w.shape[1] == 0:
-        return np.zeros((w.shape[0], usable.shape[2]))
-    rows: FloatArray = np.add.accumulate(w[:, :, None] * usable, axis=1)[:, -1, :]
-    return rows
+    from shard_engine import kernels
+
+    result: FloatArray = kernels.have_rows(
+        np.ascontiguousarray(weights, dtype=np.float64),
+        np.ascontiguousarray(usable, dtype=np.float64),
+    )
+    return result

@@ -25,6 +25,7 @@ from shard_engine.claims import claim
 from shard_engine.engine import ShardEngine
 from shard_engine.linear import combine
 from shard_engine.model import MachineState
+from shard_engine.usable import have_rows, usable_shapes
 from tests.rollups import apply
 from tests.unit.engine.engine_fleet import fleet, need, rollup
 
@@ -240,9 +241,61 @@ def test_bound_machines_are_counted_per_need_and_profile(seed: int) -> None:
         assert got.tolist() == expected.tolist()
 
 
+def reference_usable(shapes: np.ndarray, units: np.ndarray) -> np.ndarray:
+    """``usable_shapes`` as numpy calls (the code ``kernels.usable`` replaced)."""
+    needs, width = units.shape[0], min(units.shape[1], shapes.shape[1])
+    out = np.broadcast_to(shapes, (needs, *shapes.shape)).copy()
+    if needs == 0 or shapes.shape[0] == 0:
+        return out
+    unit = units[:, :width]
+    asked = unit > 0
+    if not asked.any():
+        return out
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(
+            asked[:, None, :],
+            np.floor(shapes[None, :, :width] / np.where(asked, unit, 1.0)[:, None, :] + 1e-9),
+            np.inf,
+        )
+    has_unit: np.ndarray = np.asarray(asked.any(axis=1))
+    fewest = ratio.min(axis=2)
+    hosted = np.where(has_unit[:, None], np.maximum(fewest, 0.0), 0.0)
+    worth = hosted[:, :, None] * unit[:, None, :]
+    binding = has_unit[:, None, None] & asked[:, None, :] & (ratio <= fewest[:, :, None])
+    out[:, :, :width] = np.where(
+        binding, np.minimum(worth, shapes[None, :, :width]), out[:, :, :width]
+    )
+    return out
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_usable_shapes_and_have_are_the_numpy_ones_bit_for_bit(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    needs, profiles, dims = (int(rng.integers(lo, hi)) for lo, hi in ((0, 6), (0, 20), (1, 5)))
+    # Decimal quantities (0.1 cores) are where the 1e-9 of slack matters.
+    shapes = rng.integers(0, 64, (profiles, dims)) * rng.choice([1.0, 0.5, 0.1, 1.9])
+    units = rng.integers(0, 8, (needs, int(rng.integers(1, dims + 2)))) * rng.choice([1.0, 0.1])
+    units *= rng.random((needs, 1)) < 0.7  # some needs without a unit
+    weights = rng.random((needs, profiles)) * rng.integers(0, 5, (needs, profiles))
+
+    expected = reference_usable(shapes, units)
+    got = usable_shapes(shapes, units)
+
+    assert got.tolist() == expected.tolist()
+    if needs:
+        assert have_rows(weights, got).tolist() == [
+            [
+                float(np.add.accumulate(weights[n] * expected[n, :, d])[-1]) if profiles else 0.0
+                for d in range(dims)
+            ]
+            for n in range(needs)
+        ]
+
+
 def test_warming_compiles_what_a_cycle_calls() -> None:
     kernels.warm()
-    compiled = {k: len(k.signatures) for k in (kernels.divide, kernels.shared, kernels.tally)}
+    every = (kernels.divide, kernels.shared, kernels.tally, kernels.usable, kernels.have_rows)
+    compiled = {k: len(k.signatures) for k in every}
 
     # A cycle's claims and counts, bound and ranked or not, find every signature compiled.
     for seed in range(30):
