@@ -410,7 +410,7 @@ def usable(shapes: FloatArray, units: FloatArray) -> FloatArray:
 
 @njit(cache=True)
 def have_rows(weights: FloatArray, usable: FloatArray) -> FloatArray:
-    """:func:`shard_engine.usable.have_rows`: per need, the weighted sum over profiles, left to right."""
+    """:func:`shard_engine.usable.have_rows`: per need, the weighted sum over profiles."""
     needs, profiles, dims = usable.shape
     out = np.zeros((needs, dims))
     if profiles == 0:

@@ -153,11 +153,7 @@ class Worksheet:
         self, cluster: int, keys: Sequence[str], width: int, *, settled_only: bool
     ) -> npt.NDArray[np.float64] | None:
         pools = self.inventory.pools
-        parts = []
-        for pool in pools.by_cluster.get(cluster, ()):
-            left = pools.count(pool) - self.consumed.get(pool, 0)
-            if left > 0:
-                parts.append(pools.members(pool)[:left])
+        parts = pools.heads(pools.by_cluster.get(cluster, []), self.consumed)
         if not settled_only and self.flying is not None:
             flying = self.flying(cluster)
             if flying:
