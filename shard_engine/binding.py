@@ -40,13 +40,14 @@ FloatArray = npt.NDArray[np.float64]
 class Bindings:
     """A (cluster, need key) code per machine row; see the module docstring."""
 
-    __slots__ = ("_cluster", "_codes", "_key", "_rows")
+    __slots__ = ("_changes", "_cluster", "_codes", "_key", "_rows")
 
     def __init__(self) -> None:
         self._rows: npt.NDArray[np.int32] = np.full(0, NO_BINDING, dtype=np.int32)
         self._codes: dict[tuple[int, str], int] = {}
         self._key: list[str] = []
         self._cluster: npt.NDArray[np.int32] = np.zeros(0, dtype=np.int32)
+        self._changes: dict[int, int] = {}
 
     def _code(self, cluster: int, key: str) -> int:
         code = self._codes.get((cluster, key))
@@ -74,13 +75,30 @@ class Bindings:
             self.unbind(index)
             return
         self._fit(int(index.max()))
+        self._changed(index)
         self._rows[index] = self._code(cluster, key)
+        self._changes[cluster] = self._changes.get(cluster, 0) + 1
 
     def unbind(self, rows: Sequence[int] | IntArray) -> None:
         """Forget what ``rows`` were placed for (a new machine on a reused row, a removal)."""
         index = np.asarray(rows, dtype=np.int64)
         index = index[index < len(self._rows)]
+        self._changed(index)
         self._rows[index] = NO_BINDING
+
+    def _changed(self, index: IntArray) -> None:
+        """Count a change for every cluster some of ``index`` are bound to now."""
+        codes = self._rows[index]
+        for cluster in np.unique(self._cluster[codes[codes >= 0]]).tolist():
+            self._changes[cluster] = self._changes.get(cluster, 0) + 1
+
+    def version(self, cluster: int) -> int:
+        """Changes whenever a machine is bound to, or unbound from, a need of ``cluster``.
+
+        With the inventory's version of the cluster, what a result read from
+        the cluster's bindings may be reused under (``Worksheet.bound``).
+        """
+        return self._changes.get(cluster, 0)
 
     def rebind(self, rows: IntArray, *, cluster: int, was: str, now: str, machines: int) -> int:
         """Move up to ``machines`` of ``rows`` bound to need ``was`` over to ``now``; how many."""

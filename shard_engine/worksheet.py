@@ -137,8 +137,15 @@ class Worksheet:
         """
         if self.bindings is None:
             return None
-        # Unchanged while the cluster's inventory is and this cycle moved nothing of it.
-        memo_key = (self.inventory.version(cluster), width, settled_only, tuple(keys))
+        # Unchanged while the cluster's inventory and bindings are and this cycle
+        # moved nothing of it.
+        memo_key = (
+            self.inventory.version(cluster),
+            self.bindings.version(cluster),
+            width,
+            settled_only,
+            tuple(keys),
+        )
         still = not self.touched(cluster)
         if still:
             cached = self.memo.bound.get((cluster, settled_only))

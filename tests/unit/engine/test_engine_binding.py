@@ -111,3 +111,34 @@ def test_a_higher_priority_need_short_takes_over_a_lower_ones_machines_once() ->
         [batch.key] * 2 + [production.key] * 2
     )
     assert [plan.actions for plan in carrier.run(now=4, cycles=3)] == [(), (), ()]
+
+
+def test_a_takeover_is_read_back_after_the_roll_up_changes_and_nothing_else_did() -> None:
+    """Batch holds all 4 machines (16 cores) when production (8) arrives, with nothing to buy.
+
+    Production takes over 2 of batch's machines (rebound at commit; batch is
+    short and waits). Then batch shrinks to 12 cores while no machine moves:
+    production already owns its 2 machines and batch its other 2, so nothing
+    moves again. Read from the bindings as they were before the takeover
+    (remembered under the cluster's unchanged inventory), production
+    looked short once more and took a third machine it does not need.
+    """
+    engine = ShardEngine()
+    fleet(engine, 4, prefix="spec", state=MachineState.SPECULATIVE)
+    batch = need(cpu=16, priority=100_000)
+    apply(engine, rollup("tiers", 1, batch), now=0)
+    carrier = Carrier(engine)
+    carrier.run(now=1)
+    production = need(cpu=8, priority=1_000_000)
+    apply(engine, rollup("tiers", 2, batch, production), now=2)
+    carrier.run(now=3)
+    machines = [f"spec-{i:04d}" for i in range(4)]
+    taken_over = sorted(engine.placed_for(m) for m in machines)
+    assert taken_over == sorted([batch.key] * 2 + [production.key] * 2)
+
+    smaller = need(cpu=12, priority=100_000)
+    assert smaller.key == batch.key
+    apply(engine, rollup("tiers", 3, smaller, production), now=4)
+    carrier.run(now=5, cycles=3)
+
+    assert sorted(engine.placed_for(m) for m in machines) == taken_over
