@@ -98,6 +98,12 @@ class Worksheet:
     # Per cluster: (from need, to need, profile, machines) a higher-priority need
     # took over from a lower one; committing rebinds that many machines.
     rebinds: dict[int, list[tuple[str, str, int, float]]] = field(default_factory=dict)
+    # Per cluster, machines this cycle took from the tails of its bound pools.
+    tails: dict[int, int] = field(default_factory=dict)
+    # This cycle's bound counts per (cluster, settled only), with what they depend on.
+    seen_bound: dict[
+        tuple[int, bool], tuple[tuple[Any, ...], tuple[int, int], npt.NDArray[np.float64] | None]
+    ] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.free[TIER_IDLE] = self.inventory.free_idle.astype(np.int64)
@@ -137,8 +143,8 @@ class Worksheet:
         """
         if self.bindings is None:
             return None
-        # Unchanged while the cluster's inventory and bindings are and this cycle
-        # moved nothing of it.
+        # The count changes with the cluster's inventory and bindings (between
+        # cycles) and with what this cycle took of its bound pools or named.
         memo_key = (
             self.inventory.version(cluster),
             self.bindings.version(cluster),
@@ -146,13 +152,18 @@ class Worksheet:
             settled_only,
             tuple(keys),
         )
-        still = not self.touched(cluster)
-        if still:
+        state = (self.tails.get(cluster, 0), len(self.taken))
+        seen = self.seen_bound.get((cluster, settled_only))
+        if seen is not None and seen[0] == memo_key and seen[1] == state:
+            return seen[2]
+        untouched = state == (0, 0)
+        if untouched:
             cached = self.memo.bound.get((cluster, settled_only))
             if cached is not None and cached[0] == memo_key:
                 return cached[1]
         found = self._bound(cluster, keys, width, settled_only=settled_only)
-        if still:
+        self.seen_bound[(cluster, settled_only)] = (memo_key, state, found)
+        if untouched:
             self.memo.bound[(cluster, settled_only)] = (memo_key, found)
         return found
 
@@ -204,6 +215,8 @@ class Worksheet:
         self.consumed[pool] = skip + taken
         if key.tier != TIER_BOUND:
             self.free[key.tier][key.profile] -= taken
+        else:
+            self.tails[key.cluster] = self.tails.get(key.cluster, 0) + taken
         return rows, pool
 
     def take_tail(self, key: PoolKey, pool: int, rows: IntArray) -> None:
@@ -215,6 +228,8 @@ class Worksheet:
         self.consumed[pool] = self.consumed.get(pool, 0) + len(rows)
         if key.tier != TIER_BOUND:
             self.free[key.tier][key.profile] -= len(rows)
+        else:
+            self.tails[key.cluster] = self.tails.get(key.cluster, 0) + len(rows)
 
     def is_taken(self, row: int) -> bool:
         """True when this cycle already named the machine: picked, or taken from its pool's tail.
