@@ -89,7 +89,13 @@ class Bindings:
     def _changed(self, index: IntArray) -> None:
         """Count a change for every cluster some of ``index`` are bound to now."""
         codes = self._rows[index]
-        for cluster in np.unique(self._cluster[codes[codes >= 0]]).tolist():
+        codes = codes[codes >= 0]
+        if len(codes) == 0:  # the usual case: new machines, bound for the first time
+            return
+        clusters = self._cluster[codes]
+        first = int(clusters[0])
+        changed = [first] if (clusters == first).all() else np.unique(clusters).tolist()
+        for cluster in changed:
             self._changes[cluster] = self._changes.get(cluster, 0) + 1
 
     def version(self, cluster: int) -> int:

@@ -107,16 +107,18 @@ def claim(
     need is the one shown short (``Claims.displaced`` says what moved).
     """
     width = min(len(supply), matrix.shape[1])
-    held = np.flatnonzero(supply[:width])
-    if len(held) == 0 or matrix.shape[0] < 2:
+    if matrix.shape[0] < 2:
         return None
     from shard_engine import kernels  # numba loads with the first claim, not with the CLI
 
-    sub = np.ascontiguousarray(matrix[:, held])  # one layout: one compiled signature
-    if not kernels.shared(sub):
+    held, sub, shapes, counts, several = kernels.gather(
+        np.ascontiguousarray(matrix, dtype=np.bool_),
+        np.ascontiguousarray(supply, dtype=np.int64),
+        np.ascontiguousarray(alloc, dtype=np.float64),
+        width,
+    )
+    if len(held) == 0 or not several:
         return None
-    shapes = alloc[held]
-    counts = supply[held].astype(np.float64)
     placed = bound() if bound is not None else None
     ranked = priority is not None and len(priority) >= sub.shape[0]
     own, moves, machines = kernels.divide(

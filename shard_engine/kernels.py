@@ -36,8 +36,8 @@ __all__ = [
     "NO_PLACED",
     "NO_PRIORITY",
     "divide",
+    "gather",
     "have_rows",
-    "shared",
     "tally",
     "usable",
     "warm",
@@ -56,16 +56,43 @@ NOTHING = np.zeros(0, dtype=np.int64)
 
 
 @njit(cache=True)
-def shared(sub: BoolArray) -> bool:
-    """True when some held profile may serve more than one need."""
-    for p in range(sub.shape[1]):
+def gather(
+    matrix: BoolArray, supply: IntArray, alloc: FloatArray, width: int
+) -> tuple[IntArray, BoolArray, FloatArray, FloatArray, bool]:
+    """A claim's inputs over the profiles the cluster holds (``supply[:width]`` not zero).
+
+    Returns the held profiles, the needs' matrix and the shapes over them,
+    the machines held of each (as floats), and whether some held profile
+    may serve more than one need.
+    """
+    count = 0
+    for p in range(width):
+        if supply[p] != 0:
+            count += 1
+    held = np.empty(count, dtype=np.int64)
+    k = 0
+    for p in range(width):
+        if supply[p] != 0:
+            held[k] = p
+            k += 1
+    needs = matrix.shape[0]
+    sub = np.empty((needs, count), dtype=np.bool_)
+    shapes = np.empty((count, alloc.shape[1]))
+    counts = np.empty(count)
+    several = False
+    for k in range(count):
+        p = held[k]
         users = 0
-        for i in range(sub.shape[0]):
-            if sub[i, p]:
+        for i in range(needs):
+            sub[i, k] = matrix[i, p]
+            if matrix[i, p]:
                 users += 1
-                if users > 1:
-                    return True
-    return False
+        if users > 1:
+            several = True
+        for d in range(alloc.shape[1]):
+            shapes[k, d] = alloc[p, d]
+        counts[k] = supply[p]
+    return held, sub, shapes, counts, several
 
 
 @njit(cache=True)
@@ -432,13 +459,11 @@ def warm() -> None:
     inventory's ``int16`` or widened ``int32`` profile column), so a cycle
     finds each signature compiled.
     """
-    matrix = np.ones((2, 3), dtype=np.bool_)
-    held = np.flatnonzero(np.ones(3, dtype=np.int64))
-    sub = np.ascontiguousarray(matrix[:, held])
-    shapes = np.ones((3, 2))[held]
-    shared(sub)
+    held, sub, shapes, counts, _ = gather(
+        np.ones((2, 3), dtype=np.bool_), np.ones(3, dtype=np.int64), np.ones((3, 2)), 3
+    )
     for placed, priority in ((NO_PLACED, NO_PRIORITY), (np.ones((2, 3)), np.array([2, 1]))):
-        divide(sub, np.ones(3), shapes, np.ones((2, 2)), placed, True, held, priority, True)
+        divide(sub, counts, shapes, np.ones((2, 2)), placed, True, held, priority, True)
     codes = np.zeros(3, dtype=np.int32)
     lookup = np.zeros(1, dtype=np.int64)
     have_rows(np.ones((2, 3)), usable(shapes, np.ones((2, 2))))

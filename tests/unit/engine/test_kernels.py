@@ -294,7 +294,7 @@ def test_usable_shapes_and_have_are_the_numpy_ones_bit_for_bit(seed: int) -> Non
 
 def test_warming_compiles_what_a_cycle_calls() -> None:
     kernels.warm()
-    every = (kernels.divide, kernels.shared, kernels.tally, kernels.usable, kernels.have_rows)
+    every = (kernels.gather, kernels.divide, kernels.tally, kernels.usable, kernels.have_rows)
     compiled = {k: len(k.signatures) for k in every}
 
     # A cycle's claims and counts, bound and ranked or not, find every signature compiled.
