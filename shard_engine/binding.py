@@ -138,7 +138,9 @@ class Bindings:
         ``rows`` are machines counting toward ``cluster``, ``profile`` the
         inventory's profile per row, ``keys`` the cluster's needs in cycle
         order; rows in ``skip`` (sorted) and profiles from ``width`` on are
-        not counted. None when none of them is bound to any of those needs.
+        not counted. The columns stop after the highest profile counted
+        (readers treat a missing column as none bound). None when none of
+        them is bound to any of those needs.
         """
         if not self._key:
             return None
@@ -153,10 +155,11 @@ class Bindings:
             return None
         from shard_engine import kernels  # numba loads with the first count, not with the CLI
 
-        out = np.zeros((len(keys), width))
         skipped = kernels.NOTHING if skip is None else skip
-        counted = kernels.tally(rows, profile, self._rows, lookup, skipped, out)
-        return out if counted else None
+        out: FloatArray = kernels.tally(
+            rows, profile, self._rows, lookup, skipped, len(keys), width
+        )
+        return out if out.shape[1] else None
 
 
 def pinned_first(

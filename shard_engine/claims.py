@@ -114,7 +114,7 @@ def claim(
     held, sub, shapes, counts, several = kernels.gather(
         np.ascontiguousarray(matrix, dtype=np.bool_),
         np.ascontiguousarray(supply, dtype=np.int64),
-        np.ascontiguousarray(alloc, dtype=np.float64),
+        np.asarray(alloc, dtype=np.float64),  # the catalog's columns: a view, not copied
         width,
     )
     if len(held) == 0 or not several:

@@ -372,29 +372,42 @@ def tally(
     codes: npt.NDArray[np.int32],
     lookup: IntArray,
     skip: IntArray,
-    out: FloatArray,
-) -> int:
-    """Add one to ``out[need, profile]`` per row bound to a need ``lookup`` knows; how many.
+    needs: int,
+    width: int,
+) -> FloatArray:
+    """Per need ``lookup`` knows and profile below ``width``: how many of ``rows`` are bound to it.
 
-    One pass over the rows (a cluster's few thousand machines, read at every
-    claim of a cluster something moved): no per-row temporaries.
+    The columns stop after the highest profile counted (none when nothing
+    is): a wide catalog's thousands of profiles are not allocated and
+    zeroed for a cluster that holds a dozen. One pass over the rows (a
+    cluster's few thousand machines, read at every claim of a cluster
+    something moved), then one over those that count.
     """
-    width = out.shape[1]
+    need_of = np.empty(len(rows), dtype=np.int64)
+    profile_of = np.empty(len(rows), dtype=np.int64)
     counted = 0
+    top = -1
     for k in range(len(rows)):
         row = rows[k]
         if row >= len(codes) or codes[row] < 0:
             continue
         need = lookup[codes[row]]
-        if need < 0 or profile[row] >= width:
+        p = profile[row]
+        if need < 0 or p >= width:
             continue
         if len(skip):
             at = np.searchsorted(skip, row)
             if at < len(skip) and skip[at] == row:
                 continue
-        out[need, profile[row]] += 1.0
+        need_of[counted] = need
+        profile_of[counted] = p
         counted += 1
-    return counted
+        if p > top:
+            top = p
+    out = np.zeros((needs, top + 1))
+    for k in range(counted):
+        out[need_of[k], profile_of[k]] += 1.0
+    return out
 
 
 @njit(cache=True)
@@ -459,13 +472,15 @@ def warm() -> None:
     inventory's ``int16`` or widened ``int32`` profile column), so a cycle
     finds each signature compiled.
     """
-    held, sub, shapes, counts, _ = gather(
-        np.ones((2, 3), dtype=np.bool_), np.ones(3, dtype=np.int64), np.ones((3, 2)), 3
-    )
+    # The catalog's allocatable is a view of wider columns, or all of them.
+    for alloc in (np.ones((3, 2)), np.ones((3, 4))[:, :2]):
+        held, sub, shapes, counts, _ = gather(
+            np.ones((2, 3), dtype=np.bool_), np.ones(3, dtype=np.int64), alloc, 3
+        )
     for placed, priority in ((NO_PLACED, NO_PRIORITY), (np.ones((2, 3)), np.array([2, 1]))):
         divide(sub, counts, shapes, np.ones((2, 2)), placed, True, held, priority, True)
     codes = np.zeros(3, dtype=np.int32)
     lookup = np.zeros(1, dtype=np.int64)
     have_rows(np.ones((2, 3)), usable(shapes, np.ones((2, 2))))
     for column in (np.zeros(3, dtype=np.int16), np.zeros(3, dtype=np.int32)):
-        tally(np.arange(3, dtype=np.int32), column, codes, lookup, NOTHING, np.zeros((1, 1)))
+        tally(np.arange(3, dtype=np.int32), column, codes, lookup, NOTHING, 1, 1)
