@@ -130,17 +130,16 @@ class Bindings:
         *,
         cluster: int,
         keys: Sequence[str],
-        width: int,
+        columns: IntArray,
         skip: IntArray | None = None,
     ) -> FloatArray | None:
-        """Machines per (need, profile) among ``rows`` bound to one of ``cluster``'s ``keys``.
+        """Machines per (need, profile of ``columns``) among ``rows`` bound to ``cluster``'s needs.
 
         ``rows`` are machines counting toward ``cluster``, ``profile`` the
         inventory's profile per row, ``keys`` the cluster's needs in cycle
-        order; rows in ``skip`` (sorted) and profiles from ``width`` on are
-        not counted. The columns stop after the highest profile counted
-        (readers treat a missing column as none bound). None when none of
-        them is bound to any of those needs.
+        order, ``columns`` the profiles to count (sorted; a claim's held
+        profiles); rows in ``skip`` (sorted) are not counted. None when none
+        of them is bound to any of those needs.
         """
         if not self._key:
             return None
@@ -157,9 +156,9 @@ class Bindings:
 
         skipped = kernels.NOTHING if skip is None else skip
         out: FloatArray = kernels.tally(
-            rows, profile, self._rows, lookup, skipped, len(keys), width
+            rows, profile, self._rows, lookup, skipped, len(keys), columns
         )
-        return out if out.shape[1] else None
+        return out if out.any() else None
 
 
 def pinned_first(
@@ -173,7 +172,8 @@ def pinned_first(
     """Bindings read as the cluster runs them: a pinned gang's rack is its own first.
 
     ``placed`` is machines per (need, profile) bound to each of a cluster's
-    needs (:meth:`Worksheet.bound`); ``pinned[i]`` says need ``i`` is a gang
+    needs (:meth:`Worksheet.bound`), over the same profiles as ``matrix``
+    and ``alloc`` (a claim's held profiles); ``pinned[i]`` says need ``i`` is a gang
     whose running pods hold the domain its ``Same`` requirement names, so
     ``matrix[i]`` is that domain's profiles; ``loose[i]`` a gang that names
     none (no pod of it runs).

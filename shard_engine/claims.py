@@ -90,7 +90,7 @@ def claim(
     aggregate: FloatArray,
     supply: IntArray,
     alloc: FloatArray,
-    bound: Callable[[], FloatArray | None] | None = None,
+    bound: Callable[[IntArray], FloatArray | None] | None = None,
     priority: IntArray | None = None,
 ) -> Claims | None:
     """The needs' claims on the cluster's ``supply``, or None when no held machine is shared.
@@ -98,8 +98,9 @@ def claim(
     ``matrix[i, p]``: profile ``p`` may serve need ``i`` (rows in cycle
     order); ``aggregate[i]`` what need ``i`` asks for; ``supply`` machines
     per profile the cluster holds (any width up to the catalog's);
-    ``bound()``, asked only when some machine is shared, gives how many of
-    them were placed for each need (rows for the first needs, by profile;
+    ``bound(held)``, asked only when some machine is shared, gives how many
+    of them were placed for each need (rows for the first needs, one column
+    per profile of ``held``, the profiles the cluster holds;
     :class:`~shard_engine.binding.Bindings`): a need claims those first.
     With ``priority`` (per row, descending), a need still short then takes
     what strictly lower-priority needs claimed, the lowest first: the
@@ -119,7 +120,7 @@ def claim(
     )
     if len(held) == 0 or not several:
         return None
-    placed = bound() if bound is not None else None
+    placed = bound(held) if bound is not None else None
     ranked = priority is not None and len(priority) >= sub.shape[0]
     own, moves, machines = kernels.divide(
         sub,

@@ -162,11 +162,11 @@ def divide(
     # The machines placed for each need, within what it may use.
     mine = np.zeros((n, h))
     bound = False
-    if has_placed:
+    if has_placed:  # one column per held profile
         for i in range(min(placed.shape[0], n)):
-            for p in range(h):
-                if sub[i, p] and held[p] < placed.shape[1]:
-                    mine[i, p] = placed[i, held[p]]
+            for p in range(min(h, placed.shape[1])):
+                if sub[i, p]:
+                    mine[i, p] = placed[i, p]
                     if mine[i, p] != 0.0:
                         bound = True
     if bound:
@@ -373,40 +373,30 @@ def tally(
     lookup: IntArray,
     skip: IntArray,
     needs: int,
-    width: int,
+    columns: IntArray,
 ) -> FloatArray:
-    """Per need ``lookup`` knows and profile below ``width``: how many of ``rows`` are bound to it.
+    """Per need ``lookup`` knows and profile of ``columns`` (sorted): how many ``rows`` are bound.
 
-    The columns stop after the highest profile counted (none when nothing
-    is): a wide catalog's thousands of profiles are not allocated and
-    zeroed for a cluster that holds a dozen. One pass over the rows (a
-    cluster's few thousand machines, read at every claim of a cluster
-    something moved), then one over those that count.
+    Only the profiles asked for get a column (a claim's held profiles: a
+    dozen of a catalog's thousands). One pass over the rows, a cluster's
+    few thousand machines, read at every claim of a cluster something moved.
     """
-    need_of = np.empty(len(rows), dtype=np.int64)
-    profile_of = np.empty(len(rows), dtype=np.int64)
-    counted = 0
-    top = -1
+    out = np.zeros((needs, len(columns)))
     for k in range(len(rows)):
         row = rows[k]
         if row >= len(codes) or codes[row] < 0:
             continue
         need = lookup[codes[row]]
-        p = profile[row]
-        if need < 0 or p >= width:
+        if need < 0:
+            continue
+        column = np.searchsorted(columns, profile[row])
+        if column == len(columns) or columns[column] != profile[row]:
             continue
         if len(skip):
             at = np.searchsorted(skip, row)
             if at < len(skip) and skip[at] == row:
                 continue
-        need_of[counted] = need
-        profile_of[counted] = p
-        counted += 1
-        if p > top:
-            top = p
-    out = np.zeros((needs, top + 1))
-    for k in range(counted):
-        out[need_of[k], profile_of[k]] += 1.0
+        out[need, column] += 1.0
     return out
 
 
@@ -483,4 +473,4 @@ def warm() -> None:
     lookup = np.zeros(1, dtype=np.int64)
     have_rows(np.ones((2, 3)), usable(shapes, np.ones((2, 2))))
     for column in (np.zeros(3, dtype=np.int16), np.zeros(3, dtype=np.int32)):
-        tally(np.arange(3, dtype=np.int32), column, codes, lookup, NOTHING, 1, 1)
+        tally(np.arange(3, dtype=np.int32), column, codes, lookup, NOTHING, 1, held)

@@ -52,6 +52,7 @@ __all__ = ["assign", "bound_reader", "cluster_have", "demand_supply", "memo_key"
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
+IntArray = npt.NDArray[np.int64]
 
 
 def demand_supply(demand: Demand, supply: npt.NDArray[np.int64], alloc: FloatArray) -> FloatArray:
@@ -95,7 +96,7 @@ def cluster_have(
         demand.aggregate,
         supply,
         alloc,
-        bound_reader(sheet, demand, len(supply), alloc, demand.matrix, demand.aggregate),
+        bound_reader(sheet, demand, alloc, demand.matrix, demand.aggregate),
         demand.priority,
     )
     if claims is None:
@@ -141,7 +142,7 @@ def own_supply(
             demand.aggregate,
             supply,
             alloc,
-            bound_reader(sheet, demand, len(supply), alloc, demand.matrix, demand.aggregate),
+            bound_reader(sheet, demand, alloc, demand.matrix, demand.aggregate),
             demand.priority,
         )
         if cache is not None:
@@ -169,26 +170,26 @@ def shortages(
 def bound_reader(
     sheet: Worksheet,
     demand: Demand,
-    width: int,
     alloc: FloatArray,
     matrix: BoolArray,
     aggregate: FloatArray,
     *,
     settled_only: bool = False,
-) -> Callable[[], FloatArray | None]:
-    """What :func:`~shard_engine.claims.claim` asks for as ``bound``: the cluster's bindings,
-    a pinned gang's rack counted for it first (:func:`~shard_engine.binding.pinned_first`).
+) -> Callable[[IntArray], FloatArray | None]:
+    """What :func:`~shard_engine.claims.claim` asks for as ``bound``: the cluster's bindings
+    over the profiles it holds, a pinned gang's rack counted for it first
+    (:func:`~shard_engine.binding.pinned_first`).
 
     ``matrix`` and ``aggregate`` are the rows the claim divides supply among
     (the compiled demand's, or Phase 3's peaks, whose first rows are the same needs).
     """
 
-    def read() -> FloatArray | None:
-        placed = sheet.bound(demand.cluster, demand.keys, width, settled_only=settled_only)
+    def read(held: IntArray) -> FloatArray | None:
+        placed = sheet.bound(demand.cluster, demand.keys, held, settled_only=settled_only)
         if placed is None or not any(demand.pinned):
             return placed
         loose = [bool(g) and not p for g, p in zip(demand.gang_keys, demand.pinned, strict=True)]
-        return pinned_first(placed, demand.pinned, loose, matrix, aggregate, alloc)
+        return pinned_first(placed, demand.pinned, loose, matrix[:, held], aggregate, alloc[held])
 
     return read
 

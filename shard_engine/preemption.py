@@ -410,7 +410,7 @@ def _place_gang(
         demand.aggregate,
         supply,
         alloc,
-        bound_reader(sheet, demand, len(supply), alloc, demand.matrix, demand.aggregate),
+        bound_reader(sheet, demand, alloc, demand.matrix, demand.aggregate),
         demand.priority,
     )
     row = supply.astype(np.float64) if claims is None else claims.supply(item.index, len(supply))

@@ -301,7 +301,6 @@ def reclaim_excess(
             bound_reader(
                 sheet,
                 demand,
-                len(settled),
                 alloc,
                 peaks.matrix,
                 peaks.aggregate,

@@ -132,14 +132,20 @@ class Worksheet:
         row[profile] += machines
 
     def bound(
-        self, cluster: int, keys: Sequence[str], width: int, *, settled_only: bool = False
+        self,
+        cluster: int,
+        keys: Sequence[str],
+        columns: npt.NDArray[np.int64],
+        *,
+        settled_only: bool = False,
     ) -> npt.NDArray[np.float64] | None:
         """Machines per (need, profile) counting toward ``cluster`` that were placed for its needs.
 
         Counts settled configured machines not taken this cycle and, unless
         ``settled_only``, machines in flight or promised toward the cluster;
-        ``keys`` are the cluster's needs in cycle order, ``width`` the
-        profiles to count. None when no such machine is bound to any of them.
+        ``keys`` are the cluster's needs in cycle order, ``columns`` the
+        profiles to count (sorted; a claim's held profiles), one column
+        each. None when no such machine is bound to any of them.
         """
         if self.bindings is None:
             return None
@@ -148,7 +154,7 @@ class Worksheet:
         memo_key = (
             self.inventory.version(cluster),
             self.bindings.version(cluster),
-            width,
+            columns.tobytes(),
             settled_only,
             tuple(keys),
         )
@@ -161,14 +167,19 @@ class Worksheet:
             cached = self.memo.bound.get((cluster, settled_only))
             if cached is not None and cached[0] == memo_key:
                 return cached[1]
-        found = self._bound(cluster, keys, width, settled_only=settled_only)
+        found = self._bound(cluster, keys, columns, settled_only=settled_only)
         self.seen_bound[(cluster, settled_only)] = (memo_key, state, found)
         if untouched:
             self.memo.bound[(cluster, settled_only)] = (memo_key, found)
         return found
 
     def _bound(
-        self, cluster: int, keys: Sequence[str], width: int, *, settled_only: bool
+        self,
+        cluster: int,
+        keys: Sequence[str],
+        columns: npt.NDArray[np.int64],
+        *,
+        settled_only: bool,
     ) -> npt.NDArray[np.float64] | None:
         pools = self.inventory.pools
         parts = pools.heads(pools.by_cluster.get(cluster, []), self.consumed)
@@ -187,7 +198,7 @@ class Worksheet:
             self.inventory.profile,
             cluster=cluster,
             keys=keys,
-            width=width,
+            columns=columns,
             skip=skip,
         )
 

@@ -21,7 +21,7 @@ import pytest
 
 from shard_engine import kernels
 from shard_engine.binding import Bindings
-from shard_engine.claims import claim
+from shard_engine.claims import Claims, claim
 from shard_engine.engine import ShardEngine
 from shard_engine.linear import combine
 from shard_engine.model import MachineState
@@ -173,21 +173,38 @@ def cluster(seed: int) -> dict[str, object]:
         "aggregate": aggregate,
         "supply": supply.astype(np.int64),
         "alloc": alloc,
-        "bound": None if placed is None else (lambda p=placed: p),
+        "placed": placed,
         "priority": priority,
     }
 
 
+def both(inputs: dict[str, object]) -> tuple[object, object]:
+    """The reference's answer (bindings by profile) and the engine's (by held profile)."""
+    placed = inputs.pop("placed")
+    assert placed is None or isinstance(placed, np.ndarray)
+    by_profile = None if placed is None else (lambda: placed)
+    by_held = None if placed is None else (lambda held: _columns(placed, held))
+    expected = reference_claim(**inputs, bound=by_profile)  # type: ignore[arg-type]
+    got = claim(**inputs, bound=by_held)  # type: ignore[arg-type]
+    return expected, got
+
+
+def _columns(placed: np.ndarray, held: np.ndarray) -> np.ndarray:
+    """``placed``'s columns of the profiles ``held`` (none bound beyond its width)."""
+    out = np.zeros((placed.shape[0], len(held)))
+    inside = held < placed.shape[1]
+    out[:, inside] = placed[:, held[inside]]
+    return out
+
+
 @pytest.mark.parametrize("seed", range(400))
 def test_a_compiled_claim_is_the_numpy_claim_bit_for_bit(seed: int) -> None:
-    inputs = cluster(seed)
-    expected = reference_claim(**inputs)  # type: ignore[arg-type]
-    got = claim(**inputs)  # type: ignore[arg-type]
+    expected, got = both(cluster(seed))
 
     if expected is None:
         assert got is None
         return
-    assert got is not None
+    assert isinstance(got, Claims) and isinstance(expected, tuple)
     held, own, displaced = expected
     assert got.held.tolist() == held.tolist()
     assert got.own.tolist() == own.tolist()
@@ -202,8 +219,9 @@ def test_the_inputs_reach_every_way_of_claiming() -> None:
         supply = inputs["supply"]
         assert isinstance(supply, np.ndarray)
         many += int((supply > 0).sum() > 12)
-        bound += inputs["bound"] is not None
-        result = reference_claim(**inputs)  # type: ignore[arg-type]
+        bound += inputs["placed"] is not None
+        result, _ = both(inputs)
+        assert result is None or isinstance(result, tuple)
         none += result is None
         moved += result is not None and bool(result[2])
     assert many > 40 and bound > 200 and moved > 20 and 0 < none < 200
@@ -223,24 +241,22 @@ def test_bound_machines_are_counted_per_need_and_profile(seed: int) -> None:
     rows = rng.choice(machines + 50, int(rng.integers(1, machines + 50)), replace=False)
     rows = rows.astype(np.int32)
     skip = np.sort(rng.choice(machines + 50, int(rng.integers(0, 20)), replace=False))
-    width = int(rng.integers(1, 10))
+    columns = np.sort(rng.choice(9, int(rng.integers(1, 9)), replace=False)).astype(np.int64)
 
-    got = bindings.counts(rows, profile, cluster=1, keys=keys, width=width, skip=skip)
+    got = bindings.counts(rows, profile, cluster=1, keys=keys, columns=columns, skip=skip)
 
-    expected = np.zeros((len(keys), width))
+    expected = np.zeros((len(keys), len(columns)))
     for row in rows.tolist():
         bound = bindings.need_of(row)
         if row in skip.tolist() or bound is None or bound[0] != 1 or bound[1] not in keys:
             continue
-        if profile[row] < width:
-            expected[keys.index(bound[1]), profile[row]] += 1
+        if profile[row] in columns:
+            expected[keys.index(bound[1]), columns.tolist().index(profile[row])] += 1
     if not expected.any():
         assert got is None
     else:
-        # Columns stop after the highest profile counted.
         assert got is not None
-        assert got.shape[1] == int(np.flatnonzero(expected.any(axis=0)).max()) + 1
-        assert got.tolist() == expected[:, : got.shape[1]].tolist()
+        assert got.tolist() == expected.tolist()
 
 
 def reference_usable(shapes: np.ndarray, units: np.ndarray) -> np.ndarray:
@@ -301,7 +317,7 @@ def test_warming_compiles_what_a_cycle_calls() -> None:
 
     # A cycle's claims and counts, bound and ranked or not, find every signature compiled.
     for seed in range(30):
-        claim(**cluster(seed))  # type: ignore[arg-type]
+        both(cluster(seed))
     bindings = Bindings()
     bindings.bind([0, 1], 0, "need")
     engine = ShardEngine()
@@ -309,6 +325,12 @@ def test_warming_compiles_what_a_cycle_calls() -> None:
     apply(engine, rollup("c", 1, need(cpu=4), need(cpu=4, priority=10)), now=0)
     engine.cycle(now=1)
     for column in (np.zeros(3, dtype=np.int16), np.zeros(3, dtype=np.int32)):
-        bindings.counts(np.arange(3, dtype=np.int32), column, cluster=0, keys=["need"], width=1)
+        bindings.counts(
+            np.arange(3, dtype=np.int32),
+            column,
+            cluster=0,
+            keys=["need"],
+            columns=np.array([0], dtype=np.int64),
+        )
 
     assert {k: len(k.signatures) for k in compiled} == compiled
