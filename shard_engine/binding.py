@@ -130,16 +130,15 @@ class Bindings:
         *,
         cluster: int,
         keys: Sequence[str],
-        columns: IntArray,
         skip: IntArray | None = None,
-    ) -> FloatArray | None:
-        """Machines per (need, profile of ``columns``) among ``rows`` bound to ``cluster``'s needs.
+    ) -> tuple[IntArray, FloatArray] | None:
+        """Machines among ``rows`` bound to each of ``cluster``'s ``keys``, per profile.
 
         ``rows`` are machines counting toward ``cluster``, ``profile`` the
         inventory's profile per row, ``keys`` the cluster's needs in cycle
-        order, ``columns`` the profiles to count (sorted; a claim's held
-        profiles); rows in ``skip`` (sorted) are not counted. None when none
-        of them is bound to any of those needs.
+        order; rows in ``skip`` (sorted) are not counted. Returns the
+        profiles counted (sorted) and a (keys × those profiles) count, or
+        None when none of the rows is bound to any of those needs.
         """
         if not self._key:
             return None
@@ -155,10 +154,10 @@ class Bindings:
         from shard_engine import kernels  # numba loads with the first count, not with the CLI
 
         skipped = kernels.NOTHING if skip is None else skip
-        out: FloatArray = kernels.tally(
-            rows, profile, self._rows, lookup, skipped, len(keys), columns
-        )
-        return out if out.any() else None
+        present: IntArray
+        out: FloatArray
+        present, out = kernels.tally(rows, profile, self._rows, lookup, skipped, len(keys))
+        return (present, out) if len(present) else None
 
 
 def pinned_first(

@@ -35,6 +35,7 @@ __all__ = [
     "NOTHING",
     "NO_PLACED",
     "NO_PRIORITY",
+    "columns_of",
     "divide",
     "gather",
     "have_rows",
@@ -373,15 +374,16 @@ def tally(
     lookup: IntArray,
     skip: IntArray,
     needs: int,
-    columns: IntArray,
-) -> FloatArray:
-    """Per need ``lookup`` knows and profile of ``columns`` (sorted): how many ``rows`` are bound.
+) -> tuple[IntArray, FloatArray]:
+    """How many ``rows`` are bound to each need ``lookup`` knows, per profile they are of.
 
-    Only the profiles asked for get a column (a claim's held profiles: a
-    dozen of a catalog's thousands). One pass over the rows, a cluster's
-    few thousand machines, read at every claim of a cluster something moved.
+    Returns the profiles counted (sorted) and the counts, one column each:
+    a cluster's dozen profiles, not a catalog's thousands. One pass over the
+    rows (a cluster's few thousand machines), then one over those counted.
     """
-    out = np.zeros((needs, len(columns)))
+    need_of = np.empty(len(rows), dtype=np.int64)
+    profile_of = np.empty(len(rows), dtype=np.int64)
+    counted = 0
     for k in range(len(rows)):
         row = rows[k]
         if row >= len(codes) or codes[row] < 0:
@@ -389,14 +391,40 @@ def tally(
         need = lookup[codes[row]]
         if need < 0:
             continue
-        column = np.searchsorted(columns, profile[row])
-        if column == len(columns) or columns[column] != profile[row]:
-            continue
         if len(skip):
             at = np.searchsorted(skip, row)
             if at < len(skip) and skip[at] == row:
                 continue
-        out[need, column] += 1.0
+        need_of[counted] = need
+        profile_of[counted] = profile[row]
+        counted += 1
+    present = np.unique(profile_of[:counted])
+    out = np.zeros((needs, len(present)))
+    # Rows come pool by pool, and a pool is one profile: look its column up once.
+    last = -1
+    column = 0
+    for k in range(counted):
+        if profile_of[k] != last:
+            last = profile_of[k]
+            column = np.searchsorted(present, last)
+        out[need_of[k], column] += 1.0
+    return present, out
+
+
+@njit(cache=True)
+def columns_of(present: IntArray, counts: FloatArray, columns: IntArray) -> FloatArray:
+    """``counts`` (one column per profile of ``present``) over the profiles ``columns``.
+
+    Both sorted; a profile of ``columns`` not present counts zero.
+    """
+    out = np.zeros((counts.shape[0], len(columns)))
+    k = 0
+    for j in range(len(columns)):
+        while k < len(present) and present[k] < columns[j]:
+            k += 1
+        if k < len(present) and present[k] == columns[j]:
+            for i in range(counts.shape[0]):
+                out[i, j] = counts[i, k]
     return out
 
 
@@ -473,4 +501,5 @@ def warm() -> None:
     lookup = np.zeros(1, dtype=np.int64)
     have_rows(np.ones((2, 3)), usable(shapes, np.ones((2, 2))))
     for column in (np.zeros(3, dtype=np.int16), np.zeros(3, dtype=np.int32)):
-        tally(np.arange(3, dtype=np.int32), column, codes, lookup, NOTHING, 1, held)
+        present, counted = tally(np.arange(3, dtype=np.int32), column, codes, lookup, NOTHING, 1)
+    columns_of(present, counted, held)

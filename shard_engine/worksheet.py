@@ -31,6 +31,8 @@ IntArray = npt.NDArray[np.int64]
 
 
 MemoKey = tuple[int, int, int, int]
+Counted = tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]
+"""Bound machines per need over the profiles counted (``Bindings.counts``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +73,7 @@ class ClusterMemo:
     reclaim_cursor: int = 0
     victims: dict[int, tuple[tuple[int, int, int], tuple[Any, ...]]] = field(default_factory=dict)
     starved: dict[tuple[int, str], Starved] = field(default_factory=dict)
-    bound: dict[tuple[int, bool], tuple[tuple[Any, ...], npt.NDArray[np.float64] | None]] = field(
+    bound: dict[tuple[int, bool], tuple[tuple[Any, ...], Counted | None]] = field(
         default_factory=dict
     )
 
@@ -101,9 +103,9 @@ class Worksheet:
     # Per cluster, machines this cycle took from the tails of its bound pools.
     tails: dict[int, int] = field(default_factory=dict)
     # This cycle's bound counts per (cluster, settled only), with what they depend on.
-    seen_bound: dict[
-        tuple[int, bool], tuple[tuple[Any, ...], tuple[int, int], npt.NDArray[np.float64] | None]
-    ] = field(default_factory=dict)
+    seen_bound: dict[tuple[int, bool], tuple[tuple[Any, ...], tuple[int, int], Counted | None]] = (
+        field(default_factory=dict)
+    )
 
     def __post_init__(self) -> None:
         self.free[TIER_IDLE] = self.inventory.free_idle.astype(np.int64)
@@ -149,12 +151,21 @@ class Worksheet:
         """
         if self.bindings is None:
             return None
+        found = self._counted(cluster, keys, settled_only=settled_only)
+        if found is None:
+            return None
+        from shard_engine import kernels  # numba loads with the first count, not with the CLI
+
+        placed: npt.NDArray[np.float64] = kernels.columns_of(found[0], found[1], columns)
+        return placed if placed.any() else None
+
+    def _counted(self, cluster: int, keys: Sequence[str], *, settled_only: bool) -> Counted | None:
+        """:meth:`bound` per profile counted (``Bindings.counts``), remembered while it holds."""
         # The count changes with the cluster's inventory and bindings (between
         # cycles) and with what this cycle took of its bound pools or named.
         memo_key = (
             self.inventory.version(cluster),
-            self.bindings.version(cluster),
-            columns.tobytes(),
+            self.bindings.version(cluster) if self.bindings is not None else 0,
             settled_only,
             tuple(keys),
         )
@@ -167,20 +178,13 @@ class Worksheet:
             cached = self.memo.bound.get((cluster, settled_only))
             if cached is not None and cached[0] == memo_key:
                 return cached[1]
-        found = self._bound(cluster, keys, columns, settled_only=settled_only)
+        found = self._bound(cluster, keys, settled_only=settled_only)
         self.seen_bound[(cluster, settled_only)] = (memo_key, state, found)
         if untouched:
             self.memo.bound[(cluster, settled_only)] = (memo_key, found)
         return found
 
-    def _bound(
-        self,
-        cluster: int,
-        keys: Sequence[str],
-        columns: npt.NDArray[np.int64],
-        *,
-        settled_only: bool,
-    ) -> npt.NDArray[np.float64] | None:
+    def _bound(self, cluster: int, keys: Sequence[str], *, settled_only: bool) -> Counted | None:
         pools = self.inventory.pools
         parts = pools.heads(pools.by_cluster.get(cluster, []), self.consumed)
         if not settled_only and self.flying is not None:
@@ -198,7 +202,6 @@ class Worksheet:
             self.inventory.profile,
             cluster=cluster,
             keys=keys,
-            columns=columns,
             skip=skip,
         )
 

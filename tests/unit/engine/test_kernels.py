@@ -15,6 +15,7 @@ priorities, bindings narrower than the needs, negative asks).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -241,22 +242,27 @@ def test_bound_machines_are_counted_per_need_and_profile(seed: int) -> None:
     rows = rng.choice(machines + 50, int(rng.integers(1, machines + 50)), replace=False)
     rows = rows.astype(np.int32)
     skip = np.sort(rng.choice(machines + 50, int(rng.integers(0, 20)), replace=False))
-    columns = np.sort(rng.choice(9, int(rng.integers(1, 9)), replace=False)).astype(np.int64)
 
-    got = bindings.counts(rows, profile, cluster=1, keys=keys, columns=columns, skip=skip)
+    got = bindings.counts(rows, profile, cluster=1, keys=keys, skip=skip)
 
-    expected = np.zeros((len(keys), len(columns)))
+    expected = np.zeros((len(keys), 9))
     for row in rows.tolist():
         bound = bindings.need_of(row)
         if row in skip.tolist() or bound is None or bound[0] != 1 or bound[1] not in keys:
             continue
-        if profile[row] in columns:
-            expected[keys.index(bound[1]), columns.tolist().index(profile[row])] += 1
+        expected[keys.index(bound[1]), profile[row]] += 1
     if not expected.any():
         assert got is None
-    else:
-        assert got is not None
-        assert got.tolist() == expected.tolist()
+        return
+    assert got is not None
+    present, counts = got
+    assert present.tolist() == np.flatnonzero(expected.any(axis=0)).tolist()
+    assert counts.tolist() == expected[:, present].tolist()
+    # Read over any profiles, sorted: a profile not counted reads zero.
+    columns = np.sort(rng.choice(12, int(rng.integers(1, 12)), replace=False)).astype(np.int64)
+    padded = np.zeros((len(keys), 12))
+    padded[:, :9] = expected
+    assert kernels.columns_of(present, counts, columns).tolist() == padded[:, columns].tolist()
 
 
 def reference_usable(shapes: np.ndarray, units: np.ndarray) -> np.ndarray:
@@ -312,7 +318,8 @@ def test_usable_shapes_and_have_are_the_numpy_ones_bit_for_bit(seed: int) -> Non
 
 def test_warming_compiles_what_a_cycle_calls() -> None:
     kernels.warm()
-    every = (kernels.gather, kernels.divide, kernels.tally, kernels.usable, kernels.have_rows)
+    every: list[Any] = [kernels.gather, kernels.divide, kernels.tally, kernels.columns_of]
+    every += [kernels.usable, kernels.have_rows]
     compiled = {k: len(k.signatures) for k in every}
 
     # A cycle's claims and counts, bound and ranked or not, find every signature compiled.
@@ -325,12 +332,8 @@ def test_warming_compiles_what_a_cycle_calls() -> None:
     apply(engine, rollup("c", 1, need(cpu=4), need(cpu=4, priority=10)), now=0)
     engine.cycle(now=1)
     for column in (np.zeros(3, dtype=np.int16), np.zeros(3, dtype=np.int32)):
-        bindings.counts(
-            np.arange(3, dtype=np.int32),
-            column,
-            cluster=0,
-            keys=["need"],
-            columns=np.array([0], dtype=np.int64),
-        )
+        found = bindings.counts(np.arange(3, dtype=np.int32), column, cluster=0, keys=["need"])
+        assert found is not None
+        kernels.columns_of(*found, np.array([0], dtype=np.int64))
 
     assert {k: len(k.signatures) for k in compiled} == compiled
