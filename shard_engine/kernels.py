@@ -383,6 +383,10 @@ def tally(
     """
     need_of = np.empty(len(rows), dtype=np.int64)
     profile_of = np.empty(len(rows), dtype=np.int64)
+    # Rows come pool by pool, and a pool is one profile: the distinct profiles
+    # are found among the first of each run, a few dozen, not among every row.
+    firsts = np.empty(len(rows), dtype=np.int64)
+    runs = 0
     counted = 0
     for k in range(len(rows)):
         row = rows[k]
@@ -397,10 +401,12 @@ def tally(
                 continue
         need_of[counted] = need
         profile_of[counted] = profile[row]
+        if counted == 0 or profile_of[counted] != profile_of[counted - 1]:
+            firsts[runs] = profile_of[counted]
+            runs += 1
         counted += 1
-    present = np.unique(profile_of[:counted])
+    present = np.unique(firsts[:runs])
     out = np.zeros((needs, len(present)))
-    # Rows come pool by pool, and a pool is one profile: look its column up once.
     last = -1
     column = 0
     for k in range(counted):
