@@ -46,7 +46,7 @@ from shard_engine.requirements import RequirementMasks
 from shard_engine.selection import cover_by_cost, cover_by_units, cover_with_spread
 from shard_engine.topology import SpreadState, choose_gang_domain, domain_codes
 from shard_engine.usable import have_rows, usable_shapes
-from shard_engine.worksheet import Starved, Worksheet
+from shard_engine.worksheet import MemoKey, Starved, Worksheet
 
 __all__ = ["assign", "bound_reader", "cluster_have", "demand_supply", "memo_key", "shortages"]
 
@@ -68,9 +68,21 @@ def demand_supply(demand: Demand, supply: npt.NDArray[np.int64], alloc: FloatArr
     return have_rows(weights, usable_shapes(alloc[held], demand.min_unit))
 
 
-def memo_key(sheet: Worksheet, demand: Demand) -> tuple[int, int, int, int]:
-    """What a cluster's supply-derived results depend on (see ``ClusterMemo``)."""
-    return (sheet.inventory.version(demand.cluster), demand.version, demand.profiles, demand.dims)
+def memo_key(sheet: Worksheet, demand: Demand) -> MemoKey:
+    """What a cluster's supply-derived results depend on (see ``ClusterMemo``).
+
+    Claims read the cluster's bindings, which a takeover changes at commit
+    without moving a machine, so their version is part of it.
+    """
+    cluster = demand.cluster
+    bindings = 0 if sheet.bindings is None else sheet.bindings.version(cluster)
+    return (
+        sheet.inventory.version(cluster),
+        bindings,
+        demand.version,
+        demand.profiles,
+        demand.dims,
+    )
 
 
 def cluster_have(

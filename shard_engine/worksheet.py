@@ -25,12 +25,13 @@ from shard_engine.binding import Bindings
 from shard_engine.inventory import Inventory
 from shard_engine.pools import TIER_BOUND, TIER_IDLE, TIER_SPECULATIVE, PoolKey
 
-__all__ = ["ClusterMemo", "Starved", "Worksheet"]
+__all__ = ["ClusterMemo", "MemoKey", "Starved", "Worksheet"]
 
 IntArray = npt.NDArray[np.int64]
 
 
-MemoKey = tuple[int, int, int, int]
+MemoKey = tuple[int, int, int, int, int]
+"""Inventory and bindings versions of the cluster, needs version, profiles, dimensions."""
 Counted = tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]
 """Bound machines per need over the profiles counted (``Bindings.counts``)."""
 
@@ -60,8 +61,8 @@ class ClusterMemo:
     short; ``quiet`` the clusters Phase 3 found nothing to reclaim from;
     ``release_after`` per idle pool, the earliest instant any of its
     machines can reach the end of its hold.
-    Both are keyed by (inventory version of the cluster, needs version,
-    profiles, dimensions), so a stale entry is never used; a cycle only
+    Both are keyed by (inventory and bindings versions of the cluster,
+    needs version, profiles, dimensions), so a stale entry is never used; a cycle only
     recomputes clusters that something touched since.
     """
 

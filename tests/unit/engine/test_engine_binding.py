@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from shard_engine.engine import ShardEngine
 from shard_engine.model import MachineState, Operator, Requirement
+from shard_engine.phase1 import memo_key
+from shard_engine.worksheet import Worksheet
 from tests.rollups import apply
 from tests.unit.engine.engine_fleet import Carrier, fleet, machine_ids, need, rollup
 
@@ -142,3 +144,32 @@ def test_a_takeover_is_read_back_after_the_roll_up_changes_and_nothing_else_did(
     carrier.run(now=5, cycles=3)
 
     assert sorted(engine.placed_for(m) for m in machines) == taken_over
+
+
+def test_what_a_cluster_holds_is_read_again_after_a_takeover_moved_no_machine() -> None:
+    """A takeover rebinds machines at commit and moves none: the cluster's inventory
+    version stays, its bindings version does not, and every result remembered from
+    its claims (what each need has, which are short, Phase 3's quiet clusters) is
+    keyed by both, so none is read back from before the takeover."""
+    engine = ShardEngine()
+    fleet(engine, 4, prefix="spec", state=MachineState.SPECULATIVE)
+    batch = need(cpu=16, priority=100_000)
+    apply(engine, rollup("tiers", 1, batch), now=0)
+    carrier = Carrier(engine)
+    carrier.run(now=1)
+    production = need(cpu=8, priority=1_000_000)
+    apply(engine, rollup("tiers", 2, batch, production), now=2)
+    cluster = engine._clusters.index_of("tiers")
+    entry = engine._table.entry(cluster)
+    assert entry is not None
+    sheet = Worksheet(engine._inventory, 3.0, bindings=engine._bindings)
+    before = memo_key(sheet, engine._table.demand(entry))
+    inventory_before = engine._inventory.version(cluster)
+
+    carrier.run(now=3)  # production takes over 2 of batch's machines; nothing is bought
+
+    assert engine._inventory.version(cluster) == inventory_before
+    assert sorted(engine.placed_for(f"spec-{i:04d}") for i in range(4)) == sorted(
+        [batch.key] * 2 + [production.key] * 2
+    )
+    assert memo_key(sheet, engine._table.demand(entry)) != before
