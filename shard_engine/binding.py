@@ -92,10 +92,7 @@ class Bindings:
         codes = codes[codes >= 0]
         if len(codes) == 0:  # the usual case: new machines, bound for the first time
             return
-        clusters = self._cluster[codes]
-        first = int(clusters[0])
-        changed = [first] if (clusters == first).all() else np.unique(clusters).tolist()
-        for cluster in changed:
+        for cluster in np.unique(self._cluster[codes]).tolist():
             self._changes[cluster] = self._changes.get(cluster, 0) + 1
 
     def version(self, cluster: int) -> int:

@@ -122,7 +122,7 @@ def claim(
         return None
     placed = bound(held) if bound is not None else None
     ranked = priority is not None and len(priority) >= sub.shape[0]
-    own, moves, machines = kernels.divide(
+    own, moves = kernels.divide(
         sub,
         counts,
         shapes,
@@ -133,7 +133,5 @@ def claim(
         np.ascontiguousarray(priority, dtype=np.int64) if ranked else kernels.NO_PRIORITY,
         ranked,
     )
-    displaced = tuple(
-        (j, i, p, m) for (j, i, p), m in zip(moves.tolist(), machines.tolist(), strict=True)
-    )
+    displaced = tuple((int(j), int(i), int(p), m) for j, i, p, m in moves.tolist())
     return Claims(held, own, sub, shapes, displaced)

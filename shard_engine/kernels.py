@@ -12,10 +12,10 @@ for one histogram. Here both are plain loops compiled by numba.
 **Same arithmetic, same decisions.** Each function performs the floating
 point operations of the numpy code it replaced, in the same order (running
 sums left to right, as :func:`shard_engine.linear.combine` adds; ``max`` and
-``min`` with numpy's and Python's tie rules), so plans are bit for bit what
-they were: the recorded plan digests and the simulator's golden traces
-pass unchanged, and ``tests/unit/engine/test_kernels.py`` compares every
-function with its plain-Python execution (``py_func``) on random inputs.
+``min`` with numpy's and Python's tie rules), so its results are bit for bit
+what they were; ``tests/unit/engine/test_kernels.py`` keeps the numpy code
+as an oracle and compares exactly on random inputs. The one deliberate
+difference is the take (:func:`_take`), ADR 0162.
 
 **Loading.** The module is imported by the functions that use it, not at
 the top of theirs, so commands that never run a cycle do not load numba.
@@ -136,11 +136,11 @@ def divide(
     held: IntArray,
     priority: IntArray,
     ranked: bool,
-) -> tuple[FloatArray, IntArray, FloatArray]:
+) -> tuple[FloatArray, FloatArray]:
     """The three passes (module docstring): ``own`` per need and held profile, and what moved.
 
-    Returns ``own``, then one row (from need, to need, profile) per machine
-    count a higher-priority need took over, and those counts.
+    Returns ``own``, then one row (from need, to need, profile, machines)
+    per profile whose machines a higher-priority need took over.
     """
     n, h = sub.shape
     dims = shapes.shape[1]
@@ -240,8 +240,7 @@ def divide(
             claims[i, p] += taken_row[p]
             left[p] -= taken_row[p]
         _less_wanted(wanted[i], taken_row, shapes)
-    moves = np.empty((16, 3), dtype=np.int64)
-    machines = np.empty(16)
+    moves = np.empty((16, 4))  # from need, to need, profile, machines
     moved = 0
     if ranked:
         short = np.zeros(n, dtype=np.bool_)
@@ -263,13 +262,14 @@ def divide(
                 first = moved
                 for p in range(h):
                     if taken_row[p] > 0.0:
-                        if moved == len(machines):
-                            moves = _grown_moves(moves)
-                            machines = _grown(machines)
+                        if moved == len(moves):
+                            grown = np.empty((2 * len(moves), 4))
+                            grown[:moved] = moves
+                            moves = grown
                         moves[moved, 0] = j
                         moves[moved, 1] = i
                         moves[moved, 2] = held[p]
-                        machines[moved] = taken_row[p]
+                        moves[moved, 3] = taken_row[p]
                         moved += 1
                 if moved == first:
                     continue
@@ -285,21 +285,7 @@ def divide(
         spare = counts[p] - total
         for i in range(n):
             own[i, p] = spare + claims[i, p]
-    return own, moves[:moved].copy(), machines[:moved].copy()
-
-
-@njit(cache=True)
-def _grown_moves(moves: IntArray) -> IntArray:
-    out = np.empty((2 * moves.shape[0], 3), dtype=np.int64)
-    out[: moves.shape[0]] = moves
-    return out
-
-
-@njit(cache=True)
-def _grown(values: FloatArray) -> FloatArray:
-    out = np.empty(2 * len(values))
-    out[: len(values)] = values
-    return out
+    return own, moves[:moved].copy()
 
 
 @njit(cache=True)
@@ -491,10 +477,10 @@ def have_rows(weights: FloatArray, usable: FloatArray) -> FloatArray:
 def warm() -> None:
     """Compile (or load from the cache) every kernel for the types the engine passes.
 
-    The arrays are made the way ``claims.claim`` and ``Bindings.counts``
-    make theirs (a boolean matrix's columns, ``flatnonzero`` rows, the
-    inventory's ``int16`` or widened ``int32`` profile column), so a cycle
-    finds each signature compiled.
+    The arrays have the types and layouts ``claims.claim``,
+    ``Bindings.counts`` and ``usable`` pass (the catalog's allocatable as a
+    view or whole, the inventory's ``int16`` or widened ``int32`` profile
+    column), so a cycle finds each signature compiled.
     """
     # The catalog's allocatable is a view of wider columns, or all of them.
     for alloc in (np.ones((3, 2)), np.ones((3, 4))[:, :2]):

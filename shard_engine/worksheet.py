@@ -162,11 +162,12 @@ class Worksheet:
 
     def _counted(self, cluster: int, keys: Sequence[str], *, settled_only: bool) -> Counted | None:
         """:meth:`bound` per profile counted (``Bindings.counts``), remembered while it holds."""
+        assert self.bindings is not None
         # The count changes with the cluster's inventory and bindings (between
         # cycles) and with what this cycle took of its bound pools or named.
         memo_key = (
             self.inventory.version(cluster),
-            self.bindings.version(cluster) if self.bindings is not None else 0,
+            self.bindings.version(cluster),
             settled_only,
             tuple(keys),
         )

@@ -10,7 +10,7 @@ a need with a spread claims machines bought for the need pinned to a zone.
 from __future__ import annotations
 
 from shard_engine.engine import ShardEngine
-from shard_engine.model import MachineState, Operator, Requirement
+from shard_engine.model import MachineState, Need, Operator, Requirement
 from shard_engine.phase1 import memo_key
 from shard_engine.worksheet import Worksheet
 from tests.rollups import apply
@@ -86,6 +86,21 @@ def test_a_restarted_engine_reads_the_binding_back_from_the_attribution() -> Non
     assert engine.cycle(now=1).actions == ()
 
 
+BATCH = need(cpu=16, priority=100_000)
+PRODUCTION = need(cpu=8, priority=1_000_000)
+SPEC = [f"spec-{i:04d}" for i in range(4)]
+
+
+def batch_on_four_machines() -> tuple[ShardEngine, Carrier, Need]:
+    """Cluster "tiers": batch (16 cores) placed on all four 4-core machines there are."""
+    engine = ShardEngine()
+    fleet(engine, 4, prefix="spec", state=MachineState.SPECULATIVE)
+    apply(engine, rollup("tiers", 1, BATCH), now=0)
+    carrier = Carrier(engine)
+    carrier.run(now=1)
+    return engine, carrier, BATCH
+
+
 def test_a_higher_priority_need_short_takes_over_a_lower_ones_machines_once() -> None:
     """Production (8 cores) arrives where batch holds all 4 machines (16 cores).
 
@@ -93,14 +108,9 @@ def test_a_higher_priority_need_short_takes_over_a_lower_ones_machines_once() ->
     machines are bought for it. From then on production owns the 2 machines
     it took over, batch owns its 2 old and 2 new ones: nothing more is bought.
     """
-    engine = ShardEngine()
-    fleet(engine, 4, prefix="spec", state=MachineState.SPECULATIVE)
-    batch = need(cpu=16, priority=100_000)
-    apply(engine, rollup("tiers", 1, batch), now=0)
-    carrier = Carrier(engine)
-    carrier.run(now=1)
+    engine, carrier, batch = batch_on_four_machines()
     fleet(engine, 4, prefix="more", state=MachineState.SPECULATIVE)
-    production = need(cpu=8, priority=1_000_000)
+    production = PRODUCTION
     apply(engine, rollup("tiers", 2, batch, production), now=2)
 
     [bought] = carrier.run(now=3)
@@ -108,8 +118,7 @@ def test_a_higher_priority_need_short_takes_over_a_lower_ones_machines_once() ->
     assert len(machine_ids(bought.actions)) == 2
     assert {a.need_key for a in bought.actions} == {batch.key}  # type: ignore[union-attr]
     # The two machines production took over are rebound to it at commit.
-    first = [f"spec-{i:04d}" for i in range(4)]
-    assert sorted(engine.placed_for(m) for m in first) == sorted(
+    assert sorted(engine.placed_for(m) for m in SPEC) == sorted(
         [batch.key] * 2 + [production.key] * 2
     )
     assert [plan.actions for plan in carrier.run(now=4, cycles=3)] == [(), (), ()]
@@ -125,17 +134,11 @@ def test_a_takeover_is_read_back_after_the_roll_up_changes_and_nothing_else_did(
     (remembered under the cluster's unchanged inventory), production
     looked short once more and took a third machine it does not need.
     """
-    engine = ShardEngine()
-    fleet(engine, 4, prefix="spec", state=MachineState.SPECULATIVE)
-    batch = need(cpu=16, priority=100_000)
-    apply(engine, rollup("tiers", 1, batch), now=0)
-    carrier = Carrier(engine)
-    carrier.run(now=1)
-    production = need(cpu=8, priority=1_000_000)
+    engine, carrier, batch = batch_on_four_machines()
+    production = PRODUCTION
     apply(engine, rollup("tiers", 2, batch, production), now=2)
     carrier.run(now=3)
-    machines = [f"spec-{i:04d}" for i in range(4)]
-    taken_over = sorted(engine.placed_for(m) for m in machines)
+    taken_over = sorted(engine.placed_for(m) for m in SPEC)
     assert taken_over == sorted([batch.key] * 2 + [production.key] * 2)
 
     smaller = need(cpu=12, priority=100_000)
@@ -143,7 +146,7 @@ def test_a_takeover_is_read_back_after_the_roll_up_changes_and_nothing_else_did(
     apply(engine, rollup("tiers", 3, smaller, production), now=4)
     carrier.run(now=5, cycles=3)
 
-    assert sorted(engine.placed_for(m) for m in machines) == taken_over
+    assert sorted(engine.placed_for(m) for m in SPEC) == taken_over
 
 
 def test_what_a_cluster_holds_is_read_again_after_a_takeover_moved_no_machine() -> None:
@@ -151,13 +154,8 @@ def test_what_a_cluster_holds_is_read_again_after_a_takeover_moved_no_machine() 
     version stays, its bindings version does not, and every result remembered from
     its claims (what each need has, which are short, Phase 3's quiet clusters) is
     keyed by both, so none is read back from before the takeover."""
-    engine = ShardEngine()
-    fleet(engine, 4, prefix="spec", state=MachineState.SPECULATIVE)
-    batch = need(cpu=16, priority=100_000)
-    apply(engine, rollup("tiers", 1, batch), now=0)
-    carrier = Carrier(engine)
-    carrier.run(now=1)
-    production = need(cpu=8, priority=1_000_000)
+    engine, carrier, batch = batch_on_four_machines()
+    production = PRODUCTION
     apply(engine, rollup("tiers", 2, batch, production), now=2)
     cluster = engine._clusters.index_of("tiers")
     entry = engine._table.entry(cluster)
@@ -169,7 +167,7 @@ def test_what_a_cluster_holds_is_read_again_after_a_takeover_moved_no_machine() 
     carrier.run(now=3)  # production takes over 2 of batch's machines; nothing is bought
 
     assert engine._inventory.version(cluster) == inventory_before
-    assert sorted(engine.placed_for(f"spec-{i:04d}") for i in range(4)) == sorted(
+    assert sorted(engine.placed_for(m) for m in SPEC) == sorted(
         [batch.key] * 2 + [production.key] * 2
     )
     assert memo_key(sheet, engine._table.demand(entry)) != before
