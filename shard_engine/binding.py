@@ -23,14 +23,15 @@ to the machines.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
 from shard_engine.linear import combine
+from shard_engine.pools import Pools
 
-__all__ = ["NO_BINDING", "Bindings", "pinned_first"]
+__all__ = ["NO_BINDING", "Bindings", "PoolCodes", "pinned_first"]
 
 NO_BINDING = -1
 IntArray = npt.NDArray[np.int64]
@@ -40,14 +41,18 @@ FloatArray = npt.NDArray[np.float64]
 class Bindings:
     """A (cluster, need key) code per machine row; see the module docstring."""
 
-    __slots__ = ("_changes", "_cluster", "_codes", "_key", "_rows")
+    __slots__ = ("_changes", "_cluster", "_codes", "_key", "_lookups", "_rows", "on_change")
 
-    def __init__(self) -> None:
+    def __init__(self, on_change: Callable[[IntArray], None] | None = None) -> None:
         self._rows: npt.NDArray[np.int32] = np.full(0, NO_BINDING, dtype=np.int32)
         self._codes: dict[tuple[int, str], int] = {}
         self._key: list[str] = []
         self._cluster: npt.NDArray[np.int32] = np.zeros(0, dtype=np.int32)
         self._changes: dict[int, int] = {}
+        self._lookups: dict[int, tuple[tuple[str, ...], int, IntArray | None]] = {}
+        # Told the rows whose binding changed: the engine marks their bound
+        # pools changed, so counts kept per pool are read again.
+        self.on_change = on_change
 
     def _code(self, cluster: int, key: str) -> int:
         code = self._codes.get((cluster, key))
@@ -78,6 +83,8 @@ class Bindings:
         self._changed(index)
         self._rows[index] = self._code(cluster, key)
         self._changes[cluster] = self._changes.get(cluster, 0) + 1
+        if self.on_change is not None:
+            self.on_change(index)
 
     def unbind(self, rows: Sequence[int] | IntArray) -> None:
         """Forget what ``rows`` were placed for (a new machine on a reused row, a removal)."""
@@ -85,6 +92,8 @@ class Bindings:
         index = index[index < len(self._rows)]
         self._changed(index)
         self._rows[index] = NO_BINDING
+        if self.on_change is not None and len(index):
+            self.on_change(index)
 
     def _changed(self, index: IntArray) -> None:
         """Count a change for every cluster some of ``index`` are bound to now."""
@@ -120,41 +129,88 @@ class Bindings:
         code = int(self._rows[row])
         return int(self._cluster[code]), self._key[code]
 
-    def counts(
-        self,
-        rows: npt.NDArray[np.integer],
-        profile: npt.NDArray[np.integer],
-        *,
-        cluster: int,
-        keys: Sequence[str],
-        skip: IntArray | None = None,
-    ) -> tuple[IntArray, FloatArray] | None:
-        """Machines among ``rows`` bound to each of ``cluster``'s ``keys``, per profile.
+    @property
+    def codes(self) -> npt.NDArray[np.int32]:
+        """The (cluster, need key) code per row; ``NO_BINDING`` (and rows past its end): none."""
+        return self._rows
 
-        ``rows`` are machines counting toward ``cluster``, ``profile`` the
-        inventory's profile per row, ``keys`` the cluster's needs in cycle
-        order; rows in ``skip`` (sorted) are not counted. Returns the
-        profiles counted (sorted) and a (keys × those profiles) count, or
-        None when none of the rows is bound to any of those needs.
+    def lookup(self, cluster: int, keys: Sequence[str]) -> IntArray | None:
+        """Per code, the index in ``keys`` of the need of ``cluster`` it stands for, else -1.
+
+        None when no machine was ever bound to any of those needs. Codes
+        past the end of the array stand for none of them. Kept per cluster
+        while its keys and the codes known stay the same (do not modify).
         """
-        if not self._key:
-            return None
-        lookup = np.full(len(self._key), -1, dtype=np.int64)
-        found = False
-        for i, key in enumerate(keys):
-            code = self._codes.get((cluster, key))
-            if code is not None:
-                lookup[code] = i
-                found = True
-        if not found:
-            return None
+        asked = tuple(keys)
+        kept = self._lookups.get(cluster)
+        if kept is not None and kept[1] == len(self._key) and kept[0] == asked:
+            return kept[2]
+        codes = [self._codes.get((cluster, key), -1) for key in asked]
+        top = max(codes, default=-1)
+        lookup = None
+        if top >= 0:
+            lookup = np.full(top + 1, -1, dtype=np.int64)
+            for i, code in enumerate(codes):
+                if code >= 0:
+                    lookup[code] = i
+        self._lookups[cluster] = (asked, len(self._key), lookup)
+        return lookup
+
+
+class PoolCodes:
+    """Per pool, how many of its members are bound to each code, kept under its generation.
+
+    A cluster's bound machines are counted per need many times a cycle
+    (:meth:`Worksheet.bound`), and between two cycles most of its pools do
+    not change. Each pool's counts are read again only when its generation
+    (``Pools.generation``: members or their bindings changed) moved. Stored
+    as tables, one row per pool and as many columns as the most codes any
+    pool holds (usually one: a pool is one profile, mostly bought for one
+    need), so a count reads a cluster's pools in one compiled pass.
+    """
+
+    __slots__ = ("code", "count", "generation", "width")
+
+    def __init__(self) -> None:
+        self.generation: IntArray = np.zeros(0, dtype=np.int64)
+        self.width: IntArray = np.zeros(0, dtype=np.int64)
+        self.code: IntArray = np.zeros((0, 1), dtype=np.int64)
+        self.count: IntArray = np.zeros((0, 1), dtype=np.int64)
+
+    def refresh(self, pools: Pools, mine: IntArray, codes: npt.NDArray[np.int32]) -> None:
+        """Count again those of pools ``mine`` whose generation moved since they were counted."""
+        if len(mine) == 0:
+            return
+        top = int(mine.max()) + 1
+        if top > len(self.generation):
+            size = max(top, 2 * len(self.generation), 64)
+            grown = np.full(size, -1, dtype=np.int64)
+            grown[: len(self.generation)] = self.generation
+            self.generation = grown
+            self.width = np.resize(self.width, size)
+            self.code = _grown(self.code, size, self.code.shape[1])
+            self.count = _grown(self.count, size, self.count.shape[1])
+        now = pools.generation[mine]
+        stale = mine[self.generation[mine] != now]
+        if len(stale) == 0:
+            return
         from shard_engine import kernels  # numba loads with the first count, not with the CLI
 
-        skipped = kernels.NOTHING if skip is None else skip
-        present: IntArray
-        out: FloatArray
-        present, out = kernels.tally(rows, profile, self._rows, lookup, skipped, len(keys))
-        return (present, out) if len(present) else None
+        for pool in stale.tolist():
+            found, many = kernels.member_codes(pools.members(pool), codes)
+            if len(found) > self.code.shape[1]:
+                self.code = _grown(self.code, len(self.code), len(found))
+                self.count = _grown(self.count, len(self.count), len(found))
+            self.code[pool, : len(found)] = found
+            self.count[pool, : len(found)] = many
+            self.width[pool] = len(found)
+        self.generation[stale] = pools.generation[stale]
+
+
+def _grown(table: IntArray, rows: int, columns: int) -> IntArray:
+    out = np.zeros((rows, columns), dtype=np.int64)
+    out[: table.shape[0], : table.shape[1]] = table
+    return out
 
 
 def pinned_first(

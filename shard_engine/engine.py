@@ -217,7 +217,7 @@ class ShardEngine:
         self._last: verdicts.LastCycle | None = None
         self._cycles = 0
         self._fleet_idle = FleetIdle(self.config.fleet_idle_wait_seconds)
-        self._bindings = Bindings()
+        self._bindings = Bindings(on_change=self._inventory.touch_bound)
 
     # -- observations ------------------------------------------------------------
     def set_fleet_idle(self, offers: Sequence[RemoteIdle]) -> None:

@@ -287,6 +287,45 @@ class Inventory:
         """
         return self._place(row)[0]
 
+    def bound_pools_of(
+        self, rows: npt.NDArray[np.int64]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Those of ``rows`` that sit in a bound pool, and that pool's id (one each)."""
+        rows = rows[rows < len(self.state)]
+        # The bound branch of ``_place``: settled, configured, in a cluster.
+        settled = (
+            (self.state[rows] == _CONFIGURED)
+            & ((self.flags[rows] & np.uint8(FLAG_IN_FLIGHT | FLAG_PROMISED)) == 0)
+            & (self.cluster[rows] >= 0)
+        )
+        rows = rows[settled]
+        if len(rows) == 0:
+            return rows, rows
+        pools = self.pools
+        found: dict[tuple[int, int], int] = {}
+        ids = np.empty(len(rows), dtype=np.int64)
+        for k, pair in enumerate(
+            zip(self.cluster[rows].tolist(), self.profile[rows].tolist(), strict=True)
+        ):
+            pool = found.get(pair)
+            if pool is None:
+                pool = pools.find(PoolKey(TIER_BOUND, *pair))
+                assert pool is not None, "a settled configured machine is in its bound pool"
+                found[pair] = pool
+            ids[k] = pool
+        return rows, ids
+
+    def touch_bound(self, rows: npt.NDArray[np.int64]) -> None:
+        """Mark the bound pools holding any of ``rows`` as changed (``Pools.generation``).
+
+        Called when what the rows are bound to changes (``Bindings``): a
+        count of a pool's members per need remembered under its generation
+        must not outlive that.
+        """
+        _, pools = self.bound_pools_of(rows)
+        for pool in set(pools.tolist()):
+            self.pools.touch(pool)
+
     def _place(self, row: int) -> tuple[PoolKey | None, int]:
         """(pool key, supply owner) of a row: the one definition of where a machine counts."""
         flags = int(self.flags[row])
@@ -550,7 +589,7 @@ class Inventory:
         tier = all_pools.tier[pools].astype(np.int64)
         cluster = all_pools.cluster[pools].astype(np.int64)
         profile = all_pools.profile[pools].astype(np.int64)
-        np.subtract.at(all_pools.counts, pools, counts)
+        all_pools.shorten(pools, counts)
         free = tier != TIER_BOUND
         bound = ~free
         heading = targets >= 0

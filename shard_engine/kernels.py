@@ -6,8 +6,9 @@ sequential steps over ~15 needs and ~15 held profiles. Written with numpy,
 each step was a handful of calls on arrays of a dozen elements, and the
 calls' overhead was most of the cost: some 230 µs a claim, 63 % of the
 500K-machine steady cycle. Counting a cluster's bound machines
-(``Bindings.counts``) made half a dozen temporaries of a few thousand rows
-for one histogram. Here both are plain loops compiled by numba.
+(``Worksheet.bound``) made half a dozen temporaries of a few thousand rows
+for one histogram; it now reads counts kept per pool (``PoolCodes``,
+ADR 0163) in one pass. Here both are plain loops compiled by numba.
 
 **Same arithmetic, same decisions.** Each function performs the floating
 point operations of the numpy code it replaced, in the same order (running
@@ -35,11 +36,12 @@ __all__ = [
     "NOTHING",
     "NO_PLACED",
     "NO_PRIORITY",
+    "bound_tally",
     "columns_of",
     "divide",
     "gather",
     "have_rows",
-    "tally",
+    "member_codes",
     "usable",
     "warm",
 ]
@@ -53,7 +55,7 @@ NO_PLACED = np.zeros((0, 0))
 NO_PRIORITY = np.zeros(0, dtype=np.int64)
 """``divide``'s ``priority`` when the needs are not ranked."""
 NOTHING = np.zeros(0, dtype=np.int64)
-"""``tally``'s ``skip`` when no row is left out."""
+"""``bound_tally``'s ``minus``, ``plus`` or ``skip`` when there are no such rows."""
 
 
 @njit(cache=True)
@@ -353,54 +355,100 @@ def _by_contest(candidates: IntArray, contest: IntArray) -> IntArray:
 
 
 @njit(cache=True)
-def tally(
-    rows: npt.NDArray[np.integer],
+def member_codes(
+    members: npt.NDArray[np.int32], codes: npt.NDArray[np.int32]
+) -> tuple[IntArray, IntArray]:
+    """The binding codes among ``members`` (sorted) and how many rows hold each.
+
+    ``codes`` is the code per row (``Bindings.codes``); rows past its end and
+    rows bound to nothing are left out. A bound pool's few hundred rows,
+    mostly of one code.
+    """
+    found = np.empty(len(members), dtype=np.int64)
+    n = 0
+    for k in range(len(members)):
+        row = members[k]
+        if row < len(codes) and codes[row] >= 0:
+            found[n] = codes[row]
+            n += 1
+    ordered = np.sort(found[:n])
+    distinct = np.empty(n, dtype=np.int64)
+    counts = np.zeros(n, dtype=np.int64)
+    runs = 0
+    for k in range(n):
+        if runs == 0 or ordered[k] != distinct[runs - 1]:
+            distinct[runs] = ordered[k]
+            runs += 1
+        counts[runs - 1] += 1
+    return distinct[:runs], counts[:runs]
+
+
+@njit(cache=True)
+def bound_tally(
+    mine: IntArray,
+    pool_profile: npt.NDArray[np.int32],
+    width: IntArray,
+    code: IntArray,
+    count: IntArray,
+    minus: IntArray,
+    plus: IntArray,
+    skip: IntArray,
     profile: npt.NDArray[np.integer],
     codes: npt.NDArray[np.int32],
     lookup: IntArray,
-    skip: IntArray,
     needs: int,
 ) -> tuple[IntArray, FloatArray]:
-    """How many ``rows`` are bound to each need ``lookup`` knows, per profile they are of.
+    """Machines bound to each need ``lookup`` knows, per profile, from counts kept per pool.
 
-    Returns the profiles counted (sorted) and the counts, one column each:
-    a cluster's dozen profiles, not a catalog's thousands. One pass over the
-    rows (a cluster's few thousand machines), then one over those counted.
+    ``mine`` are a cluster's bound pools; pool ``p`` holds ``count[p, k]``
+    rows bound to code ``code[p, k]`` for ``k < width[p]``
+    (``PoolCodes``). ``minus`` are rows of those pools not to count (taken
+    this cycle), ``plus`` rows counted besides (in flight toward the
+    cluster) unless in ``skip`` (sorted). Returns the profiles with any
+    machine counted (sorted) and the counts, one column each.
     """
-    need_of = np.empty(len(rows), dtype=np.int64)
-    profile_of = np.empty(len(rows), dtype=np.int64)
-    # Rows come pool by pool, and a pool is one profile: the distinct profiles
-    # are found among the first of each run, a few dozen, not among every row.
-    firsts = np.empty(len(rows), dtype=np.int64)
-    runs = 0
-    counted = 0
-    for k in range(len(rows)):
-        row = rows[k]
+    size = len(minus) + len(plus)
+    for k in range(len(mine)):
+        size += width[mine[k]]
+    at = np.empty(size, dtype=np.int64)
+    need_of = np.empty(size, dtype=np.int64)
+    delta = np.empty(size, dtype=np.int64)
+    n = 0
+    for k in range(len(mine)):
+        pool = mine[k]
+        for j in range(width[pool]):
+            c = code[pool, j]
+            if c < len(lookup) and lookup[c] >= 0:
+                at[n] = pool_profile[pool]
+                need_of[n] = lookup[c]
+                delta[n] = count[pool, j]
+                n += 1
+    for k in range(len(minus) + len(plus)):
+        row = minus[k] if k < len(minus) else plus[k - len(minus)]
         if row >= len(codes) or codes[row] < 0:
             continue
-        need = lookup[codes[row]]
-        if need < 0:
+        c = codes[row]
+        if c >= len(lookup) or lookup[c] < 0:
             continue
-        if len(skip):
-            at = np.searchsorted(skip, row)
-            if at < len(skip) and skip[at] == row:
+        if k >= len(minus) and len(skip):
+            i = np.searchsorted(skip, row)
+            if i < len(skip) and skip[i] == row:
                 continue
-        need_of[counted] = need
-        profile_of[counted] = profile[row]
-        if counted == 0 or profile_of[counted] != profile_of[counted - 1]:
-            firsts[runs] = profile_of[counted]
-            runs += 1
-        counted += 1
-    present = np.unique(firsts[:runs])
+        at[n] = profile[row]
+        need_of[n] = lookup[c]
+        delta[n] = -1 if k < len(minus) else 1
+        n += 1
+    present = np.unique(at[:n])
     out = np.zeros((needs, len(present)))
-    last = -1
-    column = 0
-    for k in range(counted):
-        if profile_of[k] != last:
-            last = profile_of[k]
-            column = np.searchsorted(present, last)
-        out[need_of[k], column] += 1.0
-    return present, out
+    for k in range(n):
+        out[need_of[k], np.searchsorted(present, at[k])] += delta[k]
+    keep = np.zeros(len(present), dtype=np.bool_)
+    for j in range(len(present)):
+        for i in range(needs):
+            if out[i, j] != 0.0:
+                keep[j] = True
+                break
+    return present[keep], out[:, keep]
 
 
 @njit(cache=True)
@@ -478,7 +526,7 @@ def warm() -> None:
     """Compile (or load from the cache) every kernel for the types the engine passes.
 
     The arrays have the types and layouts ``claims.claim``,
-    ``Bindings.counts`` and ``usable`` pass (the catalog's allocatable as a
+    ``Worksheet.bound`` and ``usable`` pass (the catalog's allocatable as a
     view or whole, the inventory's ``int16`` or widened ``int32`` profile
     column), so a cycle finds each signature compiled.
     """
@@ -492,6 +540,11 @@ def warm() -> None:
     codes = np.zeros(3, dtype=np.int32)
     lookup = np.zeros(1, dtype=np.int64)
     have_rows(np.ones((2, 3)), usable(shapes, np.ones((2, 2))))
+    found, many = member_codes(np.arange(3, dtype=np.int32), codes)
+    rows = np.arange(3, dtype=np.int64)
+    table = np.zeros((3, 1), dtype=np.int64)
     for column in (np.zeros(3, dtype=np.int16), np.zeros(3, dtype=np.int32)):
-        present, counted = tally(np.arange(3, dtype=np.int32), column, codes, lookup, NOTHING, 1)
+        present, counted = bound_tally(
+            found, codes, many, table, table, rows, rows, rows, column, codes, lookup, 1
+        )
     columns_of(present, counted, held)

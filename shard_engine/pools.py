@@ -51,8 +51,11 @@ class Pools:
         self.tier: npt.NDArray[np.int8] = np.zeros(0, dtype=np.int8)
         self.cluster: IntArray = np.zeros(0, dtype=np.int32)
         self.profile: IntArray = np.zeros(0, dtype=np.int32)
+        # Per pool, bumped whenever its members (or what they are bound to) change.
+        self.generation: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
         self._pos: IntArray = np.zeros(0, dtype=np.int32)
         self.by_cluster: dict[int, list[int]] = {}
+        self._bound_of: dict[int, npt.NDArray[np.int64]] = {}
 
     # -- sizing ---------------------------------------------------------------
     def ensure_rows(self, rows: int) -> None:
@@ -79,13 +82,24 @@ class Pools:
                 self.tier = np.resize(self.tier, capacity)
                 self.cluster = np.resize(self.cluster, capacity)
                 self.profile = np.resize(self.profile, capacity)
+                self.generation = np.resize(self.generation, capacity)
             self.counts[found] = 0
+            self.generation[found] = 0
             self.tier[found] = key.tier
             self.cluster[found] = key.cluster
             self.profile[found] = key.profile
             if key.tier == TIER_BOUND:
                 self.by_cluster.setdefault(key.cluster, []).append(found)
+                self._bound_of.pop(key.cluster, None)
         return found
+
+    def bound_of(self, cluster: int) -> npt.NDArray[np.int64]:
+        """Ids of ``cluster``'s bound pools (``by_cluster``) as an array; do not modify."""
+        ids = self._bound_of.get(cluster)
+        if ids is None:
+            ids = np.array(self.by_cluster.get(cluster, []), dtype=np.int64)
+            self._bound_of[cluster] = ids
+        return ids
 
     def find(self, key: PoolKey) -> int | None:
         """Id of the pool ``key`` or None when it never existed."""
@@ -136,6 +150,7 @@ class Pools:
         stack[size] = row
         self._pos[row] = size
         self.counts[pool] = size + 1
+        self.generation[pool] += 1
 
     def remove_tail(self, pool: int, rows: list[int]) -> bool:
         """Remove ``rows`` at once if they are exactly the pool's last entries; else do nothing.
@@ -151,7 +166,21 @@ class Pools:
         if not np.array_equal(np.sort(tail), np.sort(np.asarray(rows, dtype=np.int32))):
             return False
         self.counts[pool] = size - count
+        self.generation[pool] += 1
         return True
+
+    def shorten(self, pools: npt.NDArray[np.int64], counts: npt.NDArray[np.int64]) -> None:
+        """Drop ``counts[i]`` rows from the tail of ``pools[i]`` (a pool may repeat).
+
+        The bulk form of :meth:`remove_tail` for a caller that knows the rows
+        are exactly those tails (``Inventory.mark_taken_in_flight``).
+        """
+        np.subtract.at(self.counts, pools, counts)
+        self.generation[pools] += 1
+
+    def touch(self, pool: int) -> None:
+        """Record that what ``pool``'s members are bound to changed (``generation``)."""
+        self.generation[pool] += 1
 
     def remove(self, row: int, pool: int) -> None:
         """Take ``row`` out of ``pool`` (the pool the inventory says it is in)."""
@@ -162,3 +191,4 @@ class Pools:
         stack[at] = moved
         self._pos[moved] = at
         self.counts[pool] = last
+        self.generation[pool] += 1

@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shard_engine.actions import ActionLog
-from shard_engine.binding import Bindings
+from shard_engine.binding import Bindings, PoolCodes
 from shard_engine.inventory import Inventory
 from shard_engine.pools import TIER_BOUND, TIER_IDLE, TIER_SPECULATIVE, PoolKey
 
@@ -33,7 +33,7 @@ IntArray = npt.NDArray[np.int64]
 MemoKey = tuple[int, int, int, int, int]
 """Inventory and bindings versions of the cluster, needs version, profiles, dimensions."""
 Counted = tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]
-"""Bound machines per need over the profiles counted (``Bindings.counts``)."""
+"""Bound machines per need over the profiles counted (``kernels.bound_tally``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +77,8 @@ class ClusterMemo:
     bound: dict[tuple[int, bool], tuple[tuple[Any, ...], Counted | None]] = field(
         default_factory=dict
     )
+    # Per bound pool, its members per binding code, under the pool's generation.
+    pool_codes: PoolCodes = field(default_factory=PoolCodes)
 
 
 @dataclass(slots=True)
@@ -107,6 +109,10 @@ class Worksheet:
     seen_bound: dict[tuple[int, bool], tuple[tuple[Any, ...], tuple[int, int], Counted | None]] = (
         field(default_factory=dict)
     )
+    # ``taken`` sorted, with those of its rows in a bound pool and their pools.
+    _skip: tuple[IntArray, IntArray, IntArray] | None = None
+    # Clusters whose pools' counts per binding code were brought up to date.
+    _refreshed: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.free[TIER_IDLE] = self.inventory.free_idle.astype(np.int64)
@@ -161,7 +167,7 @@ class Worksheet:
         return placed if placed.any() else None
 
     def _counted(self, cluster: int, keys: Sequence[str], *, settled_only: bool) -> Counted | None:
-        """:meth:`bound` per profile counted (``Bindings.counts``), remembered while it holds."""
+        """:meth:`bound` per profile counted (``kernels.bound_tally``), kept while it holds."""
         assert self.bindings is not None
         # The count changes with the cluster's inventory and bindings (between
         # cycles) and with what this cycle took of its bound pools or named.
@@ -187,25 +193,81 @@ class Worksheet:
         return found
 
     def _bound(self, cluster: int, keys: Sequence[str], *, settled_only: bool) -> Counted | None:
+        assert self.bindings is not None
+        lookup = self.bindings.lookup(cluster, keys)
+        if lookup is None:
+            return None
         pools = self.inventory.pools
-        parts = pools.heads(pools.by_cluster.get(cluster, []), self.consumed)
+        mine = pools.bound_of(cluster)
+        plus = _NO_ROWS
         if not settled_only and self.flying is not None:
             flying = self.flying(cluster)
             if flying:
-                parts.append(np.asarray(flying, dtype=np.int32))
-        if not parts:
+                plus = np.asarray(flying, dtype=np.int64)
+        if not len(mine) and not len(plus):
             return None
-        skip = None
-        if self.taken:
-            skip = np.sort(np.fromiter(self.taken, np.int64, len(self.taken)))
-        assert self.bindings is not None
-        return self.bindings.counts(
-            np.concatenate(parts),
+        skip = self._skipped()
+        codes = self.bindings.codes
+        kept = self.memo.pool_codes
+        if cluster not in self._refreshed:  # nothing moves between pools within a cycle
+            kept.refresh(pools, mine, codes)
+            self._refreshed.add(cluster)
+        from shard_engine import kernels  # numba loads with the first count, not with the CLI
+
+        minus = self._not_counted(cluster, mine, skip)
+        # Compiled for writeable arrays: an empty one is the kernels' own.
+        present, out = kernels.bound_tally(
+            mine,
+            pools.profile,
+            kept.width,
+            kept.code,
+            kept.count,
+            minus if len(minus) else kernels.NOTHING,
+            plus if len(plus) else kernels.NOTHING,
+            skip if len(skip) else kernels.NOTHING,
             self.inventory.profile,
-            cluster=cluster,
-            keys=keys,
-            skip=skip,
+            codes,
+            lookup,
+            len(keys),
         )
+        return (present, out) if len(present) else None
+
+    def _skipped(self) -> IntArray:
+        """``taken`` sorted, read again only when it grew (it only grows in a cycle)."""
+        if not self.taken:
+            return _NO_ROWS
+        if self._skip is None or len(self._skip[0]) != len(self.taken):
+            rows = np.sort(np.fromiter(self.taken, np.int64, len(self.taken)))
+            self._skip = (rows, *self.inventory.bound_pools_of(rows))
+        return self._skip[0]
+
+    def _not_counted(self, cluster: int, mine: IntArray, skip: IntArray) -> IntArray:
+        """Rows of ``cluster``'s bound pools this cycle took: their tails, and named rows."""
+        pools = self.inventory.pools
+        parts: list[IntArray] = []
+        if self.tails.get(cluster, 0):
+            for pool in mine.tolist():
+                tail = self.consumed.get(pool, 0)
+                if tail:
+                    end = pools.count(pool)
+                    parts.append(pools.members(pool)[end - tail : end].astype(np.int64))
+        if len(skip):
+            # Named rows still in a head of one of the cluster's pools (a row
+            # in a consumed tail is counted out with it already).
+            assert self._skip is not None
+            _, rows, pool_of = self._skip
+            mine_only = pools.cluster[pool_of] == cluster
+            named = zip(rows[mine_only].tolist(), pool_of[mine_only].tolist(), strict=True)
+            heads = [
+                row
+                for row, pool in named
+                if pools.position(row) < pools.count(pool) - self.consumed.get(pool, 0)
+            ]
+            if heads:
+                parts.append(np.array(heads, dtype=np.int64))
+        if not parts:
+            return _NO_ROWS
+        return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
     # -- taking machines -----------------------------------------------------------------
     def available(self, pool: int | None) -> int:

@@ -14,16 +14,19 @@ priorities, bindings narrower than the needs, negative asks).
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 
+from bench.cycle import build, carry, churn
 from shard_engine import kernels
 from shard_engine.binding import Bindings
 from shard_engine.claims import Claims, claim
 from shard_engine.engine import ShardEngine
+from shard_engine.inventory import _widened
 from shard_engine.linear import combine
 from shard_engine.model import MachineState
 from shard_engine.usable import have_rows, usable_shapes
@@ -230,6 +233,7 @@ def test_the_inputs_reach_every_way_of_claiming() -> None:
 
 @pytest.mark.parametrize("seed", range(60))
 def test_bound_machines_are_counted_per_need_and_profile(seed: int) -> None:
+    """Counts kept per pool, less rows taken, plus rows in flight: every row counted once."""
     rng = np.random.default_rng(seed)
     bindings = Bindings()
     keys = [f"need-{i}" for i in range(int(rng.integers(1, 6)))]
@@ -238,24 +242,55 @@ def test_bound_machines_are_counted_per_need_and_profile(seed: int) -> None:
         if rng.random() < 0.8:
             cluster_ = int(rng.integers(0, 2))
             bindings.bind([row], cluster_, str(rng.choice([*keys, "gone"])))
+    codes = bindings.codes
     profile = rng.integers(0, 9, machines + 50).astype(np.int16)
-    rows = rng.choice(machines + 50, int(rng.integers(1, machines + 50)), replace=False)
-    rows = rows.astype(np.int32)
+    # The cluster's pools: rows of one profile each, some past the bound rows.
+    rows = rng.permutation(machines + 50)[: int(rng.integers(1, machines + 50))]
+    by_profile = {p: rows[profile[rows] == p].astype(np.int32) for p in range(9)}
+    mine = np.array([p for p in range(9) if len(by_profile[p])], dtype=np.int64)
+    width = np.zeros(9, dtype=np.int64)
+    table_code = np.zeros((9, 16), dtype=np.int64)
+    table_count = np.zeros((9, 16), dtype=np.int64)
+    for p in mine.tolist():
+        found, many = kernels.member_codes(by_profile[p], codes)
+        held = [int(codes[r]) for r in by_profile[p] if r < len(codes) and codes[r] >= 0]
+        assert found.tolist() == sorted(set(held))
+        assert many.tolist() == [held.count(c) for c in sorted(set(held))]
+        width[p] = len(found)
+        table_code[p, : len(found)] = found
+        table_count[p, : len(found)] = many
+    minus = rng.choice(rows, int(rng.integers(0, len(rows) + 1)), replace=False).astype(np.int64)
+    outside = np.setdiff1d(np.arange(machines + 50), rows)
+    plus = rng.choice(outside, int(rng.integers(0, len(outside) + 1)), replace=False)
+    plus = plus.astype(np.int64)
     skip = np.sort(rng.choice(machines + 50, int(rng.integers(0, 20)), replace=False))
+    lookup = bindings.lookup(1, keys)
+    if lookup is None:
+        return
 
-    got = bindings.counts(rows, profile, cluster=1, keys=keys, skip=skip)
+    present, counts = kernels.bound_tally(
+        mine,
+        np.arange(9, dtype=np.int32),
+        width,
+        table_code,
+        table_count,
+        minus,
+        plus,
+        skip,
+        profile,
+        codes,
+        lookup,
+        len(keys),
+    )
 
     expected = np.zeros((len(keys), 9))
-    for row in rows.tolist():
+    counted = [r for r in rows.tolist() if r not in minus.tolist()]
+    counted += [r for r in plus.tolist() if r not in skip.tolist()]
+    for row in counted:
         bound = bindings.need_of(row)
-        if row in skip.tolist() or bound is None or bound[0] != 1 or bound[1] not in keys:
+        if bound is None or bound[0] != 1 or bound[1] not in keys:
             continue
         expected[keys.index(bound[1]), profile[row]] += 1
-    if not expected.any():
-        assert got is None
-        return
-    assert got is not None
-    present, counts = got
     assert present.tolist() == np.flatnonzero(expected.any(axis=0)).tolist()
     assert counts.tolist() == expected[:, present].tolist()
     # Read over any profiles, sorted: a profile not counted reads zero.
@@ -318,22 +353,32 @@ def test_usable_shapes_and_have_are_the_numpy_ones_bit_for_bit(seed: int) -> Non
 
 def test_warming_compiles_what_a_cycle_calls() -> None:
     kernels.warm()
-    every: list[Any] = [kernels.gather, kernels.divide, kernels.tally, kernels.columns_of]
-    every += [kernels.usable, kernels.have_rows]
+    every: list[Any] = [kernels.gather, kernels.divide, kernels.columns_of, kernels.usable]
+    every += [kernels.have_rows, kernels.member_codes, kernels.bound_tally]
     compiled = {k: len(k.signatures) for k in every}
 
     # A cycle's claims and counts, bound and ranked or not, find every signature compiled.
     for seed in range(30):
         both(cluster(seed))
-    bindings = Bindings()
-    bindings.bind([0, 1], 0, "need")
     engine = ShardEngine()
     fleet(engine, 3, prefix="held", state=MachineState.CONFIGURED, cluster="c")
     apply(engine, rollup("c", 1, need(cpu=4), need(cpu=4, priority=10)), now=0)
     engine.cycle(now=1)
-    for column in (np.zeros(3, dtype=np.int16), np.zeros(3, dtype=np.int32)):
-        found = bindings.counts(np.arange(3, dtype=np.int32), column, cluster=0, keys=["need"])
-        assert found is not None
-        kernels.columns_of(*found, np.array([0], dtype=np.int64))
+    # A shard whose machines are bound to needs, some in flight, some reclaimed.
+    world = build(
+        machines=2_000, clusters=3, needs_per_cluster=4, types=4, zones=2, racks=2, seed=5
+    )
+    rng = random.Random(5)
+    plan = world.engine.cycle(now=world.now)
+    for _ in range(4):
+        carry(world, plan)
+        churn(world, rng, pending=0.3, excess=0.3, grow=20)
+        world.now += 1
+        plan = world.engine.cycle(now=world.now)
+    # Past 32,767 profiles the inventory's profile column widens to int32.
+    wide = _widened(np.zeros(3, dtype=np.int16), 40_000)
+    rows, table = np.arange(3, dtype=np.int64), np.zeros((3, 1), dtype=np.int64)
+    codes = np.zeros(3, dtype=np.int32)
+    kernels.bound_tally(rows, codes, rows, table, table, rows, rows, rows, wide, codes, rows, 1)
 
     assert {k: len(k.signatures) for k in compiled} == compiled
