@@ -36,9 +36,12 @@ __all__ = [
     "NOTHING",
     "NO_PLACED",
     "NO_PRIORITY",
+    "UNBOUNDED",
     "bound_tally",
     "columns_of",
     "divide",
+    "excess",
+    "excess_one",
     "gather",
     "have_rows",
     "member_codes",
@@ -54,6 +57,8 @@ NO_PLACED = np.zeros((0, 0))
 """``divide``'s ``placed`` when nothing is bound."""
 NO_PRIORITY = np.zeros(0, dtype=np.int64)
 """``divide``'s ``priority`` when the needs are not ranked."""
+UNBOUNDED = 2**62
+"""``excess`` for a profile no need bounds."""
 NOTHING = np.zeros(0, dtype=np.int64)
 """``bound_tally``'s ``minus``, ``plus`` or ``skip`` when there are no such rows."""
 
@@ -452,6 +457,52 @@ def bound_tally(
 
 
 @njit(cache=True)
+def _excess_at(
+    matrix: BoolArray, surplus: FloatArray, profile: int, usable: FloatArray, position: int
+) -> int:
+    best = np.inf
+    if profile < matrix.shape[1]:
+        for n in range(matrix.shape[0]):
+            if not matrix[n, profile]:
+                continue
+            for d in range(usable.shape[2]):
+                amount = usable[n, position, d]
+                if amount > 0.0:
+                    ratio = np.floor(surplus[n, d] / amount + 1e-9)
+                    if ratio < best:
+                        best = ratio
+    if best >= UNBOUNDED:
+        return UNBOUNDED
+    return int(best) if best > 0.0 else 0
+
+
+@njit(cache=True)
+def excess(
+    matrix: BoolArray, surplus: FloatArray, profiles: IntArray, usable: FloatArray
+) -> IntArray:
+    """How many machines of each of ``profiles`` could go without any need falling short.
+
+    ``reclaim.excess_groups``: per profile, the least over the needs it
+    matches of ``min_d floor(surplus_d / usable_d + 1e-9)`` over resources
+    it holds of that need, never below zero; ``UNBOUNDED`` when no need
+    bounds it. ``usable[n, i]`` is what one machine of ``profiles[i]``
+    holds of need ``n``.
+    """
+    out = np.empty(len(profiles), dtype=np.int64)
+    for i in range(len(profiles)):
+        out[i] = _excess_at(matrix, surplus, profiles[i], usable, i)
+    return out
+
+
+@njit(cache=True)
+def excess_one(
+    matrix: BoolArray, surplus: FloatArray, profile: int, usable: FloatArray, position: int
+) -> int:
+    """:func:`excess` for the one profile at ``position`` (Phase 3 asks again as it takes)."""
+    return _excess_at(matrix, surplus, profile, usable, position)
+
+
+@njit(cache=True)
 def columns_of(present: IntArray, counts: FloatArray, columns: IntArray) -> FloatArray:
     """``counts`` (one column per profile of ``present``) over the profiles ``columns``.
 
@@ -548,3 +599,6 @@ def warm() -> None:
             found, codes, many, table, table, rows, rows, rows, column, codes, lookup, 1
         )
     columns_of(present, counted, held)
+    matrix, surplus = np.ones((2, 3), dtype=np.bool_), np.ones((2, 2))
+    excess(matrix, surplus, held, np.ones((2, 3, 2)))
+    excess_one(matrix, surplus, 0, np.ones((2, 3, 2)), 0)

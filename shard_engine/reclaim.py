@@ -133,42 +133,34 @@ def excess_groups(
     (:func:`shard_engine.usable.usable_shapes`), the same measure ``have``
     was counted in. For a profile, the bound from each need it matches is
     ``min_d floor(surplus_d / usable_d)`` over resources it holds of that
-    need; a profile no need matches is unbounded (``2**62``).
+    need; a profile no need matches is unbounded (``2**62``). Compiled
+    (``kernels.excess``).
     """
-    if matrix.shape[0] == 0:
-        return np.full(len(profiles), _UNBOUNDED, dtype=np.int64)
-    width = matrix.shape[1]
-    inside = profiles < width
-    matches = np.zeros((matrix.shape[0], len(profiles)), dtype=np.bool_)
-    matches[:, inside] = matrix[:, profiles[inside]]
-    offered = usable > 0
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(
-            offered,
-            np.floor(surplus[:, None, :] / np.where(offered, usable, 1.0) + 1e-9),
-            np.inf,
-        )
-    per_need = ratio.min(axis=2)
-    per_need = np.where(matches, per_need, np.inf)
-    bound = per_need.min(axis=0)
-    bound = np.where(np.isinf(bound), float(_UNBOUNDED), np.maximum(bound, 0.0))
-    result: npt.NDArray[np.int64] = bound.astype(np.int64)
-    return result
+    from shard_engine import kernels  # numba loads with the first cycle, not with the CLI
+
+    return kernels.excess(
+        np.ascontiguousarray(matrix),
+        np.ascontiguousarray(surplus),
+        profiles,
+        np.ascontiguousarray(usable),
+    )
 
 
 def _excess_of(
     matrix: BoolArray, surplus: FloatArray, profile: int, usable: FloatArray, position: int
 ) -> int:
-    """:func:`excess_groups` for one profile, in plain Python (it runs inside a loop)."""
-    if matrix.shape[0] == 0 or profile >= matrix.shape[1]:
-        return _UNBOUNDED
-    best = _UNBOUNDED
-    for n in np.flatnonzero(matrix[:, profile]).tolist():
-        row = surplus[n].tolist()
-        for d, amount in enumerate(usable[n, position].tolist()):
-            if amount > 0:
-                best = min(best, math.floor(row[d] / amount + 1e-9))
-    return max(best, 0)
+    """:func:`excess_groups` for one profile (Phase 3 asks again as it takes)."""
+    from shard_engine import kernels  # numba loads with the first cycle, not with the CLI
+
+    return int(
+        kernels.excess_one(
+            np.ascontiguousarray(matrix),
+            np.ascontiguousarray(surplus),
+            profile,
+            np.ascontiguousarray(usable),
+            position,
+        )
+    )
 
 
 def _settled_have(

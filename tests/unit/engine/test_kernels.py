@@ -355,6 +355,7 @@ def test_warming_compiles_what_a_cycle_calls() -> None:
     kernels.warm()
     every: list[Any] = [kernels.gather, kernels.divide, kernels.columns_of, kernels.usable]
     every += [kernels.have_rows, kernels.member_codes, kernels.bound_tally]
+    every += [kernels.excess, kernels.excess_one]
     compiled = {k: len(k.signatures) for k in every}
 
     # A cycle's claims and counts, bound and ranked or not, find every signature compiled.
@@ -382,3 +383,46 @@ def test_warming_compiles_what_a_cycle_calls() -> None:
     kernels.bound_tally(rows, codes, rows, table, table, rows, rows, rows, wide, codes, rows, 1)
 
     assert {k: len(k.signatures) for k in compiled} == compiled
+
+
+def reference_excess(
+    matrix: np.ndarray, surplus: np.ndarray, profiles: np.ndarray, usable: np.ndarray
+) -> np.ndarray:
+    """``reclaim.excess_groups`` as numpy calls (the code ``kernels.excess`` replaced)."""
+    if matrix.shape[0] == 0:
+        return np.full(len(profiles), kernels.UNBOUNDED, dtype=np.int64)
+    width = matrix.shape[1]
+    inside = profiles < width
+    matches = np.zeros((matrix.shape[0], len(profiles)), dtype=np.bool_)
+    matches[:, inside] = matrix[:, profiles[inside]]
+    offered = usable > 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(
+            offered,
+            np.floor(surplus[:, None, :] / np.where(offered, usable, 1.0) + 1e-9),
+            np.inf,
+        )
+    per_need = np.where(matches, ratio.min(axis=2), np.inf)
+    bound = per_need.min(axis=0)
+    bound = np.where(np.isinf(bound), float(kernels.UNBOUNDED), np.maximum(bound, 0.0))
+    return bound.astype(np.int64)
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_excess_is_the_numpy_one(seed: int) -> None:
+    """Phase 3's excess per profile, and per profile one at a time, as the numpy code had it."""
+    rng = np.random.default_rng(seed)
+    needs, width, dims = (int(rng.integers(lo, hi)) for lo, hi in ((0, 8), (1, 20), (1, 5)))
+    matrix = rng.random((needs, width)) < 0.4
+    # Decimal quantities, negative surplus, blocked needs (-1e18) and machines holding nothing.
+    surplus = rng.integers(-40, 200, (needs, dims)) * rng.choice([1.0, 0.1, 0.25])
+    surplus[rng.random(needs) < 0.15] = -1e18
+    profiles = rng.choice(width + 3, int(rng.integers(1, width + 3)), replace=False)
+    usable = rng.integers(0, 16, (needs, len(profiles), dims)) * rng.choice([1.0, 0.1, 0.5])
+
+    expected = reference_excess(matrix, surplus, profiles, usable)
+
+    assert kernels.excess(matrix, surplus, profiles, usable).tolist() == expected.tolist()
+    for position, profile in enumerate(profiles.tolist()):
+        one = kernels.excess_one(matrix, surplus, profile, usable, position)
+        assert one == expected[position]
