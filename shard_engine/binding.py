@@ -86,6 +86,33 @@ class Bindings:
         if self.on_change is not None:
             self.on_change(index)
 
+    def bind_all(self, batches: Sequence[tuple[IntArray, int, str]]) -> None:
+        """:meth:`bind` for each (rows, cluster, key) of ``batches``, in one pass.
+
+        A commit binds every machine its plan placed, a few hundred
+        segments, each machine once (a plan names a machine once).
+        """
+        placing = [(rows, c, k) for rows, c, k in batches if len(rows) and c >= 0 and k]
+        forget = [rows for rows, c, k in batches if len(rows) and (c < 0 or not k)]
+        if forget:  # rare: a placement without a need; order matters only then
+            for rows, cluster, key in batches:
+                self.bind(rows, cluster, key)
+            return
+        if not placing:
+            return
+        index = np.concatenate([np.asarray(rows, dtype=np.int64) for rows, _, _ in placing])
+        codes = np.repeat(
+            np.array([self._code(c, k) for _, c, k in placing], dtype=np.int32),
+            [len(rows) for rows, _, _ in placing],
+        )
+        self._fit(int(index.max()))
+        self._changed(index)
+        self._rows[index] = codes
+        for _, cluster, _ in placing:
+            self._changes[cluster] = self._changes.get(cluster, 0) + 1
+        if self.on_change is not None:
+            self.on_change(index)
+
     def unbind(self, rows: Sequence[int] | IntArray) -> None:
         """Forget what ``rows`` were placed for (a new machine on a reused row, a removal)."""
         index = np.asarray(rows, dtype=np.int64)
@@ -181,9 +208,8 @@ class PoolCodes:
         """Count again those of pools ``mine`` whose generation moved since they were counted."""
         if len(mine) == 0:
             return
-        top = int(mine.max()) + 1
-        if top > len(self.generation):
-            size = max(top, 2 * len(self.generation), 64)
+        if len(pools) > len(self.generation):
+            size = max(len(pools), 2 * len(self.generation), 64)
             grown = np.full(size, -1, dtype=np.int64)
             grown[: len(self.generation)] = self.generation
             self.generation = grown

@@ -653,9 +653,13 @@ class ShardEngine:
                 )
             )
         bindings = self._bindings
-        for s, kind in enumerate(log.kind):
-            if kind in _PLACING:
-                bindings.bind(log.rows[s], targets[s], log.need_key(s))
+        bindings.bind_all(
+            [
+                (log.rows[s], targets[s], log.need_key(s))
+                for s, kind in enumerate(log.kind)
+                if kind in _PLACING
+            ]
+        )
         for cluster, moves in sheet.rebinds.items():
             for was, now_key, profile, machines in moves:
                 bound_pool = pools.find(PoolKey(TIER_BOUND, cluster, profile))

@@ -292,13 +292,11 @@ class Inventory:
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """Those of ``rows`` that sit in a bound pool, and that pool's id (one each)."""
         rows = rows[rows < len(self.state)]
-        # The bound branch of ``_place``: settled, configured, in a cluster.
-        settled = (
-            (self.state[rows] == _CONFIGURED)
-            & ((self.flags[rows] & np.uint8(FLAG_IN_FLIGHT | FLAG_PROMISED)) == 0)
-            & (self.cluster[rows] >= 0)
-        )
-        rows = rows[settled]
+        # The bound branch of ``_place``: settled, configured, in a cluster. Rows
+        # a commit binds are in flight: they leave at the first, cheapest test.
+        rows = rows[(self.flags[rows] & np.uint8(FLAG_IN_FLIGHT | FLAG_PROMISED)) == 0]
+        if len(rows):
+            rows = rows[(self.state[rows] == _CONFIGURED) & (self.cluster[rows] >= 0)]
         if len(rows) == 0:
             return rows, rows
         pools = self.pools

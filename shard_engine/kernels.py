@@ -366,26 +366,37 @@ def member_codes(
     """The binding codes among ``members`` (sorted) and how many rows hold each.
 
     ``codes`` is the code per row (``Bindings.codes``); rows past its end and
-    rows bound to nothing are left out. A bound pool's few hundred rows,
-    mostly of one code.
+    rows bound to nothing are left out. A bound pool's few hundred rows are
+    mostly of one code, so each row is matched against the few codes seen
+    so far, the last one first.
     """
-    found = np.empty(len(members), dtype=np.int64)
-    n = 0
+    distinct = np.empty(8, dtype=np.int64)
+    counts = np.zeros(8, dtype=np.int64)
+    seen = 0
+    last = 0
     for k in range(len(members)):
         row = members[k]
-        if row < len(codes) and codes[row] >= 0:
-            found[n] = codes[row]
-            n += 1
-    ordered = np.sort(found[:n])
-    distinct = np.empty(n, dtype=np.int64)
-    counts = np.zeros(n, dtype=np.int64)
-    runs = 0
-    for k in range(n):
-        if runs == 0 or ordered[k] != distinct[runs - 1]:
-            distinct[runs] = ordered[k]
-            runs += 1
-        counts[runs - 1] += 1
-    return distinct[:runs], counts[:runs]
+        if row >= len(codes) or codes[row] < 0:
+            continue
+        code = codes[row]
+        if seen and distinct[last] == code:
+            counts[last] += 1
+            continue
+        last = -1
+        for j in range(seen):
+            if distinct[j] == code:
+                last = j
+                break
+        if last < 0:
+            if seen == len(distinct):
+                distinct = np.concatenate((distinct, np.empty(seen, dtype=np.int64)))
+                counts = np.concatenate((counts, np.zeros(seen, dtype=np.int64)))
+            last = seen
+            distinct[seen] = code
+            seen += 1
+        counts[last] += 1
+    order = np.argsort(distinct[:seen], kind="mergesort")
+    return distinct[:seen][order], counts[:seen][order]
 
 
 @njit(cache=True)
