@@ -9,6 +9,11 @@ a need with a spread claims machines bought for the need pinned to a zone.
 
 from __future__ import annotations
 
+from functools import partial
+
+import numpy as np
+
+from shard_engine.binding import Bindings
 from shard_engine.engine import ShardEngine
 from shard_engine.model import MachineState, Need, Operator, Requirement
 from shard_engine.phase1 import memo_key
@@ -171,3 +176,38 @@ def test_what_a_cluster_holds_is_read_again_after_a_takeover_moved_no_machine() 
         [batch.key] * 2 + [production.key] * 2
     )
     assert memo_key(sheet, engine._table.demand(entry)) != before
+
+
+def _note(seen: list[int], rows: np.ndarray) -> None:
+    seen.extend(rows.tolist())
+
+
+def test_binding_a_plans_segments_at_once_is_binding_them_one_by_one() -> None:
+    """``bind_all`` (a commit's placements) leaves every row, change count and
+    notice as one ``bind`` per segment would, including segments that bind
+    nothing (no need key, no cluster), which then fall back to one by one."""
+    segments = [
+        (np.array([3, 9, 4], dtype=np.int64), 0, "web"),
+        (np.array([], dtype=np.int64), 1, "db"),
+        (np.array([12, 2], dtype=np.int64), 1, "db"),
+        (np.array([7], dtype=np.int64), 0, "batch"),
+    ]
+    for extra in ([], [(np.array([9], dtype=np.int64), -1, "")]):
+        told: tuple[list[int], list[int]] = ([], [])
+        one = Bindings(on_change=partial(_note, told[0]))
+        many = Bindings(on_change=partial(_note, told[1]))
+        for bindings in (one, many):
+            bindings.bind([4, 12], 0, "batch")  # rows already bound elsewhere change too
+        before = [one.version(c) for c in (0, 1, 2)]
+        for rows, cluster, key in [*segments, *extra]:
+            one.bind(rows, cluster, key)
+        many.bind_all([*segments, *extra])
+
+        assert many.codes.tolist() == one.codes.tolist()[: len(many.codes)]
+        assert [many.need_of(r) for r in range(14)] == [one.need_of(r) for r in range(14)]
+        # A version says whether anything changed, not how many times.
+        changed = [one.version(c) > v for c, v in zip((0, 1, 2), before, strict=True)]
+        assert [many.version(c) > v for c, v in zip((0, 1, 2), before, strict=True)] == changed
+        assert changed == [True, True, False]
+        assert sorted(told[1]) == sorted(told[0])
+    assert many.need_of(9) is None and one.need_of(3) == (0, "web")
