@@ -39,6 +39,7 @@ __all__ = [
     "UNBOUNDED",
     "bound_tally",
     "columns_of",
+    "cover",
     "divide",
     "excess",
     "excess_one",
@@ -514,6 +515,125 @@ def excess_one(
 
 
 @njit(cache=True)
+def cover(
+    need: FloatArray,
+    slack: FloatArray,
+    left: IntArray,
+    shapes: FloatArray,
+    prices: FloatArray,
+    accelerator: BoolArray,
+) -> tuple[IntArray, FloatArray]:
+    """``selection.cover_by_cost``'s greedy cover, for a need's few dozen candidate groups.
+
+    ``need`` is the deficit with what lies within ``slack`` already zeroed;
+    ``left`` machines per group, ``shapes`` their allocatable, ``prices``
+    their effective cost, ``accelerator`` per resource. Repeatedly: the
+    dominant resource ``d*`` (an accelerator first, else the most machines
+    of the largest shape), then the group with the lowest ``k × price /
+    min(k × capacity, need)`` (``k`` the machines the need still takes of
+    it, at most what it has), ties to the lower price per unit of ``d*``,
+    then the lower group. Returns the picks (group, machines) in order and
+    the need left. The arithmetic and tie-breaks are the Python code's
+    (``tests/unit/engine/test_kernels.py`` keeps it as the oracle).
+    """
+    groups, dims = shapes.shape[0], shapes.shape[1]
+    need = need.copy()
+    left = left.copy()
+    picks = np.empty((0, 2), dtype=np.int64)
+    # Per d*, the groups offering it, cheapest per unit first (ties to the lower group).
+    units = np.full((dims, groups), np.inf)
+    orders = np.empty((dims, groups), dtype=np.int64)
+    offering = np.full(dims, -1, dtype=np.int64)
+    while True:
+        short = False
+        for j in range(dims):
+            if need[j] != 0.0:
+                short = True
+        if not short:
+            break
+        live = False
+        for g in range(groups):
+            if left[g] > 0:
+                live = True
+        if not live:
+            break
+        dstar = -1
+        best_accelerator = False
+        best_ratio = 0.0
+        for j in range(dims):
+            if need[j] <= 0.0:
+                continue
+            top = -np.inf
+            for g in range(groups):
+                if left[g] > 0 and shapes[g, j] > top:
+                    top = shapes[g, j]
+            if top <= 0.0:
+                continue
+            ratio = need[j] / top
+            if (accelerator[j] and not best_accelerator) or (
+                accelerator[j] == best_accelerator and ratio > best_ratio
+            ):
+                dstar, best_accelerator, best_ratio = j, accelerator[j], ratio
+        if dstar < 0:
+            break
+        if offering[dstar] < 0:
+            n = 0
+            for g in range(groups):
+                if shapes[g, dstar] > 0.0:
+                    units[dstar, n] = prices[g] / shapes[g, dstar]
+                    orders[dstar, n] = g
+                    n += 1
+            order = np.argsort(units[dstar, :n], kind="mergesort")  # stable: ties by group
+            units[dstar, :n] = units[dstar, :n][order]
+            orders[dstar, :n] = orders[dstar, :n][order]
+            offering[dstar] = n
+        wanted = need[dstar]
+        found = False
+        best_score, best_unit, best_group, best_take = 0.0, 0.0, -1, 0
+        limit = np.inf
+        for k in range(offering[dstar]):
+            unit = units[dstar, k]
+            if unit > limit:
+                break
+            g = orders[dstar, k]
+            have = left[g]
+            if have <= 0:
+                continue
+            capacity = shapes[g, dstar]
+            count = 0
+            for j in range(dims):
+                if need[j] > 0.0 and shapes[g, j] > 0.0:
+                    machines = int(np.ceil(need[j] / shapes[g, j] - 1e-9))
+                    if machines > count:
+                        count = machines
+            take = have if have < count else max(count, 1)
+            covered = min(take * capacity, wanted)
+            price = prices[g]
+            score = take * price / covered
+            per_unit = price / capacity
+            if (
+                not found
+                or score < best_score
+                or (score == best_score and per_unit < best_unit)
+                or (score == best_score and per_unit == best_unit and g < best_group)
+            ):
+                found = True
+                best_score, best_unit, best_group, best_take = score, per_unit, g, take
+                limit = score * (1 + 1e-9)
+        if not found:
+            break
+        pick = np.empty((1, 2), dtype=np.int64)
+        pick[0, 0] = best_group
+        pick[0, 1] = best_take
+        picks = np.concatenate((picks, pick))
+        left[best_group] -= best_take
+        for j in range(dims):
+            rest = need[j] - best_take * shapes[best_group, j]
+            need[j] = (rest if rest > 0.0 else 0.0) if rest > slack[j] else 0.0
+    return picks, need
+
+
+@njit(cache=True)
 def columns_of(present: IntArray, counts: FloatArray, columns: IntArray) -> FloatArray:
     """``counts`` (one column per profile of ``present``) over the profiles ``columns``.
 
@@ -613,3 +733,4 @@ def warm() -> None:
     matrix, surplus = np.ones((2, 3), dtype=np.bool_), np.ones((2, 2))
     excess(matrix, surplus, held, np.ones((2, 3, 2)))
     excess_one(matrix, surplus, 0, np.ones((2, 3, 2)), 0)
+    cover(np.ones(2), np.zeros(2), held, np.ones((3, 2)), np.ones(3), np.zeros(2, dtype=np.bool_))

@@ -72,9 +72,9 @@ def cover_by_cost(
     position, so the result is deterministic.
 
     Small candidate sets (the common case: a need with requirements matches
-    a handful of shapes) take a plain-Python path with the same arithmetic
-    and tie-breaks; numpy's per-call overhead dominates below a few dozen
-    candidates.
+    a handful of shapes) take a compiled path with the same arithmetic
+    and tie-breaks (``kernels.cover``); numpy's per-call overhead dominates
+    below a few dozen candidates.
     """
     if len(available) <= SMALL:
         return _cover_by_cost_small(
@@ -118,11 +118,11 @@ def cover_by_cost(
 
 
 SMALL = 96
-"""Candidate count up to which :func:`cover_by_cost` uses its plain-Python path.
+"""Candidate count up to which :func:`cover_by_cost` uses its compiled path.
 
 Below about a hundred groups numpy's per-call overhead costs more than the
-arithmetic (measured on the benchmark's shapes: 53 µs against 127 µs at 48
-groups, about even at 120)."""
+arithmetic (measured on the benchmark's shapes with the plain-Python path
+this replaced: 53 µs against 127 µs at 48 groups, about even at 120)."""
 
 
 @lru_cache(maxsize=64)
@@ -141,83 +141,20 @@ def _cover_by_cost_small(
     names: Sequence[str],
     tolerance: float,
 ) -> tuple[list[Pick], FloatArray]:
-    """:func:`cover_by_cost` over lists: identical decisions, less overhead for few groups."""
+    """:func:`cover_by_cost` compiled (``kernels.cover``): identical decisions for few groups."""
+    from shard_engine import kernels  # numba loads with the first cycle, not with the CLI
+
     dims = len(deficit)
-    slack = [tolerance * max(a, 1.0) for a in aggregate.tolist()]
-    need = [d if d > s else 0.0 for d, s in zip(deficit.tolist(), slack, strict=True)]
-    left = available.tolist()
-    shapes = alloc.tolist()
-    prices = cost.tolist()
-    accelerator = _accelerators(tuple(names), dims)
-    ceil = math.ceil
-    picks: list[Pick] = []
-    live = [g for g, n in enumerate(left) if n > 0]
-    by_unit: dict[int, list[tuple[float, int]]] = {}
-    while any(need):
-        if not live:
-            break
-        short = [j for j in range(dims) if need[j] > 0]
-        dstar = -1
-        best_key = (False, 0.0)
-        for j in short:
-            top = max([shapes[g][j] for g in live])
-            if top <= 0:
-                continue
-            key = (accelerator[j], need[j] / top)
-            if key > best_key:
-                dstar, best_key = j, key
-        if dstar < 0:
-            break
-        order = by_unit.get(dstar)
-        if order is None:
-            # Groups offering d*, cheapest per unit of it first. A group's score is
-            # never below its cost per unit (it covers at most what it holds), so
-            # once that exceeds the best score found no later group can win.
-            order = sorted(
-                (prices[g] / shapes[g][dstar], g) for g in range(len(left)) if shapes[g][dstar] > 0
-            )
-            by_unit[dstar] = order
-        wanted = need[dstar]
-        best: tuple[float, float, int] | None = None
-        best_take = 0
-        limit = math.inf
-        for unit, g in order:
-            if unit > limit:
-                break
-            have = left[g]
-            if have <= 0:
-                continue
-            shape = shapes[g]
-            capacity = shape[dstar]
-            count = 0  # machines of this group the deficit needs: max over what it offers
-            for j in short:
-                amount = shape[j]
-                if amount > 0:
-                    machines = ceil(need[j] / amount - 1e-9)
-                    if machines > count:
-                        count = machines
-            take = have if have < count else max(count, 1)
-            covered = min(take * capacity, wanted)
-            price = prices[g]
-            candidate = (take * price / covered, price / capacity, g)
-            if best is None or candidate < best:
-                best, best_take = candidate, take
-                # Rounding can put a score a few ulps under its unit cost; the margin
-                # keeps every group that could tie or win.
-                limit = candidate[0] * (1 + 1e-9)
-        if best is None:
-            break
-        group = best[2]
-        picks.append((group, best_take))
-        left[group] -= best_take
-        if left[group] <= 0:
-            live.remove(group)
-        shape = shapes[group]
-        need = [
-            max(n - best_take * a, 0.0) if (n - best_take * a) > s else 0.0
-            for n, a, s in zip(need, shape, slack, strict=True)
-        ]
-    return picks, np.array(need, dtype=np.float64)
+    slack = tolerance * np.maximum(aggregate, 1.0)
+    picks, need = kernels.cover(
+        np.where(deficit > slack, deficit, 0.0).astype(np.float64),
+        slack.astype(np.float64),
+        np.ascontiguousarray(available, dtype=np.int64),
+        np.ascontiguousarray(alloc, dtype=np.float64),
+        np.ascontiguousarray(cost, dtype=np.float64),
+        np.array(_accelerators(tuple(names), dims), dtype=np.bool_),
+    )
+    return [(int(g), int(n)) for g, n in picks.tolist()], need
 
 
 def units_hosted(alloc: FloatArray, unit: FloatArray) -> IntArray:

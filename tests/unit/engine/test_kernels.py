@@ -14,21 +14,23 @@ priorities, bindings narrower than the needs, negative asks).
 
 from __future__ import annotations
 
+import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import pytest
 
 from bench.cycle import build, carry, churn
-from shard_engine import kernels
+from shard_engine import kernels, selection
 from shard_engine.binding import Bindings
 from shard_engine.claims import Claims, claim
 from shard_engine.engine import ShardEngine
 from shard_engine.inventory import _widened
 from shard_engine.linear import combine
 from shard_engine.model import MachineState
+from shard_engine.resources import is_accelerator
 from shard_engine.usable import have_rows, usable_shapes
 from tests.rollups import apply
 from tests.unit.engine.engine_fleet import fleet, need, rollup
@@ -355,7 +357,7 @@ def test_warming_compiles_what_a_cycle_calls() -> None:
     kernels.warm()
     every: list[Any] = [kernels.gather, kernels.divide, kernels.columns_of, kernels.usable]
     every += [kernels.have_rows, kernels.member_codes, kernels.bound_tally]
-    every += [kernels.excess, kernels.excess_one]
+    every += [kernels.excess, kernels.excess_one, kernels.cover]
     compiled = {k: len(k.signatures) for k in every}
 
     # A cycle's claims and counts, bound and ranked or not, find every signature compiled.
@@ -426,3 +428,121 @@ def test_excess_is_the_numpy_one(seed: int) -> None:
     for position, profile in enumerate(profiles.tolist()):
         one = kernels.excess_one(matrix, surplus, profile, usable, position)
         assert one == expected[position]
+
+
+def reference_cover(
+    *,
+    deficit: np.ndarray,
+    aggregate: np.ndarray,
+    available: np.ndarray,
+    alloc: np.ndarray,
+    cost: np.ndarray,
+    names: Sequence[str],
+    tolerance: float,
+) -> tuple[list[tuple[int, int]], np.ndarray]:
+    """``selection._cover_by_cost_small`` in plain Python (the code ``kernels.cover`` replaced)."""
+    dims = len(deficit)
+    slack = [tolerance * max(a, 1.0) for a in aggregate.tolist()]
+    need = [d if d > s else 0.0 for d, s in zip(deficit.tolist(), slack, strict=True)]
+    left = available.tolist()
+    shapes = alloc.tolist()
+    prices = cost.tolist()
+    accelerator = tuple(j < len(names) and is_accelerator(names[j]) for j in range(dims))
+    ceil = math.ceil
+    picks: list[tuple[int, int]] = []
+    live = [g for g, n in enumerate(left) if n > 0]
+    by_unit: dict[int, list[tuple[float, int]]] = {}
+    while any(need):
+        if not live:
+            break
+        short = [j for j in range(dims) if need[j] > 0]
+        dstar = -1
+        best_key = (False, 0.0)
+        for j in short:
+            top = max([shapes[g][j] for g in live])
+            if top <= 0:
+                continue
+            key = (accelerator[j], need[j] / top)
+            if key > best_key:
+                dstar, best_key = j, key
+        if dstar < 0:
+            break
+        order = by_unit.get(dstar)
+        if order is None:
+            # Groups offering d*, cheapest per unit of it first. A group's score is
+            # never below its cost per unit (it covers at most what it holds), so
+            # once that exceeds the best score found no later group can win.
+            order = sorted(
+                (prices[g] / shapes[g][dstar], g) for g in range(len(left)) if shapes[g][dstar] > 0
+            )
+            by_unit[dstar] = order
+        wanted = need[dstar]
+        best: tuple[float, float, int] | None = None
+        best_take = 0
+        limit = math.inf
+        for unit, g in order:
+            if unit > limit:
+                break
+            have = left[g]
+            if have <= 0:
+                continue
+            shape = shapes[g]
+            capacity = shape[dstar]
+            count = 0  # machines of this group the deficit needs: max over what it offers
+            for j in short:
+                amount = shape[j]
+                if amount > 0:
+                    machines = ceil(need[j] / amount - 1e-9)
+                    if machines > count:
+                        count = machines
+            take = have if have < count else max(count, 1)
+            covered = min(take * capacity, wanted)
+            price = prices[g]
+            candidate = (take * price / covered, price / capacity, g)
+            if best is None or candidate < best:
+                best, best_take = candidate, take
+                # Rounding can put a score a few ulps under its unit cost; the margin
+                # keeps every group that could tie or win.
+                limit = candidate[0] * (1 + 1e-9)
+        if best is None:
+            break
+        group = best[2]
+        picks.append((group, best_take))
+        left[group] -= best_take
+        if left[group] <= 0:
+            live.remove(group)
+        shape = shapes[group]
+        need = [
+            max(n - best_take * a, 0.0) if (n - best_take * a) > s else 0.0
+            for n, a, s in zip(need, shape, slack, strict=True)
+        ]
+    return picks, np.array(need, dtype=np.float64)
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_the_cost_cover_is_the_python_one(seed: int) -> None:
+    """The compiled cover picks what the plain-Python one did, and leaves the same deficit."""
+    rng = np.random.default_rng(seed)
+    groups, dims = int(rng.integers(1, 40)), int(rng.integers(1, 4))
+    # Ties on purpose: few distinct shapes, prices and counts.
+    alloc = rng.choice([0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 96.0], (groups, dims))
+    available = rng.integers(0, 6, groups).astype(np.int64)
+    cost = rng.choice([0.0, 0.1, 1.0, 2.3, 6.0, 0.35], groups)
+    deficit = rng.choice([0.0, 0.3, 3.0, 17.0, 250.5], dims)
+    aggregate = deficit * rng.choice([1.0, 2.0], dims)
+    names = ("cpu", "memory", "nvidia.com/gpu")[:dims]
+    arguments = dict(
+        deficit=deficit,
+        aggregate=aggregate,
+        available=available,
+        alloc=alloc,
+        cost=cost,
+        names=names,
+        tolerance=float(rng.choice([1e-9, 1e-3])),
+    )
+
+    expected = reference_cover(**arguments)
+    got = selection._cover_by_cost_small(**arguments)
+
+    assert got[0] == expected[0]
+    assert got[1].tolist() == expected[1].tolist()
