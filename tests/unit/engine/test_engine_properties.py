@@ -45,6 +45,7 @@ from shard_engine.model import (
 )
 from tests.rollups import apply
 from tests.unit.engine.engine_fleet import Carrier, machine, machine_ids, need, rollup, spread_over
+from tests.unit.engine.oracles import vectorised_cover
 
 CLUSTERS = ("c0", "c1", "c2", "c3")
 ZONES = ("z0", "z1", "z2")
@@ -409,7 +410,7 @@ def test_adding_free_supply_never_hurts_the_highest_priority_need(
     groups=st.integers(1, 60),
     dims=st.integers(1, 3),
 )
-def test_the_small_and_vectorised_cost_covers_decide_alike(
+def test_the_compiled_and_vectorised_cost_covers_decide_alike(
     data: st.DataObject, groups: int, dims: int
 ) -> None:
     from shard_engine import selection
@@ -431,12 +432,7 @@ def test_the_small_and_vectorised_cost_covers_decide_alike(
         names=names,
         tolerance=1e-9,
     )
-    small = selection._cover_by_cost_small(**arguments)  # type: ignore[arg-type]
-    saved = selection.SMALL
-    try:
-        selection.SMALL = -1
-        vectorised = selection.cover_by_cost(**arguments)  # type: ignore[arg-type]
-    finally:
-        selection.SMALL = saved
+    small = selection.cover_by_cost(**arguments)  # type: ignore[arg-type]
+    vectorised = vectorised_cover(**arguments)  # type: ignore[arg-type]
     assert small[0] == vectorised[0]
     assert np.allclose(small[1], vectorised[1])

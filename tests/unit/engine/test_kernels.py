@@ -440,7 +440,7 @@ def reference_cover(
     names: Sequence[str],
     tolerance: float,
 ) -> tuple[list[tuple[int, int]], np.ndarray]:
-    """``selection._cover_by_cost_small`` in plain Python (the code ``kernels.cover`` replaced)."""
+    """``selection.cover_by_cost`` in plain Python below 96 groups (``kernels.cover`` now)."""
     dims = len(deficit)
     slack = [tolerance * max(a, 1.0) for a in aggregate.tolist()]
     need = [d if d > s else 0.0 for d, s in zip(deficit.tolist(), slack, strict=True)]
@@ -521,7 +521,11 @@ def reference_cover(
 
 @pytest.mark.parametrize("seed", range(300))
 def test_the_cost_cover_is_the_python_one(seed: int) -> None:
-    """The compiled cover picks what the plain-Python one did, and leaves the same deficit."""
+    """The compiled cover picks what the plain-Python one did, and leaves the same deficit.
+
+    The plain-Python loop ran below 96 candidate groups; above, the numpy
+    formulation (``oracles.vectorised_cover``, checked in ``test_engine_selection``).
+    """
     rng = np.random.default_rng(seed)
     groups, dims = int(rng.integers(1, 40)), int(rng.integers(1, 4))
     # Ties on purpose: few distinct shapes, prices and counts.
@@ -542,7 +546,7 @@ def test_the_cost_cover_is_the_python_one(seed: int) -> None:
     )
 
     expected = reference_cover(**arguments)
-    got = selection._cover_by_cost_small(**arguments)
+    got = selection.cover_by_cost(**arguments)
 
     assert got[0] == expected[0]
     assert got[1].tolist() == expected[1].tolist()
