@@ -46,6 +46,7 @@ __all__ = [
     "gather",
     "have_rows",
     "member_codes",
+    "spread_fill",
     "usable",
     "warm",
 ]
@@ -634,6 +635,131 @@ def cover(
 
 
 @njit(cache=True)
+def spread_fill(
+    need: FloatArray,
+    slack: FloatArray,
+    left: IntArray,
+    shapes: FloatArray,
+    prefs: FloatArray,
+    signature: npt.NDArray[np.int64],
+    queue: IntArray,
+    start: IntArray,
+    counts: FloatArray,
+    eligible: BoolArray,
+    hard: IntArray,
+    skew: FloatArray,
+    max_steps: int,
+) -> tuple[IntArray, FloatArray, bool]:
+    """``selection.cover_with_spread``'s water-fill: one machine a step into the emptiest domain.
+
+    Groups sharing their domain in every spread share a signature (row
+    ``k`` of ``signature``: the domain per spread, -1 for none); ``queue``
+    holds each signature's groups, ``start[k]:start[k + 1]``, best
+    preference first, then lower group. ``counts``/``eligible`` are the
+    spreads' per-domain counts (rows padded), changed in place; ``hard``
+    the spreads a step may not unbalance past ``skew``. A step takes one
+    machine of the group with the lowest (level of its domains, preference,
+    group) among signatures the hard spreads allow and that still hold a
+    group able to help. Returns the picks (group, machines) in the order
+    groups were first chosen, the need left, and whether a hard spread
+    blocked progress. The arithmetic and order are the Python code's.
+    """
+    groups, dims = shapes.shape[0], shapes.shape[1]
+    need = need.copy()
+    left = left.copy()
+    kinds = len(start) - 1
+    spreads = signature.shape[1]
+    heads = start[:-1].copy()
+    taken = np.zeros(groups, dtype=np.int64)
+    first = np.empty(groups, dtype=np.int64)
+    chosen = 0
+    floors = np.empty(len(hard))
+    has_floor = np.zeros(len(hard), dtype=np.bool_)
+    blocked = False
+    steps = 0
+    while steps < max_steps:
+        short = False
+        for j in range(dims):
+            if need[j] != 0.0:
+                short = True
+        if not short:
+            break
+        steps += 1
+        for h in range(len(hard)):
+            i = hard[h]
+            has_floor[h] = False
+            for d in range(counts.shape[1]):
+                if eligible[i, d] and (not has_floor[h] or counts[i, d] < floors[h]):
+                    floors[h] = counts[i, d]
+                    has_floor[h] = True
+        found = False
+        best_level, best_pref, best_group, best_kind = 0.0, 0.0, -1, -1
+        live = False
+        for k in range(kinds):
+            head = heads[k]
+            while head < start[k + 1]:
+                g = queue[head]
+                useful = False
+                if left[g] > 0:
+                    for j in range(dims):
+                        if need[j] > 0.0 and shapes[g, j] > 0.0:
+                            useful = True
+                            break
+                if useful:
+                    break
+                head += 1
+            heads[k] = head
+            if head == start[k + 1]:
+                continue
+            live = True
+            allowed = True
+            for h in range(len(hard)):
+                d = signature[k, hard[h]]
+                if d < 0 or (has_floor[h] and counts[hard[h], d] + 1 - floors[h] > skew[h]):
+                    allowed = False
+                    break
+            if not allowed:
+                continue
+            level = 0.0
+            for i in range(spreads):
+                d = signature[k, i]
+                level += counts[i, d] if d >= 0 else 0.0
+            g = queue[head]
+            if (
+                not found
+                or level < best_level
+                or (level == best_level and prefs[g] < best_pref)
+                or (level == best_level and prefs[g] == best_pref and g < best_group)
+            ):
+                found = True
+                best_level, best_pref, best_group, best_kind = level, prefs[g], g, k
+        if not live:
+            break
+        if not found:
+            blocked = True
+            break
+        group = best_group
+        if taken[group] == 0:
+            first[chosen] = group
+            chosen += 1
+        taken[group] += 1
+        left[group] -= 1
+        for i in range(spreads):
+            domain = signature[best_kind, i]
+            if domain >= 0:
+                counts[i, domain] += 1
+                eligible[i, domain] = True
+        for j in range(dims):
+            rest = need[j] - shapes[group, j]
+            need[j] = (rest if rest > 0.0 else 0.0) if rest > slack[j] else 0.0
+    picks = np.empty((chosen, 2), dtype=np.int64)
+    for c in range(chosen):
+        picks[c, 0] = first[c]
+        picks[c, 1] = taken[first[c]]
+    return picks, need, blocked
+
+
+@njit(cache=True)
 def columns_of(present: IntArray, counts: FloatArray, columns: IntArray) -> FloatArray:
     """``counts`` (one column per profile of ``present``) over the profiles ``columns``.
 
@@ -734,3 +860,18 @@ def warm() -> None:
     excess(matrix, surplus, held, np.ones((2, 3, 2)))
     excess_one(matrix, surplus, 0, np.ones((2, 3, 2)), 0)
     cover(np.ones(2), np.zeros(2), held, np.ones((3, 2)), np.ones(3), np.zeros(2, dtype=np.bool_))
+    spread_fill(
+        np.ones(2),
+        np.zeros(2),
+        held,
+        np.ones((3, 2)),
+        np.ones(3),
+        np.zeros((1, 1), dtype=np.int64),
+        held,
+        np.array([0, 3], dtype=np.int64),
+        np.zeros((1, 2)),
+        np.ones((1, 2), dtype=np.bool_),
+        np.zeros(1, dtype=np.int64),
+        np.ones(1),
+        4,
+    )

@@ -240,87 +240,48 @@ def cover_with_spread(
     call, because the deficit only shrinks. ``spread`` is updated with the
     picks, as one machine at a time would.
     """
-    slack = [tolerance * max(a, 1.0) for a in aggregate.tolist()]
-    need = [d if d > s else 0.0 for d, s in zip(deficit.tolist(), slack, strict=True)]
-    dims = range(len(need))
-    left = available.astype(np.int64).tolist()
-    shapes = alloc.tolist()
-    prefs = preference.tolist()
-    count = len(left)
-    codes = [c[profiles].tolist() for c in spread.codes] if count else []
-    domains: dict[tuple[int, ...], list[int]] = {}
-    for g, signature in enumerate(zip(*codes, strict=True) if codes else [()] * count):
-        domains.setdefault(signature, []).append(g)
-    signatures = list(domains)
-    queues = [sorted(domains[sig], key=lambda g: (prefs[g], g)) for sig in signatures]
-    heads = [0] * len(signatures)
-    counts = [c.tolist() for c in spread.counts]
-    eligible = [e.tolist() for e in spread.eligible]
-    hard = [
-        (i, s.max_skew)
-        for i, (h, s) in enumerate(zip(spread.hard, spread.spreads, strict=True))
-        if h
-    ]
-    taken: dict[int, int] = {}
-    blocked = False
-    steps = 0
-    while any(need) and steps < max_steps:
-        steps += 1
-        short = [j for j in dims if need[j] > 0]
-        floors = [
-            min((n for n, e in zip(counts[i], eligible[i], strict=True) if e), default=None)
-            for i, _ in hard
-        ]
-        best: tuple[float, float, int] | None = None
-        live = False
-        for k, sig in enumerate(signatures):
-            queue = queues[k]
-            head = heads[k]
-            while head < len(queue):
-                g = queue[head]
-                if left[g] > 0 and any(shapes[g][j] > 0 for j in short):
-                    break
-                head += 1
-            heads[k] = head
-            if head == len(queue):
-                continue
-            live = True
-            allowed = True
-            for (i, skew), floor in zip(hard, floors, strict=True):
-                d = sig[i]
-                if d < 0 or (floor is not None and counts[i][d] + 1 - floor > skew):
-                    allowed = False
-                    break
-            if not allowed:
-                continue
-            level = 0.0
-            for i, d in enumerate(sig):
-                level += counts[i][d] if d >= 0 else 0.0
-            g = queue[head]
-            candidate = (level, prefs[g], g)
-            if best is None or candidate < best:
-                best = candidate
-        if not live:
-            break
-        if best is None:
-            blocked = True
-            break
-        group = best[2]
-        taken[group] = taken.get(group, 0) + 1
-        left[group] -= 1
-        for i, d in enumerate(codes):
-            domain = d[group]
-            if domain >= 0:
-                counts[i][domain] += 1
-                eligible[i][domain] = True
-        shape = shapes[group]
-        need = [
-            max(n - a, 0.0) if (n - a) > s else 0.0
-            for n, a, s in zip(need, shape, slack, strict=True)
-        ]
-    for group, machines in taken.items():
+    from shard_engine import kernels  # numba loads with the first cycle, not with the CLI
+
+    slack = tolerance * np.maximum(aggregate, 1.0)
+    count = len(available)
+    kinds = len(spread.codes)
+    # Each group's domain in every spread; groups alike in all share a signature.
+    by_group = (
+        np.stack([np.asarray(c)[profiles] for c in spread.codes], axis=1).astype(np.int64)
+        if kinds and count
+        else np.zeros((count, kinds), dtype=np.int64)
+    )
+    signature, which = np.unique(by_group, axis=0, return_inverse=True)
+    which = which.reshape(-1)
+    prefs = np.ascontiguousarray(preference, dtype=np.float64)
+    queue = np.lexsort((np.arange(count), prefs, which)).astype(np.int64)
+    start = np.searchsorted(which[queue], np.arange(len(signature) + 1)).astype(np.int64)
+    width = max((len(c) for c in spread.counts), default=0)
+    counts = np.zeros((kinds, max(width, 1)))
+    eligible = np.zeros((kinds, max(width, 1)), dtype=np.bool_)
+    for i, (c, e) in enumerate(zip(spread.counts, spread.eligible, strict=True)):
+        counts[i, : len(c)] = c
+        eligible[i, : len(e)] = e
+    hard = [i for i, h in enumerate(spread.hard) if h]
+    picks, need, blocked = kernels.spread_fill(
+        np.where(deficit > slack, deficit, 0.0).astype(np.float64),
+        slack.astype(np.float64),
+        np.ascontiguousarray(available, dtype=np.int64),
+        np.ascontiguousarray(alloc, dtype=np.float64),
+        prefs,
+        np.ascontiguousarray(signature, dtype=np.int64),
+        queue,
+        start,
+        counts,
+        eligible,
+        np.array(hard, dtype=np.int64),
+        np.array([float(spread.spreads[i].max_skew) for i in hard]),
+        max_steps,
+    )
+    taken = [(int(g), int(n)) for g, n in picks.tolist()]
+    for group, machines in taken:
         spread.add(int(profiles[group]), machines)
-    return list(taken.items()), np.array(need, dtype=np.float64), blocked
+    return taken, need, bool(blocked)
 
 
 def cover_with_spread_stepwise(

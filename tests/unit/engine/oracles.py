@@ -9,6 +9,7 @@ import numpy.typing as npt
 
 from shard_engine.costs import dominant_dimension, machines_needed
 from shard_engine.selection import settle_deficit
+from shard_engine.topology import SpreadState
 
 
 def vectorised_cover(
@@ -56,3 +57,99 @@ def vectorised_cover(
         deficit = np.maximum(deficit, 0.0)
     return picks, deficit
     deficit = settle_deficit(deficit.copy(), aggregate, tolerance)
+
+
+def domain_water_fill(
+    *,
+    deficit: npt.NDArray[np.float64],
+    aggregate: npt.NDArray[np.float64],
+    available: npt.NDArray[np.int64],
+    alloc: npt.NDArray[np.float64],
+    profiles: npt.NDArray[np.int64],
+    preference: npt.NDArray[np.float64],
+    spread: SpreadState,
+    max_steps: int,
+    tolerance: float,
+) -> tuple[list[tuple[int, int]], npt.NDArray[np.float64], bool]:
+    """``selection.cover_with_spread`` in plain Python (``kernels.spread_fill`` replaced it)."""
+    slack = [tolerance * max(a, 1.0) for a in aggregate.tolist()]
+    need = [d if d > s else 0.0 for d, s in zip(deficit.tolist(), slack, strict=True)]
+    dims = range(len(need))
+    left = available.astype(np.int64).tolist()
+    shapes = alloc.tolist()
+    prefs = preference.tolist()
+    count = len(left)
+    codes = [c[profiles].tolist() for c in spread.codes] if count else []
+    domains: dict[tuple[int, ...], list[int]] = {}
+    for g, signature in enumerate(zip(*codes, strict=True) if codes else [()] * count):
+        domains.setdefault(signature, []).append(g)
+    signatures = list(domains)
+    queues = [sorted(domains[sig], key=lambda g: (prefs[g], g)) for sig in signatures]
+    heads = [0] * len(signatures)
+    counts = [c.tolist() for c in spread.counts]
+    eligible = [e.tolist() for e in spread.eligible]
+    hard = [
+        (i, s.max_skew)
+        for i, (h, s) in enumerate(zip(spread.hard, spread.spreads, strict=True))
+        if h
+    ]
+    taken: dict[int, int] = {}
+    blocked = False
+    steps = 0
+    while any(need) and steps < max_steps:
+        steps += 1
+        short = [j for j in dims if need[j] > 0]
+        floors = [
+            min((n for n, e in zip(counts[i], eligible[i], strict=True) if e), default=None)
+            for i, _ in hard
+        ]
+        best: tuple[float, float, int] | None = None
+        live = False
+        for k, sig in enumerate(signatures):
+            queue = queues[k]
+            head = heads[k]
+            while head < len(queue):
+                g = queue[head]
+                if left[g] > 0 and any(shapes[g][j] > 0 for j in short):
+                    break
+                head += 1
+            heads[k] = head
+            if head == len(queue):
+                continue
+            live = True
+            allowed = True
+            for (i, skew), floor in zip(hard, floors, strict=True):
+                d = sig[i]
+                if d < 0 or (floor is not None and counts[i][d] + 1 - floor > skew):
+                    allowed = False
+                    break
+            if not allowed:
+                continue
+            level = 0.0
+            for i, d in enumerate(sig):
+                level += counts[i][d] if d >= 0 else 0.0
+            g = queue[head]
+            candidate = (level, prefs[g], g)
+            if best is None or candidate < best:
+                best = candidate
+        if not live:
+            break
+        if best is None:
+            blocked = True
+            break
+        group = best[2]
+        taken[group] = taken.get(group, 0) + 1
+        left[group] -= 1
+        for i, d in enumerate(codes):
+            domain = d[group]
+            if domain >= 0:
+                counts[i][domain] += 1
+                eligible[i][domain] = True
+        shape = shapes[group]
+        need = [
+            max(n - a, 0.0) if (n - a) > s else 0.0
+            for n, a, s in zip(need, shape, slack, strict=True)
+        ]
+    for group, machines in taken.items():
+        spread.add(int(profiles[group]), machines)
+    return list(taken.items()), np.array(need, dtype=np.float64), blocked

@@ -15,7 +15,7 @@ from shard_engine.catalog import LABEL_ZONE, ProfileCatalog
 from shard_engine.model import TopologySpread, WhenUnsatisfiable
 from shard_engine.topology import SpreadState
 from tests.unit.engine.engine_fleet import machine
-from tests.unit.engine.oracles import vectorised_cover
+from tests.unit.engine.oracles import domain_water_fill, vectorised_cover
 
 ZONES = ("z0", "z1", "z2", "z3")
 
@@ -118,6 +118,34 @@ def test_water_filling_by_domain_decides_as_the_machine_by_machine_rule(
         assert np.array_equal(a, b)
     for e, f in zip(fast_state.eligible, reference_state.eligible, strict=True):
         assert np.array_equal(e, f)
+
+
+@settings(max_examples=300, deadline=None)
+@given(spread_problems())
+def test_the_compiled_water_fill_is_the_python_one(problem: SpreadProblem) -> None:
+    """Same picks in the same order, same deficit, same block, same spread state after."""
+    compiled_state, python_state = problem.state(), problem.state()
+    arguments = dict(
+        deficit=problem.deficit,
+        aggregate=problem.deficit,
+        available=problem.available,
+        alloc=problem.catalog.alloc[problem.profiles],
+        profiles=problem.profiles,
+        preference=problem.preference,
+        max_steps=problem.max_steps,
+        tolerance=1e-9,
+    )
+
+    compiled = selection.cover_with_spread(spread=compiled_state, **arguments)  # type: ignore[arg-type]
+    expected = domain_water_fill(spread=python_state, **arguments)  # type: ignore[arg-type]
+
+    assert compiled[0] == expected[0]
+    assert compiled[1].tolist() == expected[1].tolist()
+    assert compiled[2] == expected[2]
+    for a, b in zip(compiled_state.counts, python_state.counts, strict=True):
+        assert a.tolist() == b.tolist()
+    for e, f in zip(compiled_state.eligible, python_state.eligible, strict=True):
+        assert e.tolist() == f.tolist()
 
 
 @settings(max_examples=300, deadline=None)

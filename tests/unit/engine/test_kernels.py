@@ -357,7 +357,7 @@ def test_warming_compiles_what_a_cycle_calls() -> None:
     kernels.warm()
     every: list[Any] = [kernels.gather, kernels.divide, kernels.columns_of, kernels.usable]
     every += [kernels.have_rows, kernels.member_codes, kernels.bound_tally]
-    every += [kernels.excess, kernels.excess_one, kernels.cover]
+    every += [kernels.excess, kernels.excess_one, kernels.cover, kernels.spread_fill]
     compiled = {k: len(k.signatures) for k in every}
 
     # A cycle's claims and counts, bound and ranked or not, find every signature compiled.
