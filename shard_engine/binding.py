@@ -93,8 +93,8 @@ class Bindings:
         segments, each machine once (a plan names a machine once).
         """
         placing = [(rows, c, k) for rows, c, k in batches if len(rows) and c >= 0 and k]
-        forget = [rows for rows, c, k in batches if len(rows) and (c < 0 or not k)]
-        if forget:  # rare: a placement without a need; order matters only then
+        if any(len(rows) and (c < 0 or not k) for rows, c, k in batches):
+            # Rare: a placement without a need unbinds; order matters only then.
             for rows, cluster, key in batches:
                 self.bind(rows, cluster, key)
             return

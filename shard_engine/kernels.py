@@ -516,6 +516,23 @@ def excess_one(
 
 
 @njit(cache=True)
+def _short(need: FloatArray) -> bool:
+    """Whether anything of ``need`` is still missing (any entry not zero)."""
+    for j in range(len(need)):  # noqa: SIM110 (a loop compiles; a generator in any() does not pay)
+        if need[j] != 0.0:
+            return True
+    return False
+
+
+@njit(cache=True)
+def _settle(need: FloatArray, slack: FloatArray, shape: FloatArray, machines: int) -> None:
+    """Take ``machines`` of ``shape`` off ``need`` in place; what is left within ``slack`` is 0."""
+    for j in range(len(need)):
+        rest = need[j] - machines * shape[j]
+        need[j] = (rest if rest > 0.0 else 0.0) if rest > slack[j] else 0.0
+
+
+@njit(cache=True)
 def cover(
     need: FloatArray,
     slack: FloatArray,
@@ -546,11 +563,7 @@ def cover(
     orders = np.empty((dims, groups), dtype=np.int64)
     offering = np.full(dims, -1, dtype=np.int64)
     while True:
-        short = False
-        for j in range(dims):
-            if need[j] != 0.0:
-                short = True
-        if not short:
+        if not _short(need):
             break
         live = False
         for g in range(groups):
@@ -628,9 +641,7 @@ def cover(
         pick[0, 1] = best_take
         picks = np.concatenate((picks, pick))
         left[best_group] -= best_take
-        for j in range(dims):
-            rest = need[j] - best_take * shapes[best_group, j]
-            need[j] = (rest if rest > 0.0 else 0.0) if rest > slack[j] else 0.0
+        _settle(need, slack, shapes[best_group], best_take)
     return picks, need
 
 
@@ -678,11 +689,7 @@ def spread_fill(
     blocked = False
     steps = 0
     while steps < max_steps:
-        short = False
-        for j in range(dims):
-            if need[j] != 0.0:
-                short = True
-        if not short:
+        if not _short(need):
             break
         steps += 1
         for h in range(len(hard)):
@@ -749,9 +756,7 @@ def spread_fill(
             if domain >= 0:
                 counts[i, domain] += 1
                 eligible[i, domain] = True
-        for j in range(dims):
-            rest = need[j] - shapes[group, j]
-            need[j] = (rest if rest > 0.0 else 0.0) if rest > slack[j] else 0.0
+        _settle(need, slack, shapes[group], 1)
     picks = np.empty((chosen, 2), dtype=np.int64)
     for c in range(chosen):
         picks[c, 0] = first[c]

@@ -121,18 +121,6 @@ class Pools:
         """Rows in the pool (a view; do not keep across mutations)."""
         return self._stacks[pool][: int(self.counts[pool])]
 
-    def heads(self, pools: list[int], taken: dict[int, int]) -> list[IntArray]:
-        """Each of ``pools``' members but its last ``taken[pool]`` (views); empty ones left out.
-
-        What a cycle has not taken yet of a cluster's bound pools, read in
-        one pass (a claim reads them for every cluster something moved).
-        """
-        stacks = self._stacks
-        left = self.counts[pools].tolist()
-        if taken:
-            left = [n - taken.get(pool, 0) for pool, n in zip(pools, left, strict=True)]
-        return [stacks[pool][:n] for pool, n in zip(pools, left, strict=True) if n > 0]
-
     def tail(self, pool: int, skip: int, take: int) -> npt.NDArray[np.int64]:
         """``take`` rows from the end of the pool after skipping ``skip`` already taken."""
         end = int(self.counts[pool]) - skip

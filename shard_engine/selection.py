@@ -48,8 +48,15 @@ Pick = tuple[int, int]
 
 def settle_deficit(deficit: FloatArray, aggregate: FloatArray, tolerance: float) -> FloatArray:
     """Zero out deficits within rounding distance of zero (sums of floats drift)."""
-    slack = tolerance * np.maximum(aggregate, 1.0)
-    return np.where(deficit > slack, deficit, 0.0)
+    return _settled(deficit, aggregate, tolerance)[0]
+
+
+def _settled(
+    deficit: FloatArray, aggregate: FloatArray, tolerance: float
+) -> tuple[FloatArray, FloatArray]:
+    """:func:`settle_deficit` and the slack it used (what the compiled covers take)."""
+    slack = (tolerance * np.maximum(aggregate, 1.0)).astype(np.float64)
+    return np.where(deficit > slack, deficit, 0.0).astype(np.float64), slack
 
 
 def cover_by_cost(
@@ -79,10 +86,8 @@ def cover_by_cost(
     from shard_engine import kernels  # numba loads with the first cycle, not with the CLI
 
     dims = len(deficit)
-    slack = tolerance * np.maximum(aggregate, 1.0)
     picks, need = kernels.cover(
-        np.where(deficit > slack, deficit, 0.0).astype(np.float64),
-        slack.astype(np.float64),
+        *_settled(deficit, aggregate, tolerance),
         np.ascontiguousarray(available, dtype=np.int64),
         np.ascontiguousarray(alloc, dtype=np.float64),
         np.ascontiguousarray(cost, dtype=np.float64),
@@ -242,7 +247,6 @@ def cover_with_spread(
     """
     from shard_engine import kernels  # numba loads with the first cycle, not with the CLI
 
-    slack = tolerance * np.maximum(aggregate, 1.0)
     count = len(available)
     kinds = len(spread.codes)
     # Each group's domain in every spread; groups alike in all share a signature.
@@ -264,8 +268,7 @@ def cover_with_spread(
         eligible[i, : len(e)] = e
     hard = [i for i, h in enumerate(spread.hard) if h]
     picks, need, blocked = kernels.spread_fill(
-        np.where(deficit > slack, deficit, 0.0).astype(np.float64),
-        slack.astype(np.float64),
+        *_settled(deficit, aggregate, tolerance),
         np.ascontiguousarray(available, dtype=np.int64),
         np.ascontiguousarray(alloc, dtype=np.float64),
         prefs,

@@ -214,7 +214,7 @@ class Worksheet:
             self._refreshed.add(cluster)
         from shard_engine import kernels  # numba loads with the first count, not with the CLI
 
-        minus = self._not_counted(cluster, mine, skip)
+        minus = self._not_counted(cluster, mine)
         # Compiled for writeable arrays: an empty one is the kernels' own.
         present, out = kernels.bound_tally(
             mine,
@@ -241,7 +241,7 @@ class Worksheet:
             self._skip = (rows, *self.inventory.bound_pools_of(rows))
         return self._skip[0]
 
-    def _not_counted(self, cluster: int, mine: IntArray, skip: IntArray) -> IntArray:
+    def _not_counted(self, cluster: int, mine: IntArray) -> IntArray:
         """Rows of ``cluster``'s bound pools this cycle took: their tails, and named rows."""
         pools = self.inventory.pools
         parts: list[IntArray] = []
@@ -251,10 +251,10 @@ class Worksheet:
                 if tail:
                     end = pools.count(pool)
                     parts.append(pools.members(pool)[end - tail : end].astype(np.int64))
-        if len(skip):
+        if self.taken:
             # Named rows still in a head of one of the cluster's pools (a row
             # in a consumed tail is counted out with it already).
-            assert self._skip is not None
+            assert self._skip is not None  # ``_skipped`` read ``taken`` first
             _, rows, pool_of = self._skip
             mine_only = pools.cluster[pool_of] == cluster
             named = zip(rows[mine_only].tolist(), pool_of[mine_only].tolist(), strict=True)

@@ -45,7 +45,6 @@ from shard_engine.model import (
 )
 from tests.rollups import apply
 from tests.unit.engine.engine_fleet import Carrier, machine, machine_ids, need, rollup, spread_over
-from tests.unit.engine.oracles import vectorised_cover
 
 CLUSTERS = ("c0", "c1", "c2", "c3")
 ZONES = ("z0", "z1", "z2")
@@ -402,37 +401,3 @@ def test_adding_free_supply_never_hurts_the_highest_priority_need(
         return sum(sum(s.deficit.values()) for s in plan.shortfalls if s.cluster_id == "top")
 
     assert deficit(True) <= deficit(False) + 1e-6
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    data=st.data(),
-    groups=st.integers(1, 60),
-    dims=st.integers(1, 3),
-)
-def test_the_compiled_and_vectorised_cost_covers_decide_alike(
-    data: st.DataObject, groups: int, dims: int
-) -> None:
-    from shard_engine import selection
-
-    values = st.sampled_from((0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 96.0))
-    alloc = np.array(
-        [[data.draw(values) for _ in range(dims)] for _ in range(groups)], dtype=np.float64
-    )
-    available = np.array([data.draw(st.integers(0, 5)) for _ in range(groups)], dtype=np.int64)
-    cost = np.array([data.draw(st.sampled_from((0.0, 0.1, 1.0, 2.3, 6.0))) for _ in range(groups)])
-    deficit = np.array([data.draw(st.sampled_from((0.0, 0.3, 3.0, 17.0))) for _ in range(dims)])
-    names = ("cpu", "memory", "nvidia.com/gpu")[:dims]
-    arguments = dict(
-        deficit=deficit,
-        aggregate=deficit,
-        available=available,
-        alloc=alloc,
-        cost=cost,
-        names=names,
-        tolerance=1e-9,
-    )
-    small = selection.cover_by_cost(**arguments)  # type: ignore[arg-type]
-    vectorised = vectorised_cover(**arguments)  # type: ignore[arg-type]
-    assert small[0] == vectorised[0]
-    assert np.allclose(small[1], vectorised[1])

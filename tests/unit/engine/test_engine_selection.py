@@ -85,6 +85,37 @@ def spread_problems(draw: st.DrawFn) -> SpreadProblem:
     )
 
 
+Fill = tuple[list[selection.Pick], npt.NDArray[np.float64], bool]
+
+
+def fill(problem: SpreadProblem, rule: Callable[..., Fill], state: SpreadState) -> Fill:
+    """``rule`` (a water-fill with ``cover_with_spread``'s arguments) over ``problem``."""
+    return rule(
+        deficit=problem.deficit,
+        aggregate=problem.deficit,
+        available=problem.available,
+        alloc=problem.catalog.alloc[problem.profiles],
+        profiles=problem.profiles,
+        preference=problem.preference,
+        spread=state,
+        max_steps=problem.max_steps,
+        tolerance=1e-9,
+    )
+
+
+def assert_same_fill(
+    got: Fill, got_state: SpreadState, want: Fill, want_state: SpreadState
+) -> None:
+    """Same picks in the same order, same deficit, same block, same spread state after."""
+    assert got[0] == want[0]
+    assert np.array_equal(got[1], want[1])
+    assert got[2] == want[2]
+    for a, b in zip(got_state.counts, want_state.counts, strict=True):
+        assert np.array_equal(a, b)
+    for e, f in zip(got_state.eligible, want_state.eligible, strict=True):
+        assert np.array_equal(e, f)
+
+
 @settings(max_examples=200, deadline=None)
 @given(spread_problems())
 def test_water_filling_by_domain_decides_as_the_machine_by_machine_rule(
@@ -92,60 +123,21 @@ def test_water_filling_by_domain_decides_as_the_machine_by_machine_rule(
 ) -> None:
     fast_state, reference_state = problem.state(), problem.state()
 
-    def cover(
-        rule: Callable[..., tuple[list[selection.Pick], npt.NDArray[np.float64], bool]],
-        state: SpreadState,
-    ) -> tuple[list[selection.Pick], npt.NDArray[np.float64], bool]:
-        return rule(
-            deficit=problem.deficit,
-            aggregate=problem.deficit,
-            available=problem.available,
-            alloc=problem.catalog.alloc[problem.profiles],
-            profiles=problem.profiles,
-            preference=problem.preference,
-            spread=state,
-            max_steps=problem.max_steps,
-            tolerance=1e-9,
-        )
+    fast = fill(problem, selection.cover_with_spread, fast_state)
+    reference = fill(problem, selection.cover_with_spread_stepwise, reference_state)
 
-    fast = cover(selection.cover_with_spread, fast_state)
-    reference = cover(selection.cover_with_spread_stepwise, reference_state)
-
-    assert fast[0] == reference[0]
-    assert np.array_equal(fast[1], reference[1])
-    assert fast[2] == reference[2]
-    for a, b in zip(fast_state.counts, reference_state.counts, strict=True):
-        assert np.array_equal(a, b)
-    for e, f in zip(fast_state.eligible, reference_state.eligible, strict=True):
-        assert np.array_equal(e, f)
+    assert_same_fill(fast, fast_state, reference, reference_state)
 
 
 @settings(max_examples=300, deadline=None)
 @given(spread_problems())
 def test_the_compiled_water_fill_is_the_python_one(problem: SpreadProblem) -> None:
-    """Same picks in the same order, same deficit, same block, same spread state after."""
     compiled_state, python_state = problem.state(), problem.state()
-    arguments = dict(
-        deficit=problem.deficit,
-        aggregate=problem.deficit,
-        available=problem.available,
-        alloc=problem.catalog.alloc[problem.profiles],
-        profiles=problem.profiles,
-        preference=problem.preference,
-        max_steps=problem.max_steps,
-        tolerance=1e-9,
-    )
 
-    compiled = selection.cover_with_spread(spread=compiled_state, **arguments)  # type: ignore[arg-type]
-    expected = domain_water_fill(spread=python_state, **arguments)  # type: ignore[arg-type]
+    compiled = fill(problem, selection.cover_with_spread, compiled_state)
+    expected = fill(problem, domain_water_fill, python_state)
 
-    assert compiled[0] == expected[0]
-    assert compiled[1].tolist() == expected[1].tolist()
-    assert compiled[2] == expected[2]
-    for a, b in zip(compiled_state.counts, python_state.counts, strict=True):
-        assert a.tolist() == b.tolist()
-    for e, f in zip(compiled_state.eligible, python_state.eligible, strict=True):
-        assert e.tolist() == f.tolist()
+    assert_same_fill(compiled, compiled_state, expected, python_state)
 
 
 @settings(max_examples=300, deadline=None)
