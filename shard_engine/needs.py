@@ -203,6 +203,28 @@ def _resized(need: Need, aggregate: dict[str, float], unit: dict[str, float]) ->
     )
 
 
+def _merged(earlier: Need, need: Need) -> Need:
+    """Two rows with one key as one need: aggregates summed, the larger ``min_unit`` per
+    resource, the most protective app class; every other field is ``earlier``'s."""
+    aggregate = dict(earlier.aggregate)
+    for name, value in need.aggregate.items():
+        aggregate[name] = aggregate.get(name, 0.0) + value
+    unit = dict(earlier.min_unit)
+    for name, value in need.min_unit.items():
+        unit[name] = max(unit.get(name, 0.0), value)
+    app = max((earlier.app_class, need.app_class), key=APP_CLASS_VICTIM_RANK.__getitem__)
+    return replace(earlier, aggregate=aggregate, min_unit=unit, app_class=app)
+
+
+Merge = tuple[int, int]
+"""What a merge was made of: the ids of the need so far and the row merged into it, or, for
+an unnamed gang numbered ``k``, the row's id and ``-k``."""
+
+Merged = tuple[Need, Need, Need | None]
+"""A merge's parts (kept, so the ids stay theirs) and what it made: the merged need, the
+numbered gang, or None when the row turned out to be a gang of its own."""
+
+
 #: Longest ``gang_name`` (a Kubernetes object name's limit).
 MAX_GANG_NAME = 253
 
@@ -313,7 +335,12 @@ def _validate_fields(rollup: Rollup) -> None:
 
 
 def validate_rollup(
-    rollup: Rollup, previous: Sequence[Validated] = (), *, equal: int = 0
+    rollup: Rollup,
+    previous: Sequence[Validated] = (),
+    *,
+    equal: int = 0,
+    merges: Mapping[Merge, Merged] | None = None,
+    keep: dict[Merge, Merged] | None = None,
 ) -> tuple[dict[str, Need], tuple[Validated, ...]]:
     """Check a roll-up and return its needs by key, normalised, one per need key.
 
@@ -331,46 +358,59 @@ def validate_rollup(
     needs in a stable order, and a size change is the common edit).
     ``equal`` says the first that many rows are already known to equal
     ``previous``'s (the caller compared them), so they are not compared again.
+    ``merges`` is what merging the last roll-up's rows made (see :data:`Merge`):
+    two reused rows merged again give the very need they gave then. The
+    merges this roll-up makes are recorded in ``keep`` for the next one.
     """
     _validate_fields(rollup)
     merged: dict[str, Need] = {}
     gangs: dict[str, int] = {}
     validated: list[Validated] = []
+    made = {} if merges is None else merges
+    reused = len(previous)
     for i, raw in enumerate(rollup.needs):
-        field = f"needs[{i}]"
-        before = previous[i] if i < len(previous) else None
-        if before is not None and (i < equal or raw is before[0] or raw == before[0]):
-            need, key = before[1], before[2]
+        before = previous[i] if i < reused else None
+        if before is not None and raw is before[0]:
+            row = before
+        elif before is not None and (i < equal or raw == before[0]):
+            row = (raw, before[1], before[2])
         elif before is not None and _same_identity(raw, before[0]):
-            aggregate, unit = _sizes(raw, field=field)
-            need = _resized(before[1], aggregate, unit)
-            key = before[2]
+            aggregate, unit = _sizes(raw, field=f"needs[{i}]")
+            row = (raw, _resized(before[1], aggregate, unit), before[2])
         else:
-            need = _validate_need(raw, field=field)
-            key = need.key
-        validated.append((raw, need, key))
+            need = _validate_need(raw, field=f"needs[{i}]")
+            row = (raw, need, need.key)
+        validated.append(row)
+        _, need, key = row
         earlier = merged.get(key)
         if earlier is None:
             merged[key] = need
             continue
         if need.gang_name:  # the key holds the name: a second row names the gang again
             raise RollupRejected(
-                f"{field}.gang_name",
+                f"needs[{i}].gang_name",
                 f"names gang {need.gang_name!r} a second time (one row per gang)",
             )
-        if same_keys(need):  # a gang of its own, in the order the roll-up lists them
-            ordinal = gangs[key] = gangs.get(key, 0) + 1
-            numbered = replace(need, gang=ordinal)
-            merged[numbered.key] = numbered
+        pair = (id(earlier), id(need))
+        known = made.get(pair)
+        if known is None or known[0] is not earlier or known[1] is not need:
+            # None: a gang of its own, in the order the roll-up lists them.
+            known = (earlier, need, None if same_keys(need) else _merged(earlier, need))
+        if keep is not None:
+            keep[pair] = known
+        if known[2] is not None:
+            merged[key] = known[2]
             continue
-        aggregate = dict(earlier.aggregate)
-        for name, value in need.aggregate.items():
-            aggregate[name] = aggregate.get(name, 0.0) + value
-        unit = dict(earlier.min_unit)
-        for name, value in need.min_unit.items():
-            unit[name] = max(unit.get(name, 0.0), value)
-        app = max((earlier.app_class, need.app_class), key=lambda a: APP_CLASS_VICTIM_RANK[a])
-        merged[key] = replace(earlier, aggregate=aggregate, min_unit=unit, app_class=app)
+        ordinal = gangs[key] = gangs.get(key, 0) + 1
+        numbering = (id(need), -ordinal)
+        known = made.get(numbering)
+        if known is None or known[0] is not need:
+            known = (need, need, replace(need, gang=ordinal))
+        if keep is not None:
+            keep[numbering] = known
+        numbered = known[2]
+        assert numbered is not None
+        merged[numbered.key] = numbered
     return merged, tuple(validated)
 
 
@@ -405,6 +445,8 @@ class ValidatedRollup:
     rows: tuple[Validated, ...]
     merged: Mapping[str, Need]
     token: object = field(default=None, repr=False)
+    # What merging the rows made (validate_rollup's ``keep``): the next roll-up reuses it.
+    merges: Mapping[Merge, Merged] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if self.token is not _ADMIT:
@@ -439,17 +481,20 @@ class ValidatedRollup:
         if previous is not None and previous.rollup.cluster_id != rollup.cluster_id:
             previous = None
         merged: Mapping[str, Need]
+        merges: dict[Merge, Merged] = {}
         if previous is None:
-            merged, rows = validate_rollup(rollup)
+            merged, rows = validate_rollup(rollup, keep=merges)
         elif rollup.needs == previous.rollup.needs:
             # The usual re-send: one C-level comparison (identity first, and the
             # Session port hands back the very objects for needs re-sent unchanged).
             _validate_fields(rollup)
-            rows, merged = previous.rows, previous.merged
+            return cls(rollup, previous.rows, previous.merged, _ADMIT, previous.merges)
         else:
             equal = _equal_prefix(rollup.needs, previous.rollup.needs)
-            merged, rows = validate_rollup(rollup, previous.rows, equal=equal)
-        return cls(rollup, rows, merged, _ADMIT)
+            merged, rows = validate_rollup(
+                rollup, previous.rows, equal=equal, merges=previous.merges, keep=merges
+            )
+        return cls(rollup, rows, merged, _ADMIT, merges)
 
     @classmethod
     def relayed(cls, rollup: Rollup, merged: Mapping[str, Need]) -> ValidatedRollup:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from shard_engine.model import AppClass, Need, Rollup
-from shard_engine.needs import Demand, _equal_prefix, validate_rollup
+from shard_engine.needs import Demand, ValidatedRollup, _equal_prefix, validate_rollup
 from shard_engine.needs import _resized as _resized_need
 from tests.rollups import apply
 from tests.unit.engine.plan_history import CLUSTERS, History, _random_need, _resized
@@ -117,6 +117,46 @@ def test_validation_that_reuses_rows_equals_validation_from_scratch(seed: int) -
         assert list(reused.items()) == list(fresh.items())
         assert [v[1:] for v in validated] == [v[1:] for v in validate_rollup(rollup)[1]]
         previous = validated
+
+
+def _parts(value: ValidatedRollup) -> dict[str, list[int]]:
+    """The identities of the rows of each key, in order."""
+    out: dict[str, list[int]] = {}
+    for _, need, key in value.rows:
+        out.setdefault(key, []).append(id(need))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_merges_reused_from_the_previous_roll_up_equal_merges_from_scratch(seed: int) -> None:
+    # Rows with one key merge, unnamed gangs with one key are numbered; the
+    # previous value's merges are reused when their parts are the very rows.
+    rng = random.Random(seed)
+    pool = [_random_need(rng) for _ in range(6)]
+    wanted = [rng.choice(pool) for _ in range(rng.randint(2, 20))]
+    previous = ValidatedRollup.check(Rollup("c", 1, tuple(wanted)))
+    for step in range(60):
+        roll = rng.random()
+        if roll < 0.4:
+            i = rng.randrange(len(wanted))
+            wanted[i] = _resized(rng, wanted[i])
+        elif roll < 0.6:
+            wanted.insert(rng.randrange(len(wanted) + 1), rng.choice(pool))
+        elif roll < 0.75 and len(wanted) > 1:
+            wanted.pop(rng.randrange(len(wanted)))
+        elif roll < 0.9:
+            i, j = rng.randrange(len(wanted)), rng.randrange(len(wanted))
+            wanted[i], wanted[j] = wanted[j], wanted[i]
+        rollup = Rollup("c", 2 + step, tuple(wanted))
+        checked = ValidatedRollup.check(rollup, previous)
+        fresh, _ = validate_rollup(rollup)
+        assert list(checked.merged.items()) == list(fresh.items())
+        # A key whose rows are the very rows it had last time is the very need it was.
+        before, now = _parts(previous), _parts(checked)
+        for key, rows in now.items():
+            if before.get(key) == rows and len(rows) > 1 and key in previous.merged:
+                assert checked.merged[key] is previous.merged[key], key
+        previous = checked
 
 
 def test_a_resized_need_keeps_its_do_not_disrupt_and_a_changed_one_takes_the_new_value() -> None:
