@@ -118,6 +118,7 @@ class EngineLink:
         self.connected = False
         self._writer: asyncio.StreamWriter | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread = 0  # the loop's thread
         self._wake = asyncio.Event()
         self._stopped = asyncio.Event()
         self._out: list[bytes] = []
@@ -146,9 +147,18 @@ class EngineLink:
             self._counts[outcome] += 1
 
     def poke(self) -> None:
-        """Something waits to be relayed (any thread)."""
+        """Something waits to be relayed (any thread).
+
+        On the edge's own loop (the servicer's roll-ups, the usual case) the
+        relay is woken directly: waking it through the loop's self-pipe would
+        cost a write and a read for every roll-up staged into an empty intake.
+        """
         loop = self._loop
-        if loop is not None and not loop.is_closed():
+        if loop is None or loop.is_closed():
+            return
+        if threading.get_ident() == self._thread:
+            self._wake.set()
+        else:
             loop.call_soon_threadsafe(self._wake.set)
 
     def note(self, kind: Kind, *body: Any) -> None:
@@ -209,6 +219,7 @@ class EngineLink:
     async def run(self) -> None:
         """Join the engine, relay, and join again when it goes; until STOP or orphaned."""
         self._loop = asyncio.get_running_loop()
+        self._thread = threading.get_ident()
         alone_since = time.monotonic()
         while not self._stopped.is_set():
             try:
