@@ -144,6 +144,10 @@ class CountingSink(RollupSink, Protocol):
         """One acknowledged roll-up ended with ``outcome`` (``rejected``)."""
 
 
+#: The roll-up checker's longest run before it lets the readers read on (seconds).
+CHECK_SLICE_S = 0.0005
+
+
 class Outbox:
     """An ordered queue of frames to one operator that coalesces by ``supersedes_key``.
 
@@ -674,17 +678,23 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
         roll-up and nothing is superseded; under overload a cluster's backlog
         is never worked through — only its newest roll-up is — so the work ends
         when the load does, and memory is one frame per session (issue 20).
-        It yields to the readers after every roll-up so they read on meanwhile,
-        and ends when no session holds one (a reader starts it again), so no
-        task outlives the work.
+        It yields to the readers after at most ``CHECK_SLICE_S`` of work (a
+        few roll-ups; yielding after each cost a pass of the loop, a poll of
+        its selector included, per roll-up) so they read on meanwhile, and
+        ends when no session holds one (a reader starts it again), so no task
+        outlives the work.
         """
+        clock = time.perf_counter
+        since = clock()
         while self._ready:
             _, session = self._ready.popitem(last=False)
             try:
                 self._answer(session)
             except Exception:  # one session's failure must not stop the others' acks
                 log.exception("cluster %s: checking a roll-up failed", session.cluster_id)
-            await asyncio.sleep(0)
+            if clock() - since >= CHECK_SLICE_S:
+                await asyncio.sleep(0)
+                since = clock()
 
     def _answer(self, session: OperatorSession) -> None:
         """Acknowledge the session's held roll-up (checked) and those it replaced (superseded)."""
