@@ -61,6 +61,7 @@ from bigfleet.shard.frames import (
     rollup_body,
 )
 from bigfleet.shard.intake import DEFERRED, STALE, Intake
+from bigfleet.shard.interpreter import InterpreterSettings
 from bigfleet.shard.server import IngestOptions, IngestServer, TimedSelector
 from bigfleet.shard.sessions import (
     ClusterElsewhere,
@@ -490,6 +491,10 @@ def main(argv: list[str] | None = None) -> int:
         orphan_s=args.orphan_seconds,
     )
     edge = EdgeProcess(options, tls=tls)
+    # The shard's collector settings (no second thread here: the switch interval
+    # stays): young collections ten times less often, and what start-up made frozen.
+    interpreter = InterpreterSettings(switch_interval_s=None)
+    interpreter.apply()
 
     selector = TimedSelector()
 
@@ -499,6 +504,7 @@ def main(argv: list[str] | None = None) -> int:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, edge.link.stop)
         loop.add_signal_handler(signal.SIGINT, edge.link.stop)
+        loop.call_later(1.0, interpreter.started)
         await edge.run(selector)
 
     with asyncio.Runner(loop_factory=lambda: asyncio.SelectorEventLoop(selector)) as runner:
