@@ -265,6 +265,11 @@ class EngineLink:
         if first is None:
             return
         kind, body = first
+        if kind is Kind.STOP:  # refused: this edge listens where the engine does not
+            log.warning("edge %d: the engine refused this edge (it listens on %s); ending",
+                        self.options.index, self.address)  # fmt: skip
+            self.stop()
+            return
         if kind is not Kind.WELCOME:
             raise FrameError(f"the engine's first frame must be WELCOME, got {kind.name}")
         if body[0] != VERSION:

@@ -266,6 +266,7 @@ class ShardProcess:
             sink=self.sink,
             deferral=self.parts.membership.deferral,
             inspect=lambda cid, limit: self.engine.inspect_needs(cid, limit=limit),
+            listen=options.listen,
         )
         self.parts.membership.on_departure(self._link.departing)
         await self._link.start()

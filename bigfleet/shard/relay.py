@@ -217,8 +217,12 @@ class EdgeLink:
         deferral: Callable[[str], str],
         inspect: Callable[[str, int], Inspection],
         stamps_every_s: float = 0.2,
+        listen: str = "",
     ) -> None:
         self.path = path
+        # Where this shard's Session port is configured to listen: an edge that joins
+        # listening on another port is told to stop (see _serve). Port 0 or '': any.
+        self.listen = listen
         self.hub = hub
         self.sink = sink
         self._deferral = deferral
@@ -345,6 +349,20 @@ class EdgeLink:
             if version != VERSION:
                 raise FrameError(f"edge speaks frame version {version}, this engine {VERSION}")
             edge = EdgeConnection(writer, index=int(index), address=str(address))
+            wanted = _port_of(self.listen)
+            if wanted and _port_of(edge.address) != wanted:
+                # An edge of an engine configured otherwise (it outlived that engine, which
+                # listened elsewhere): keeping it would serve the old address and never
+                # start an edge on this one. It closes its sessions and ends.
+                log.warning(
+                    "edge %d joined listening on %s, not on this shard's %s: told to stop",
+                    edge.index, edge.address, self.listen,
+                )  # fmt: skip
+                edge.write(Kind.STOP, ())
+                with contextlib.suppress(ConnectionError):
+                    await writer.drain()
+                edge = None
+                return
             old = self._edges.get(edge.index)
             if old is not None:
                 self._drop(old)
@@ -482,6 +500,12 @@ class EdgeLink:
                 for edge in self._edges.values():
                     edge.write(Kind.DEFER, (cluster_id, ""))
             await asyncio.sleep(self._stamps_every_s)
+
+
+def _port_of(listen: str) -> str:
+    """The port of ``HOST:PORT`` ('' for port 0 or none): what an edge must listen on."""
+    port = listen.rpartition(":")[2]
+    return port if port.isdigit() and int(port) != 0 else ""
 
 
 def _pinned(listen: str) -> str:

@@ -59,6 +59,7 @@ async def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--temporal", required=True)
     parser.add_argument("--socket", required=True)
     parser.add_argument("--shard", required=True)
+    parser.add_argument("--listen", default="127.0.0.1:0")
     args = parser.parse_args(argv)
     db = Database.connect(args.database_url)
     await db.migrate()
@@ -66,7 +67,7 @@ async def main(argv: Sequence[str] | None = None) -> None:
     process = ShardProcess(
         ShardOptions(
             shard_id=args.shard,
-            listen="127.0.0.1:0",
+            listen=args.listen,
             holder="edge-fault-test",
             cycle_interval_s=0.5,
             apply_coalesce_s=0.05,

@@ -81,14 +81,22 @@ async def stack(empty_database_url: str) -> AsyncIterator[dict[str, str]]:
         await env.shutdown()
 
 
-async def _engine(stack: dict[str, str]) -> Engine:
+async def _engine(stack: dict[str, str], listen: str = "127.0.0.1:0") -> Engine:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "tests.integration.edge_engine",
         "--database-url", stack["database"], "--temporal", stack["temporal"],
-        "--socket", stack["socket"], "--shard", SHARD,
+        "--socket", stack["socket"], "--shard", SHARD, "--listen", listen,
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
     )  # fmt: skip
     return Engine(proc)
+
+
+async def _edge(stack: dict[str, str], listen: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bigfleet.edge",
+        "--socket", stack["socket"], "--listen", listen, "--index", "0",
+        "--orphan-seconds", "120",
+    )  # fmt: skip
 
 
 async def _end(proc: asyncio.subprocess.Process, sig: int = signal.SIGTERM) -> None:
@@ -189,3 +197,30 @@ async def test_sessions_stay_open_through_an_engine_restart_and_relaying_resumes
                 await _end(engine.proc)
         # The engine's clean stop tells the edge to end; if it did not, end it here.
         await _end(edge)
+
+
+async def test_an_edge_listening_elsewhere_than_the_engine_is_told_to_stop(
+    stack: dict[str, str],
+) -> None:
+    # An edge that outlived an engine configured with another port (found running
+    # the restart suite with an edge: the old edge rejoined the next engine, which
+    # then served the old port and never started an edge on its own).
+    stale = await _edge(stack, f"127.0.0.1:{free_port()}")
+    engine = await _engine(stack, listen=stack["listen"])
+    edge: asyncio.subprocess.Process | None = None
+    try:
+        # Refused at JOIN, the stale edge closes its port and ends of itself.
+        assert await asyncio.wait_for(stale.wait(), 120) == 0
+        edge = await _edge(stack, stack["listen"])
+        ready = await engine.line()
+        assert ready["address"] == stack["listen"], "the engine serves on its own port"
+        async with grpc.aio.insecure_channel(stack["listen"]) as channel:
+            stream: Any = shard_pb2_grpc.ShardStub(channel).Session()  # type: ignore[call-arg]
+            await stream.write(shard_pb2.OperatorMessage(hello=shard_pb2.Hello(cluster_id="rs-c")))
+            assert (await stream.read()).ack.echo == "hello"
+            await stream.done_writing()
+    finally:
+        await _end(engine.proc)
+        for proc in (stale, edge):
+            if proc is not None:
+                await _end(proc)
