@@ -56,7 +56,6 @@ def vectorised_cover(
         deficit = settle_deficit(deficit - take * alloc[group], aggregate, tolerance)
         deficit = np.maximum(deficit, 0.0)
     return picks, deficit
-    deficit = settle_deficit(deficit.copy(), aggregate, tolerance)
 
 
 def domain_water_fill(
