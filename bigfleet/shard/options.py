@@ -75,6 +75,9 @@ class ShardOptions:
     spawn_edges: bool = True
     # An edge whose engine process stays away this long closes its sessions and ends.
     edge_orphan_s: float = 120.0
+    # With no edges configured and the Session port held while this shard's edge socket is
+    # on disk, edges of an earlier run are told to stop and the port is tried this long.
+    edge_dismiss_s: float = 10.0
 
     @property
     def task_queue(self) -> str:

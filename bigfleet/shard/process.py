@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
@@ -43,7 +44,7 @@ from bigfleet.shard.executor import claim_running
 from bigfleet.shard.intake import Intake
 from bigfleet.shard.options import ShardOptions, advertised, task_queue
 from bigfleet.shard.parts import assemble
-from bigfleet.shard.relay import EdgeLink, EdgeSpawn, RelayHub, default_socket
+from bigfleet.shard.relay import EdgeLink, EdgeSpawn, RelayHub, default_socket, dismissing_edges
 from bigfleet.shard.rollups import SessionSink
 from bigfleet.shard.server import IngestOptions, IngestServer
 from bigfleet.store import Store
@@ -193,15 +194,7 @@ class ShardProcess:
         if self.options.edges:
             self.listening = await self._join_edges()
         else:
-            # The Session port runs on its own thread: acks never wait for the cycle.
-            self._server = IngestServer(
-                self.hub,
-                self.sink,
-                IngestOptions(listen=self.options.listen, limits=self.options.session_limits),
-                tls=self.tls,
-                inspect=lambda cid, limit: self.engine.inspect_needs(cid, limit=limit),
-            )
-            self.listening = await self._server.start()
+            self.listening = await self._serve_sessions()
         self.address = advertised(self.listening, self.options.advertise)
         # Where a moved cluster's operator is sent: the lease row carries our address.
         await self.lease.publish_address(self.address)
@@ -251,6 +244,45 @@ class ShardProcess:
         if self._undo_interpreter is not None:
             self._undo_interpreter()
             self._undo_interpreter = None
+
+    async def _serve_sessions(self) -> str:
+        """The Session port on a thread of this process: acks never wait for the cycle.
+
+        When the port is held and this shard's edge socket is still on disk,
+        the holder is likely an edge that outlived an engine of this shard
+        run with edges (ADR 0147): it is told to stop, and the port is tried
+        again for ``edge_dismiss_s``.
+        """
+        options = self.options
+        path = options.edge_socket or default_socket(self.shard_id)
+        deadline = time.monotonic() + options.edge_dismiss_s
+        dismissing: contextlib.AsyncExitStack | None = None
+        dismissed: list[int] = []
+        try:
+            while True:
+                self._server = IngestServer(
+                    self.hub,
+                    self.sink,
+                    IngestOptions(listen=options.listen, limits=options.session_limits),
+                    tls=self.tls,
+                    inspect=lambda cid, limit: self.engine.inspect_needs(cid, limit=limit),
+                )
+                try:
+                    return await self._server.start()
+                except OSError as err:
+                    self._server = None
+                    if dismissing is None and not _on_disk(path):
+                        raise
+                    if time.monotonic() >= deadline:
+                        told = f"; {len(dismissed)} edge(s) of an earlier run told to stop"
+                        raise OSError(f"{err}{told if dismissed else ''}") from err
+                if dismissing is None:
+                    dismissing = contextlib.AsyncExitStack()
+                    dismissed = await dismissing.enter_async_context(dismissing_edges(path))
+                await asyncio.sleep(0.2)
+        finally:
+            if dismissing is not None:
+                await dismissing.aclose()
 
     async def _join_edges(self) -> str:
         """The Session port in edge processes: serve their socket, wait for (or start) them.
@@ -427,3 +459,8 @@ class ShardProcess:
 
     def _resync(self, cluster_id: str) -> None:
         self.parts.nodes.resync(cluster_id)
+
+
+def _on_disk(path: str) -> bool:
+    """Whether a file is at ``path`` (a stat: too quick to hand to a thread)."""
+    return os.path.exists(path)

@@ -34,7 +34,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,7 +66,7 @@ from shard_engine.verdicts import Inspection
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EdgeConnection", "EdgeLink", "RelayHub", "default_socket"]
+__all__ = ["EdgeConnection", "EdgeLink", "RelayHub", "default_socket", "dismissing_edges"]
 
 
 def default_socket(shard_id: str) -> str:
@@ -500,6 +500,45 @@ class EdgeLink:
                 for edge in self._edges.values():
                     edge.write(Kind.DEFER, (cluster_id, ""))
             await asyncio.sleep(self._stamps_every_s)
+
+
+@contextlib.asynccontextmanager
+async def dismissing_edges(path: str) -> AsyncIterator[list[int]]:
+    """Serve a shard's edge socket only to tell each edge that joins it to stop.
+
+    For an engine process configured without edges that finds its Session
+    port held: the holder may be an edge that outlived an engine of the same
+    shard run with edges, joining again every few tenths of a second until it
+    is orphaned (ADR 0147). Told STOP in answer to its JOIN, it closes its
+    sessions and its port. Yields the indexes of the edges told so far.
+    """
+    dismissed: list[int] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            first = await read_frame(reader)
+            if first is not None and first[0] is Kind.JOIN:
+                writer.write(encode(Kind.STOP, ()))
+                await writer.drain()
+                dismissed.append(int(first[1][1]))
+                log.warning("edge %d of an earlier run joined this shard without edges: "
+                            "told to stop", first[1][1])  # fmt: skip
+        except (FrameError, ValueError, TypeError, IndexError, ConnectionError) as err:
+            log.debug("edge socket: a peer that is not a joining edge: %s", err)
+        except asyncio.IncompleteReadError:
+            pass
+        finally:
+            writer.close()
+
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    server = await asyncio.start_unix_server(serve, path)
+    try:
+        yield dismissed
+    finally:
+        server.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def _port_of(listen: str) -> str:

@@ -308,10 +308,13 @@ class IngestServer:
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         reflection.enable_server_reflection((*services, reflection.SERVICE_NAME), server)
         listen = self.options.listen
-        if self.tls is None:
-            port = server.add_insecure_port(listen)
-        else:
-            port = server.add_secure_port(listen, server_credentials(self.tls))
+        try:
+            if self.tls is None:
+                port = server.add_insecure_port(listen)
+            else:
+                port = server.add_secure_port(listen, server_credentials(self.tls))
+        except RuntimeError as err:  # gRPC's word for a port it could not bind
+            raise OSError(f"cannot listen on {listen}: {err}") from err
         if port == 0:
             raise OSError(f"cannot listen on {listen}")
         await server.start()

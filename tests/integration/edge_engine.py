@@ -60,6 +60,7 @@ async def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--socket", required=True)
     parser.add_argument("--shard", required=True)
     parser.add_argument("--listen", default="127.0.0.1:0")
+    parser.add_argument("--edges", type=int, default=1, help="0: the Session port is a thread")
     args = parser.parse_args(argv)
     db = Database.connect(args.database_url)
     await db.migrate()
@@ -71,7 +72,7 @@ async def main(argv: Sequence[str] | None = None) -> None:
             holder="edge-fault-test",
             cycle_interval_s=0.5,
             apply_coalesce_s=0.05,
-            edges=1,
+            edges=args.edges,
             edge_socket=args.socket,
             spawn_edges=False,
         ),

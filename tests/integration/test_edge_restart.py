@@ -81,11 +81,12 @@ async def stack(empty_database_url: str) -> AsyncIterator[dict[str, str]]:
         await env.shutdown()
 
 
-async def _engine(stack: dict[str, str], listen: str = "127.0.0.1:0") -> Engine:
+async def _engine(stack: dict[str, str], listen: str = "127.0.0.1:0", edges: int = 1) -> Engine:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "tests.integration.edge_engine",
         "--database-url", stack["database"], "--temporal", stack["temporal"],
         "--socket", stack["socket"], "--shard", SHARD, "--listen", listen,
+        "--edges", str(edges),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
     )  # fmt: skip
     return Engine(proc)
@@ -224,3 +225,47 @@ async def test_an_edge_listening_elsewhere_than_the_engine_is_told_to_stop(
         for proc in (stale, edge):
             if proc is not None:
                 await _end(proc)
+
+
+async def test_an_engine_without_edges_tells_an_edge_of_an_earlier_run_to_stop(
+    stack: dict[str, str],
+) -> None:
+    # An engine run with an edge is killed; its successor is configured without edges
+    # (its Session port a thread) on the same port, which the orphaned edge still holds.
+    edge = await _edge(stack, stack["listen"])
+    first = await _engine(stack, listen=stack["listen"])
+    second: Engine | None = None
+    try:
+        await first.line()
+        first.proc.kill()
+        await first.proc.wait()
+        assert _on_disk(stack["socket"]), "a killed engine leaves its socket behind"
+        second = await _engine(stack, listen=stack["listen"], edges=0)
+        # Told to stop when it joins again, the edge gives the port up and ends.
+        assert await asyncio.wait_for(edge.wait(), 120) == 0
+        ready = await second.line()
+        assert ready["address"] == stack["listen"], "the successor serves the shard's port"
+        async with grpc.aio.insecure_channel(stack["listen"]) as channel:
+            stream: Any = shard_pb2_grpc.ShardStub(channel).Session()  # type: ignore[call-arg]
+            await stream.write(shard_pb2.OperatorMessage(hello=shard_pb2.Hello(cluster_id="rs-d")))
+            assert (await stream.read()).ack.echo == "hello"
+            await stream.write(_rollup("rs-d", 10, "3"))
+            assert (await stream.read()).ack.echo == "rollup"
+            await eventually(
+                lambda: _applied(second, "rs-d", 3.0), within=120, what="the successor to apply"
+            )
+            await stream.done_writing()
+        assert not _on_disk(stack["socket"]), "the dismissal's socket is removed"
+    finally:
+        for engine in (first, second):
+            if engine is not None:
+                await _end(engine.proc)
+        await _end(edge)
+
+
+async def _applied(engine: Engine, cluster: str, cpu: float) -> bool:
+    return bool((await engine.ask(f"needs {cluster}"))["needs"] == [{"cpu": cpu}])
+
+
+def _on_disk(path: str) -> bool:
+    return Path(path).exists()
