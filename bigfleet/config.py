@@ -174,6 +174,30 @@ def _probability(env: Mapping[str, str], name: str, default: float = 0.99) -> fl
     return value
 
 
+# At most this many edges by default: more has not been measured (ADR 0147).
+MAX_AUTO_EDGES = 4
+
+
+def auto_edges(cores: int | None = None) -> int:
+    """Edge processes for a shard by default: one per core beyond the engine's (ADR 0147).
+
+    ``cores``: those this process may run on (its CPU affinity when None).
+    One core: none, the Session port stays a thread of the shard.
+    """
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(0, min((cores or 1) - 1, MAX_AUTO_EDGES))
+
+
+def _edges(env: Mapping[str, str]) -> int:
+    raw = env.get("BIGFLEET_SHARD_EDGES", "").strip()
+    if raw in ("", "auto"):
+        return auto_edges()
+    if not raw.lstrip("+-").isdigit():
+        raise ConfigError("BIGFLEET_SHARD_EDGES", f"{raw!r} is neither a whole number nor 'auto'")
+    return _int(env, "BIGFLEET_SHARD_EDGES", 0)
+
+
 def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int = 0) -> int:
     raw = env.get(name)
     if raw is None or raw == "":
@@ -249,6 +273,7 @@ class Settings:
     # Fleet disruption budgets the shard enforces (BIGFLEET_BUDGETS_FILE).
     budgets: tuple[Budget, ...] = ()
     # Edge processes serving the shard's Session port (0: a thread of the shard; ADR 0147).
+    # From the environment it defaults to auto_edges(); built directly, to none.
     shard_edges: int = 0
     # The Unix-domain socket a shard's edges join ('': one in the temporary directory).
     shard_edge_socket: str = ""
@@ -293,7 +318,7 @@ class Settings:
             temporal_tls=_flag(env, "BIGFLEET_TEMPORAL_TLS"),
             mode=parse_mode(env),
             budgets=parse_budgets_file(env),
-            shard_edges=_int(env, "BIGFLEET_SHARD_EDGES", 0),
+            shard_edges=_edges(env),
             shard_edge_socket=env.get("BIGFLEET_SHARD_EDGE_SOCKET", ""),
         )
 
@@ -319,8 +344,9 @@ class Settings:
             "BIGFLEET_SHARD_LISTEN": "host:port the Shard.Session service listens on",
             "BIGFLEET_SHARD_EDGES": (
                 "edge processes serving Shard.Session, sharing its port (SO_REUSEPORT) and "
-                "relaying validated roll-ups to the shard (default 0: a thread of the shard "
-                "process; ADR 0147)"
+                "relaying validated roll-ups to the shard; 0: a thread of the shard process "
+                f"(default auto: one per core beyond the shard's, at most {MAX_AUTO_EDGES}; "
+                "ADR 0147)"
             ),
             "BIGFLEET_SHARD_EDGE_SOCKET": (
                 "Unix-domain socket the shard's edge processes join (default: one in the "

@@ -254,7 +254,7 @@ class ShardProcess:
         again for ``edge_dismiss_s``.
         """
         options = self.options
-        path = options.edge_socket or default_socket(self.shard_id)
+        path = options.edge_socket or default_socket(self.shard_id, options.listen)
         deadline = time.monotonic() + options.edge_dismiss_s
         dismissing: contextlib.AsyncExitStack | None = None
         dismissed: list[int] = []
@@ -293,7 +293,7 @@ class ShardProcess:
         assert isinstance(self.hub, RelayHub)
         options = self.options
         self._link = EdgeLink(
-            options.edge_socket or default_socket(self.shard_id),
+            options.edge_socket or default_socket(self.shard_id, options.listen),
             hub=self.hub,
             sink=self.sink,
             deferral=self.parts.membership.deferral,

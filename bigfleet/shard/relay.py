@@ -69,9 +69,15 @@ log = logging.getLogger(__name__)
 __all__ = ["EdgeConnection", "EdgeLink", "RelayHub", "default_socket", "dismissing_edges"]
 
 
-def default_socket(shard_id: str) -> str:
-    """Where a shard's engine process listens for its edges when no path is configured."""
-    return str(Path(tempfile.gettempdir()) / f"bigfleet-{shard_id}-{os.getuid()}.edge.sock")
+def default_socket(shard_id: str, listen: str = "") -> str:
+    """Where a shard's engine process listens for its edges when no path is configured.
+
+    Named after the shard and its Session port: two processes of one shard on
+    one host (a standby beside its primary) listen on different ports, so
+    they never take each other's socket.
+    """
+    name = f"bigfleet-{shard_id}-{_port_of(listen) or 'any'}-{os.getuid()}.edge.sock"
+    return str(Path(tempfile.gettempdir()) / name)
 
 
 class EdgeConnection:
@@ -242,13 +248,18 @@ class EdgeLink:
         # Clusters whose roll-ups the edges were told to defer, and why.
         self._deferred: dict[str, str] = {}
         self._stamps = (-1, -1)
+        self._stale = False
         self.received = 0
 
     # ------------------------------------------------------------ start, stop
     async def start(self) -> None:
         """Listen on the socket (a stale socket file of a killed engine is replaced)."""
-        with contextlib.suppress(FileNotFoundError):
+        try:
             os.unlink(self.path)
+            # Left by an engine that did not stop cleanly: its edges may still run.
+            self._stale = True
+        except FileNotFoundError:
+            self._stale = False
         self._server = await asyncio.start_unix_server(self._serve, self.path)
         self._spawn_task(self._keep_edges_current(), "edge-stamps")
 
@@ -267,8 +278,10 @@ class EdgeLink:
 
         Returns the address they listen on (they share one port). With
         ``spawn`` None nothing is started: the edges are someone else's.
+        No edge is waited for when no engine left the socket behind (a clean
+        stop removes it; its edges were told to stop).
         """
-        deadline = time.monotonic() + rejoin_s
+        deadline = time.monotonic() + (rejoin_s if self._stale or spawn is None else 0.0)
         while len(self._edges) < count and time.monotonic() < deadline:
             await self._wait_join(deadline - time.monotonic())
         if spawn is not None and len(self._edges) < count:

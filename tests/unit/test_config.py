@@ -130,11 +130,16 @@ def test_bad_interruption_settings_name_their_variable(name: str, value: str, re
         Settings.from_env({name: value})
 
 
-def test_edge_processes_default_to_none_and_reach_the_shards_options() -> None:
+def test_edge_processes_default_to_one_per_spare_core_and_reach_the_shards_options() -> None:
     from bigfleet import bootstrap
+    from bigfleet.config import MAX_AUTO_EDGES, auto_edges
 
-    assert Settings.from_env({}).shard_edges == 0
-    assert bootstrap.shard_options(Settings.from_env({})).edges == 0
+    assert [auto_edges(cores) for cores in (1, 2, 3, 64)] == [0, 1, 2, MAX_AUTO_EDGES]
+    assert Settings.from_env({}).shard_edges == auto_edges()
+    assert Settings.from_env({"BIGFLEET_SHARD_EDGES": "auto"}).shard_edges == auto_edges()
+    assert bootstrap.shard_options(Settings.from_env({"BIGFLEET_SHARD_EDGES": "0"})).edges == 0
+    with pytest.raises(ConfigError, match="BIGFLEET_SHARD_EDGES: 'many' is neither"):
+        Settings.from_env({"BIGFLEET_SHARD_EDGES": "many"})
     env = {"BIGFLEET_SHARD_EDGES": "2", "BIGFLEET_SHARD_EDGE_SOCKET": "edges.sock"}
     options = bootstrap.shard_options(Settings.from_env(env))
     assert (options.edges, options.edge_socket) == (2, "edges.sock")

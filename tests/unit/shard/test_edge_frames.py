@@ -284,3 +284,14 @@ def test_an_answer_that_does_not_fit_is_refused_naming_the_frame() -> None:
         inspection_from_body((cycle, at, total, ((None, *first[1:]),)))
     with pytest.raises(FrameError, match="INSPECTED frame: a need does not decode"):
         inspection_from_body((cycle, at, total, ((*first[:2], ("short",), *first[3:]),)))
+
+
+def test_a_shards_default_edge_socket_is_named_after_its_session_port() -> None:
+    from bigfleet.shard.relay import default_socket
+
+    primary = default_socket("shard-0", "0.0.0.0:7443")
+    standby = default_socket("shard-0", "0.0.0.0:7444")
+    assert primary != standby, "a standby on the primary's host has a socket of its own"
+    assert primary == default_socket("shard-0", "[::]:7443"), "any host, one port: one socket"
+    assert "shard-0-7443-" in primary
+    assert default_socket("shard-0", "127.0.0.1:0") == default_socket("shard-0")
