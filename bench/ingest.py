@@ -81,6 +81,7 @@ from bench.stack import (
     start_shard,
     stop_shard,
 )
+from bigfleet.config import auto_edges
 from bigfleet.v1alpha1 import capacity_pb2, shard_pb2
 
 # ------------------------------------------------------------------ load side
@@ -1103,7 +1104,10 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--seconds", type=float, default=15.0, help="measured seconds each")
     parser.add_argument(
-        "--edges", type=int, default=0, help="edge processes serving the Session port (ADR 0147)"
+        "--edges",
+        type=int,
+        default=auto_edges(),
+        help="edge processes serving the Session port (default: the product's, ADR 0147)",
     )
     parser.add_argument("--open-rate", type=float, default=2000.0, help="roll-ups/s offered")
     parser.add_argument("--overload-rate", type=float, default=12000.0, help="roll-ups/s")

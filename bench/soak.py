@@ -13,7 +13,9 @@ Every 10 s the shard's resident memory and open descriptors are sampled;
 ack latency (p50, p99, from the scheduled send) and decision-cycle wall
 time are binned into the same 10-s windows afterwards (both processes use
 the system-wide monotonic clock). Prints one JSON line per window and a
-summary; writes a PNG plot. ``memory_growth`` compares the last window's
+summary; writes a PNG plot. The shard is its engine process and its edge
+processes (``--edges``, by default the product's: one per core beyond the
+engine's); memory and descriptors are theirs together. ``memory_growth`` compares the last window's
 RSS with the RSS when warm-up ends (the first fifth of the run, at least
 one minute): issue 20 asks at most 5 % over an hour. ``make bench`` runs
 the 5-minute version; the hour is ``--minutes 60`` on a quiet machine.
@@ -42,6 +44,7 @@ from bench.stack import (
     start_shard,
     stop_shard,
 )
+from bigfleet.config import auto_edges
 
 WINDOW_S = 10.0
 
@@ -63,11 +66,13 @@ async def soak(args: argparse.Namespace) -> int:
     seconds = args.minutes * 60.0
     samples: list[tuple[float, int, int, str]] = []
     async with services(quota_scale=0.2) as (temporal, provider):
-        shard, drop = await start_shard(Stack(temporal, provider, args.pg))
+        shard, drop = await start_shard(Stack(temporal, provider, args.pg, edges=args.edges))
         assert shard.stdout is not None
         try:
             ready = await json_line(shard.stdout, 120)
             address, pid = ready["address"], int(ready["pid"])
+            # The shard is its engine process and its edges: memory and descriptors of all.
+            pids = [pid, *(int(p) for p in ready.get("edge_pids", []))]
             start_at = time.time() + 10.0 + args.clusters / 400
             loads = await split_load(
                 address,
@@ -87,7 +92,9 @@ async def soak(args: argparse.Namespace) -> int:
 
             async def sample() -> None:
                 while True:
-                    samples.append((time.monotonic() - t0, rss_kib(pid), _fds(pid), loadavg()))
+                    rss = sum(rss_kib(p) for p in pids)
+                    fds = sum(_fds(p) for p in pids)
+                    samples.append((time.monotonic() - t0, rss, fds, loadavg()))
                     await asyncio.sleep(WINDOW_S)
 
             sampler = asyncio.create_task(sample())
@@ -158,7 +165,7 @@ def _report(
         rss_last_mib=after[-1]["rss_mib"] if after else None,
         minutes=args.minutes,
     )
-    _emit("fds_max", max((r["fds"] for r in rows), default=0), "fds")
+    _emit("fds_max", max((r["fds"] for r in rows), default=0), "fds", edges=args.edges)
     _emit(
         "acked",
         len(all_lat),
@@ -173,7 +180,8 @@ def _report(
     if walls:
         _emit("cycle_wall_mean", round(sum(walls) / len(walls), 1), "ms", max_ms=max(walls))
     if args.plot:
-        _plot(rows, Path(args.plot), title=f"soak: {args.minutes:g} min, {args.rate:g} roll-ups/s")
+        title = f"soak: {args.minutes:g} min, {args.rate:g} roll-ups/s, {args.edges} edge(s)"
+        _plot(rows, Path(args.plot), title=title)
         _emit("plot", args.plot, "png")
     return 0
 
@@ -187,7 +195,7 @@ def _plot(rows: list[dict[str, Any]], path: Path, *, title: str) -> None:
     minutes = [r["t_s"] / 60 for r in rows]
     fig, axes = plt.subplots(4, 1, figsize=(8, 10), sharex=True)
     axes[0].plot(minutes, [r["rss_mib"] for r in rows])
-    axes[0].set_ylabel("shard RSS (MiB)")
+    axes[0].set_ylabel("shard RSS, engine + edges (MiB)")
     axes[1].plot(minutes, [r["fds"] for r in rows])
     axes[1].set_ylabel("open fds")
     axes[2].plot(minutes, [r["ack_p50_ms"] for r in rows], label="p50")
@@ -214,6 +222,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--clusters", type=int, default=2000, help="clusters (sessions)")
     parser.add_argument("--plot", default=".bigfleet/soak.png", help="PNG to write ('' for none)")
     parser.add_argument("--pg", default=None, help="PostgreSQL admin URL (default: machine's)")
+    parser.add_argument(
+        "--edges",
+        type=int,
+        default=auto_edges(),
+        help="edge processes serving the Session port (default: the product's, ADR 0147)",
+    )
     args = parser.parse_args(argv)
     status = asyncio.run(soak(args))
     sys.stdout.flush()
