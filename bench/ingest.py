@@ -591,6 +591,7 @@ async def serve_shard(args: argparse.Namespace) -> None:
                 "gc_count": {g: len(p) for g, p in gc_pauses.items()},
                 "gc_objects": [objects_at_start, len(gc.get_objects()), gc.get_freeze_count()],
                 "sessions_lag_max_ms": round(1000 * process.session_loop_lag_worst(), 1),
+                "edges_load": _edges_load(process),
                 "loop_lag_max_ms": round(lag_max * 1000, 1),
                 "cycle_wall_ms": [round(1000 * w, 1) for w, _ in cycle_times],
                 "cycle_cpu_ms": [round(1000 * c, 1) for _, c in cycle_times],
@@ -806,6 +807,7 @@ async def _scenario(
         cycles=stats["cycles"],
         needs=stats["needs"],
         sessions_loop_lag_max_ms=stats.get("sessions_lag_max_ms"),
+        edges=_edges_window(stats.get("edges_load", []), t0, t0 + elapsed),
         gc_max_ms=stats.get("gc_max_ms"),
         gc_count=stats.get("gc_count"),
         gc_objects=stats.get("gc_objects"),
@@ -1016,6 +1018,47 @@ async def _recovery(stack: Stack, args: argparse.Namespace) -> None:
     walls = stats.get("cycle_wall_ms", [])
     if walls:
         _emit(name, "cycle_wall_max", max(walls), "ms", cycles=len(walls), **common)
+
+
+def _edges_load(process: Any) -> list[list[float]]:
+    """The edges' reports of themselves (LOAD frames): [t, edge, lag max, gc max, gc total, busy].
+
+    ``t`` is the monotonic clock at arrival (the parent keeps those in its
+    window); the maxima are over the second before each report, in ms.
+    """
+    link = process.edge_link
+    if link is None:
+        return []
+    return [
+        [round(t, 3), index, round(1000 * load.lag_worst_s, 2), round(1000 * load.gc_worst_s, 2),
+         round(1000 * load.gc_total_s, 1), round(load.busy, 3)]
+        for t, index, load in link.reports
+    ]  # fmt: skip
+
+
+def _edges_window(reports: list[list[float]], start: float, end: float) -> dict[str, Any]:
+    """The edges' own figures over the measured window, from their reports (_edges_load).
+
+    ``lag_max_ms``/``gc_max_ms``: the worst loop lateness and collector pause;
+    ``gc_ms``: the collectors' total pauses; ``seconds_lag_over_20ms``: how many
+    one-second reports saw the loop more than 20 ms late (the stalls behind
+    an open loop's tail); ``busy_mean``: the loops' mean busy share.
+    """
+    inside = [r for r in reports if start <= r[0] <= end + 1.5]
+    if not inside:
+        return {}
+    gc_ms = 0.0
+    for edge in {int(r[1]) for r in inside}:
+        during = [r[4] for r in inside if int(r[1]) == edge]
+        before = [r[4] for r in reports if int(r[1]) == edge and r[0] < start]
+        gc_ms += during[-1] - (before[-1] if before else 0.0)
+    return {
+        "lag_max_ms": max(r[2] for r in inside),
+        "gc_max_ms": max(r[3] for r in inside),
+        "gc_ms": round(gc_ms, 1),
+        "seconds_lag_over_20ms": sum(1 for r in inside if r[2] > 20.0),
+        "busy_mean": round(sum(r[5] for r in inside) / len(inside), 3),
+    }
 
 
 def _rss(pid: int, edge_pids: list[int]) -> int:

@@ -42,6 +42,8 @@ __all__ = [
     "DECISIONS_DROPPED",
     "DECISIONS_WRITTEN",
     "DRAINS_HELD",
+    "GC_PAUSE_MAX",
+    "GC_PAUSE_SECONDS",
     "IDENTITY_REFUSALS",
     "LEASE_EPOCH",
     "LEASE_HELD",
@@ -56,6 +58,8 @@ __all__ = [
     "ROLLUPS",
     "SESSIONS_OPEN",
     "SESSIONS_SHED",
+    "SESSION_LOOP_BUSY",
+    "SESSION_LOOP_LAG",
     "SHARD_DRY_RUN",
     "SHARD_PAUSED",
     "SHARD_SHADOW",
@@ -123,6 +127,29 @@ SESSIONS_OPEN = Gauge(
     "bigfleet_shard_sessions_open",
     "Cluster operator sessions currently open on the shard",
     ["shard"],
+)
+# The loops that acknowledge roll-ups: 'thread' (the Session port a thread of the shard
+# process) or 'edge-N' (edge processes, reported to the engine over their link).
+SESSION_LOOP_LAG = Gauge(
+    "bigfleet_session_loop_lag_seconds",
+    "How late the loop serving cluster sessions runs (a 10 ms timer's lateness, smoothed)",
+    ["shard", "loop"],
+)
+SESSION_LOOP_BUSY = Gauge(
+    "bigfleet_session_loop_busy_ratio",
+    "Share of the last second the loop serving cluster sessions was not waiting for I/O",
+    ["shard", "loop"],
+)
+GC_PAUSE_SECONDS = Counter(
+    "bigfleet_gc_pause_seconds",
+    "Time Python's cyclic garbage collector held the interpreter, per process of the shard "
+    "('engine', or 'edge-N')",
+    ["shard", "process"],
+)
+GC_PAUSE_MAX = Gauge(
+    "bigfleet_gc_pause_max_seconds",
+    "The longest garbage-collector pause since the last report, per process of the shard",
+    ["shard", "process"],
 )
 LEASE_HELD = Gauge(
     "bigfleet_shard_lease_held",

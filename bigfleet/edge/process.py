@@ -46,22 +46,26 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from activities.context import BootstrapBlob
 from bigfleet.identity import KeyPairSource
+from bigfleet.metrics import SESSIONS_SHED
 from bigfleet.shard.frames import (
     VERSION,
+    EdgeLoad,
     FrameError,
     Kind,
     encode,
     inspection_from_body,
+    load_body,
     read_frame,
     rollup_body,
 )
 from bigfleet.shard.intake import DEFERRED, STALE, Intake
-from bigfleet.shard.interpreter import InterpreterSettings
+from bigfleet.shard.interpreter import GcPauses, InterpreterSettings
 from bigfleet.shard.server import IngestOptions, IngestServer, TimedSelector
 from bigfleet.shard.sessions import (
     ClusterElsewhere,
@@ -104,6 +108,8 @@ class EdgeOptions:
     orphan_s: float = 120.0
     # Between attempts to reach the engine process.
     retry_s: float = 0.1
+    # Between reports of this edge's loop, collector and shed sessions (LOAD frames).
+    load_every_s: float = 1.0
 
 
 class EngineLink:
@@ -134,6 +140,9 @@ class EngineLink:
         self._relayed: dict[str, Any] = {}
         self._memo: dict[str, dict[str, tuple[Need, tuple[Any, ...]]]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        # What this edge reports of itself (EdgeProcess sets it); None: nothing.
+        self.load: Callable[[], EdgeLoad] | None = None
+        self._load_at = 0.0
 
     # -------------------------- called from the servicer (thread-safe all the same)
     def deferral(self, cluster_id: str) -> str:
@@ -333,6 +342,9 @@ class EngineLink:
                 counts, self._counts = self._counts, Counter()
             if counts:
                 frames.append(encode(Kind.SETTLED, (tuple(counts.items()),)))
+            if self.load is not None and time.monotonic() >= self._load_at:
+                self._load_at = time.monotonic() + self.options.load_every_s
+                frames.append(encode(Kind.LOAD, load_body(self.load())))
             if frames:
                 writer.writelines(frames)
                 await writer.drain()
@@ -454,6 +466,21 @@ class EdgeProcess:
             asked=self.link.inspect,
         )
 
+        self.gc = GcPauses()
+        self.link.load = self.report
+
+    def report(self) -> EdgeLoad:
+        """This edge's loop, collector and shed sessions, as a LOAD frame tells the engine."""
+        lag = self.server.lag
+        return EdgeLoad(
+            lag_s=lag.value,
+            lag_worst_s=lag.take_worst(),
+            busy=lag.busy,
+            gc_total_s=self.gc.total_s,
+            gc_worst_s=self.gc.take_worst(),
+            shed=shed_totals(),
+        )
+
     def _closed(self, cluster_id: str) -> None:
         self.link.note(Kind.CLOSED, cluster_id)
         self.intake.forget(cluster_id)
@@ -468,10 +495,22 @@ class EdgeProcess:
         """
         self.link.address = await self.server.serve_here(selector)
         log.info("edge %d serving on %s", self.options.index, self.link.address)
+        unhook = self.gc.install()
         try:
             await self.link.run()
         finally:
+            unhook()
             await self.server.stop(grace=1.0)
+
+
+def shed_totals() -> tuple[tuple[str, int], ...]:
+    """Sessions this process shed since it started, by reason (its own counter's samples)."""
+    return tuple(
+        (sample.labels["reason"], int(sample.value))
+        for metric in SESSIONS_SHED.collect()
+        for sample in metric.samples
+        if sample.name.endswith("_total")
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

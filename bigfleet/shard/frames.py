@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import marshal
+import math
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ __all__ = [
     "HEADER",
     "MAX_BODY",
     "VERSION",
+    "EdgeLoad",
     "FrameError",
     "Kind",
     "RelayedRollup",
@@ -55,6 +57,8 @@ __all__ = [
     "encode",
     "inspection_body",
     "inspection_from_body",
+    "load_body",
+    "load_from_body",
     "need_from_tuple",
     "need_to_tuple",
     "read_frame",
@@ -62,10 +66,11 @@ __all__ = [
     "rollup_from_body",
 ]
 
-VERSION = 2
+VERSION = 3
 """The frames' version: an edge and an engine of different versions refuse each other.
 
 2: INSPECT and INSPECTED (why-not asked of an edge).
+3: LOAD (an edge's loop, collector and shed sessions, for the engine's metrics).
 """
 
 HEADER = struct.Struct(">IB")
@@ -93,6 +98,7 @@ class Kind(IntEnum):
     CLOSED = 6  # (cluster,): the cluster's session ended
     BOOTSTRAP_ANSWER = 7  # (request id, user data, ttl s, error, unavailable)
     INSPECT = 8  # (request id, cluster or '' for all, limit): why-not (ShardRead/InspectNeeds)
+    LOAD = 9  # see load_body: the edge's loop lag and busy share, GC pauses, sessions shed
     # engine -> edge
     WELCOME = 20  # (version, coordinator term, lease epoch)
     ADMITTED = 21  # (request id, verdict, message, shard id, address)
@@ -115,6 +121,7 @@ _ARITY = {
     Kind.CLOSED: 1,
     Kind.BOOTSTRAP_ANSWER: 5,
     Kind.INSPECT: 3,
+    Kind.LOAD: 6,
     Kind.WELCOME: 3,
     Kind.ADMITTED: 5,
     Kind.SEND: 3,
@@ -413,6 +420,47 @@ def _verdict_from_tuple(values: tuple[Any, ...]) -> NeedVerdict:
         victims=int(victims),
         victims_hold=_amounts(victims_hold),
     )
+
+
+@dataclass(frozen=True)
+class EdgeLoad:
+    """What an edge reports of itself about once a second (a LOAD frame).
+
+    ``lag_s``: how late its loop runs, smoothed (``LoopLag``); ``lag_worst_s``
+    the worst since its last report; ``busy``: the share of the last second its
+    loop was not waiting for I/O; ``gc_total_s``: the collector's pauses
+    since it started, ``gc_worst_s`` the longest since its last report;
+    ``shed``: sessions refused or ended RESOURCE_EXHAUSTED since it started,
+    by reason. Totals are the edge's own: they restart with it.
+    """
+
+    lag_s: float
+    lag_worst_s: float
+    busy: float
+    gc_total_s: float
+    gc_worst_s: float
+    shed: tuple[tuple[str, int], ...] = ()
+
+
+def load_body(load: EdgeLoad) -> tuple[Any, ...]:
+    return (
+        float(load.lag_s), float(load.lag_worst_s), float(load.busy),
+        float(load.gc_total_s), float(load.gc_worst_s),
+        tuple((str(reason), int(count)) for reason, count in load.shed),
+    )  # fmt: skip
+
+
+def load_from_body(body: tuple[Any, ...]) -> EdgeLoad:
+    """An edge's report, checked: raises :class:`FrameError` naming what is wrong."""
+    try:
+        figures = tuple(float(value) for value in body[:5])
+        shed = tuple((str(reason), int(count)) for reason, count in body[5])
+    except (TypeError, ValueError) as err:
+        raise FrameError(f"LOAD frame: {err}") from None
+    if any(not math.isfinite(f) or f < 0 for f in figures):
+        raise FrameError(f"LOAD frame: figures must be finite and not negative, got {figures}")
+    lag, worst, busy, gc_total, gc_worst = figures
+    return EdgeLoad(lag, worst, busy, gc_total, gc_worst, shed)
 
 
 def inspection_body(answer: Inspection) -> tuple[Any, ...]:

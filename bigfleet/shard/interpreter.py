@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import gc
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["InterpreterSettings"]
+__all__ = ["GcPauses", "InterpreterSettings"]
 
 
 @dataclass(frozen=True)
@@ -61,3 +63,41 @@ class InterpreterSettings:
         if self.freeze_after_start:
             gc.collect()
             gc.freeze()
+
+
+class GcPauses:
+    """The cyclic collector's pauses in this process: their total, and the longest lately.
+
+    A pause holds the interpreter: every loop of the process stalls for it.
+    :meth:`install` hooks ``gc.callbacks`` and returns what unhooks it.
+    """
+
+    def __init__(self) -> None:
+        self.total_s = 0.0
+        self.count = 0
+        self._worst_s = 0.0
+        self._started = 0.0
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self._started:
+            pause = time.perf_counter() - self._started
+            self._started = 0.0
+            self.total_s += pause
+            self.count += 1
+            self._worst_s = max(self._worst_s, pause)
+
+    def install(self) -> Callable[[], None]:
+        gc.callbacks.append(self._on_gc)
+
+        def remove() -> None:
+            if self._on_gc in gc.callbacks:
+                gc.callbacks.remove(self._on_gc)
+
+        return remove
+
+    def take_worst(self) -> float:
+        """The longest pause since the last call (0 if none)."""
+        worst, self._worst_s = self._worst_s, 0.0
+        return worst

@@ -42,6 +42,7 @@ from bigfleet.shard import telemetry
 from bigfleet.shard.admissions import Admissions
 from bigfleet.shard.executor import claim_running
 from bigfleet.shard.intake import Intake
+from bigfleet.shard.interpreter import GcPauses
 from bigfleet.shard.options import ShardOptions, advertised, task_queue
 from bigfleet.shard.parts import assemble
 from bigfleet.shard.relay import EdgeLink, EdgeSpawn, RelayHub, default_socket, dismissing_edges
@@ -87,6 +88,9 @@ class ShardProcess:
         self._stopping_worker: asyncio.Task[None] | None = None
         self._stopping = False
         self._undo_interpreter: Callable[[], None] | None = None
+        # The collector's pauses in this process (every loop of it stalls for them).
+        self.gc = GcPauses()
+        self._unhook_gc: Callable[[], None] | None = None
         self.parts = assemble(
             options, store=store, temporal=temporal, providers=providers, clock=clock
         )
@@ -159,6 +163,7 @@ class ShardProcess:
         """Take the lease, load inventory, serve sessions, and start the loops."""
         # Short GIL hand-overs and short collector pauses for the acks (interpreter.py).
         self._undo_interpreter = self.options.interpreter.apply()
+        self._unhook_gc = self.gc.install()
         # The engine's compiled loops, loaded (or compiled, once per machine) before
         # the lease: the first cycle would otherwise pay for it (ADR 0162). Imported
         # here so that commands importing this module do not load numba.
@@ -244,6 +249,9 @@ class ShardProcess:
         if self._undo_interpreter is not None:
             self._undo_interpreter()
             self._undo_interpreter = None
+        if self._unhook_gc is not None:
+            self._unhook_gc()
+            self._unhook_gc = None
 
     async def _serve_sessions(self) -> str:
         """The Session port on a thread of this process: acks never wait for the cycle.
@@ -299,6 +307,7 @@ class ShardProcess:
             deferral=self.parts.membership.deferral,
             inspect=lambda cid, limit: self.engine.inspect_needs(cid, limit=limit),
             listen=options.listen,
+            shard_id=self.shard_id,
         )
         self.parts.membership.on_departure(self._link.departing)
         await self._link.start()
@@ -432,6 +441,12 @@ class ShardProcess:
             stats=self.engine.stats,
             sessions_open=len(self.hub),
         )
+        telemetry.record_gc(
+            self.shard_id, "engine", total_s=self.gc.total_s, worst_s=self.gc.take_worst()
+        )
+        if self._server is not None:
+            lag = self._server.lag
+            telemetry.record_session_loop(self.shard_id, "thread", lag_s=lag.value, busy=lag.busy)
         self.cycles += 1
         self.last_plan_actions = len(plan.actions)
         self.adoption.after_cycle(plan, cycle=self.cycles)

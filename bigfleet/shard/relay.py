@@ -27,6 +27,7 @@ Everything here runs on the shard's loop: no thread of its own.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -40,13 +41,16 @@ from pathlib import Path
 from typing import Any
 
 from activities.context import BootstrapBlob
+from bigfleet.shard import telemetry
 from bigfleet.shard.frames import (
     VERSION,
+    EdgeLoad,
     FrameError,
     Kind,
     RelayedRollup,
     encode,
     inspection_body,
+    load_from_body,
     read_frame,
     rollup_from_body,
 )
@@ -224,8 +228,10 @@ class EdgeLink:
         inspect: Callable[[str, int], Inspection],
         stamps_every_s: float = 0.2,
         listen: str = "",
+        shard_id: str = "",
     ) -> None:
         self.path = path
+        self.shard_id = shard_id
         # Where this shard's Session port is configured to listen: an edge that joins
         # listening on another port is told to stop (see _serve). Port 0 or '': any.
         self.listen = listen
@@ -250,6 +256,12 @@ class EdgeLink:
         self._stamps = (-1, -1)
         self._stale = False
         self.received = 0
+        # Each edge's last report of itself (LOAD), and the reports of the last hour or so
+        # with their arrival (monotonic clock) for benchmarks that look at a window.
+        self.loads: dict[int, EdgeLoad] = {}
+        self.reports: collections.deque[tuple[float, int, EdgeLoad]] = collections.deque(
+            maxlen=10_000
+        )
 
     # ------------------------------------------------------------ start, stop
     async def start(self) -> None:
@@ -433,8 +445,19 @@ class EdgeLink:
             self.hub.answer_bootstrap(str(request_id), blob, str(unavailable))
         elif kind is Kind.INSPECT:
             self._inspected(edge, int(body[0]), str(body[1]), int(body[2]))
+        elif kind is Kind.LOAD:
+            self._loaded(edge.index, load_from_body(body))
         else:
             raise FrameError(f"an edge does not send {kind.name} frames")
+
+    def _loaded(self, index: int, load: EdgeLoad) -> None:
+        """An edge's report of itself: into the shard's metrics, under ``edge-<index>``."""
+        self.loads[index] = load
+        self.reports.append((time.monotonic(), index, load))
+        name = f"edge-{index}"
+        telemetry.record_session_loop(self.shard_id, name, lag_s=load.lag_s, busy=load.busy)
+        telemetry.record_gc(self.shard_id, name, total_s=load.gc_total_s, worst_s=load.gc_worst_s)
+        telemetry.record_shed(self.shard_id, name, load.shed)
 
     def _rollup(self, relayed: RelayedRollup) -> None:
         self.received += 1

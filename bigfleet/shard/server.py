@@ -136,6 +136,7 @@ class LoopLag:
         self.value = 0.0
         self.worst = 0.0
         self.busy = 0.0
+        self._recent = 0.0
 
     async def run(self) -> None:
         window_start, idle_start = time.perf_counter(), self._idle()
@@ -144,6 +145,7 @@ class LoopLag:
             await asyncio.sleep(self.interval_s)
             late = max(0.0, time.monotonic() - started - self.interval_s)
             self.worst = max(self.worst, late)
+            self._recent = max(self._recent, late)
             self.value = 0.7 * self.value + 0.3 * late
             now = time.perf_counter()
             if now - window_start >= 0.1 and self.selector is not None:
@@ -157,6 +159,11 @@ class LoopLag:
 
     def __call__(self) -> float:
         return self.value
+
+    def take_worst(self) -> float:
+        """The worst lateness since the last call (``worst`` is since the start)."""
+        recent, self._recent = self._recent, 0.0
+        return recent
 
     def busy_share(self) -> float:
         return self.busy

@@ -45,7 +45,15 @@ from workflows.contracts import (
     REASON_RECLAIM,
 )
 
-__all__ = ["UNMET_REASONS", "action_labels", "record_cycle", "record_failed_outcome"]
+__all__ = [
+    "UNMET_REASONS",
+    "action_labels",
+    "record_cycle",
+    "record_failed_outcome",
+    "record_gc",
+    "record_session_loop",
+    "record_shed",
+]
 
 #: The reasons ``bigfleet_shard_unmet_needs`` reports (each is set every cycle).
 UNMET_REASONS = (
@@ -122,6 +130,40 @@ def record_cycle(
     if stats.reclaims_capped:
         metrics.RECLAIMS_CAPPED.labels(shard_id).inc(stats.reclaims_capped)
     metrics.SESSIONS_OPEN.labels(shard_id).set(sessions_open)
+
+
+# Totals last fed to a counter, per (shard, process or edge, reason): a process that
+# reports its own running totals (an edge over its link) adds only what is new, and
+# one that restarted (a total below the last) adds its whole new total.
+_TOTALS: dict[tuple[str, str, str], float] = {}
+
+
+def _added(key: tuple[str, str, str], total: float) -> float:
+    last = _TOTALS.get(key, 0.0)
+    _TOTALS[key] = total
+    return total - last if total >= last else total
+
+
+def record_session_loop(shard_id: str, loop: str, *, lag_s: float, busy: float) -> None:
+    """How late, and how busy, a loop serving sessions is ('thread' or 'edge-N')."""
+    metrics.SESSION_LOOP_LAG.labels(shard_id, loop).set(lag_s)
+    metrics.SESSION_LOOP_BUSY.labels(shard_id, loop).set(busy)
+
+
+def record_gc(shard_id: str, process: str, *, total_s: float, worst_s: float) -> None:
+    """A process's collector pauses: its running total, and the longest since it last said."""
+    added = _added((shard_id, process, "gc"), total_s)
+    if added > 0:
+        metrics.GC_PAUSE_SECONDS.labels(shard_id, process).inc(added)
+    metrics.GC_PAUSE_MAX.labels(shard_id, process).set(worst_s)
+
+
+def record_shed(shard_id: str, process: str, shed: tuple[tuple[str, int], ...]) -> None:
+    """Sessions an edge shed, from its running totals by reason (the thread counts its own)."""
+    for reason, total in shed:
+        added = _added((shard_id, process, f"shed:{reason}"), float(total))
+        if added > 0:
+            metrics.SESSIONS_SHED.labels(reason).inc(added)
 
 
 def record_lease(shard_id: str, *, held: bool, epoch: int) -> None:

@@ -106,3 +106,36 @@ async def test_rollups_acked_by_the_edge_reach_the_engine_and_updates_come_back(
         assert (blob.user_data, blob.ttl_seconds) == (b"join", 60)
         await stream.done_writing()
     await eventually(lambda: shard.hub.clusters() == [], within=30, what="the close relayed")
+
+
+async def test_an_edge_reports_its_loop_and_collector_into_the_shards_metrics(
+    shard: ShardProcess,
+) -> None:
+    from prometheus_client import REGISTRY
+
+    link = shard.edge_link
+    assert link is not None
+
+    def sample(name: str, **labels: str) -> float | None:
+        value: float | None = REGISTRY.get_sample_value(name, {"shard": SHARD, **labels})
+        return value
+
+    # The edge collects once a second after it starts (and freezes what survives), so its
+    # collector total is above zero within a few reports.
+    await eventually(
+        lambda: 0 in link.loads and link.loads[0].gc_total_s > 0,
+        within=30,
+        what="the edge's report of its collector's pauses",
+    )
+    load = link.loads[0]
+    assert 0.0 <= load.busy <= 1.0
+    assert (sample("bigfleet_gc_pause_seconds_total", process="edge-0") or 0.0) >= load.gc_total_s
+    assert sample("bigfleet_session_loop_lag_seconds", loop="edge-0") is not None
+    assert sample("bigfleet_session_loop_busy_ratio", loop="edge-0") is not None
+    assert sample("bigfleet_gc_pause_max_seconds", process="edge-0") is not None
+    # The engine's own collector, reported after every cycle.
+    await eventually(
+        lambda: sample("bigfleet_gc_pause_max_seconds", process="engine") is not None,
+        within=30,
+        what="the engine's collector in its metrics",
+    )
