@@ -27,7 +27,7 @@ import numpy.typing as npt
 
 from shard_engine.costs import machines_needed
 from shard_engine.resources import is_accelerator
-from shard_engine.topology import SpreadState
+from shard_engine.topology import SpreadState, distinct_rows
 
 __all__ = [
     "Pick",
@@ -255,8 +255,7 @@ def cover_with_spread(
         if kinds and count
         else np.zeros((count, kinds), dtype=np.int64)
     )
-    signature, which = np.unique(by_group, axis=0, return_inverse=True)
-    which = which.reshape(-1)
+    signature, which = distinct_rows(by_group)
     prefs = np.ascontiguousarray(preference, dtype=np.float64)
     queue = np.lexsort((np.arange(count), prefs, which)).astype(np.int64)
     start = np.searchsorted(which[queue], np.arange(len(signature) + 1)).astype(np.int64)

@@ -128,3 +128,22 @@ def test_distinct_domain_codes_equal_numpy_unique_with_inverse() -> None:
         assert found.dtype == uniq.dtype
         assert np.array_equal(found, uniq)
         assert np.array_equal(dense, inverse.reshape(-1))
+
+
+def test_distinct_rows_equal_numpys_unique_over_rows() -> None:
+    from shard_engine.topology import distinct_rows
+
+    rng = np.random.default_rng(5)
+    tables = [np.zeros((0, 2), dtype=np.int64), np.zeros((4, 0), dtype=np.int64)]
+    for _ in range(300):
+        rows, columns = int(rng.integers(1, 400)), int(rng.integers(1, 4))
+        high = int(rng.choice([2, 7, 40, 5_000]))
+        tables.append(rng.integers(-1, high, size=(rows, columns)).astype(np.int64))
+    # Keys too wide for one integer: the fallback.
+    tables.append(rng.integers(0, 2**40, size=(50, 3)).astype(np.int64))
+    for table in tables:
+        expected, which = np.unique(table, axis=0, return_inverse=True)
+        got, got_which = distinct_rows(table)
+        assert got.shape == expected.shape and np.array_equal(got, expected)
+        assert np.array_equal(got_which, which.reshape(-1))
+        assert got.dtype == np.int64 and got_which.dtype == np.int64
