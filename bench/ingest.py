@@ -33,7 +33,9 @@ Scenarios (each on a fresh shard process):
   in use and kept free, before and after each burst).
 
 ``--edges N`` runs the shard's Session port in N edge processes that relay
-to the shard's engine process (``BIGFLEET_SHARD_EDGES``, ADR 0147); the
+to the shard's engine process (``BIGFLEET_SHARD_EDGES``, ADR 0147; by
+default the product's: one per core beyond the engine's, 0 keeps the port
+a thread of the shard); the
 shard's CPU and memory figures then include its edges' (``edges_us`` in
 ``cpu_per_rollup`` is theirs), and every figure carries ``edges``.
 
