@@ -247,6 +247,9 @@ class EdgeLink:
         self._server: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._children: list[asyncio.subprocess.Process] = []
+        # The process last started for each index (the watcher starts a gone edge again).
+        self._by_index: dict[int, asyncio.subprocess.Process] = {}
+        self._stopping = False
         # Per cluster, the needs relayed last (a frame without needs reuses them), and
         # each need's values beside the need built from them (see rollup_from_body).
         self._last: dict[str, Mapping[str, Need]] = {}
@@ -306,7 +309,55 @@ class EdgeLink:
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"{len(self._edges)} of {count} edge processes joined")
             await self._wait_join(deadline - time.monotonic())
-        return self._edges[min(self._edges)].address
+        address = self._edges[min(self._edges)].address
+        if spawn is not None:
+            self._spawn_task(self._keep_edges_running(count, address, spawn), "edge-watch")
+        return address
+
+    async def _keep_edges_running(
+        self, count: int, address: str, spawn: EdgeSpawn, *, grace_s: float = 1.5
+    ) -> None:
+        """Start an edge again when one is gone (it crashed, was killed, or left for good).
+
+        An index missing for ``grace_s`` with no process of ours starting for it
+        gets a new edge on the same address (an edge that rejoined from an
+        earlier engine, not ours, is given 5 s to come back first: two edges of
+        one index would take the link from each other); restarts of one index
+        back off from 1 s to 30 s while they keep failing to join.
+        """
+        missing_since: dict[int, float] = {}
+        backoff: dict[int, float] = {}
+        next_try: dict[int, float] = {}
+        while not self._stopping:
+            now = time.monotonic()
+            for index in range(count):
+                if index in self._edges:
+                    missing_since.pop(index, None)
+                    if now >= next_try.get(index, 0.0) + 30.0:
+                        backoff.pop(index, None)  # joined and stayed: start afresh next time
+                    continue
+                since = missing_since.setdefault(index, now)
+                child = self._by_index.get(index)
+                starting = child is not None and child.returncode is None
+                if starting and now - since < 10.0:
+                    continue  # ours, started and not joined yet (or rejoining)
+                grace = grace_s if child is not None else max(grace_s, 5.0)
+                if now - since < grace or now < next_try.get(index, 0.0):
+                    continue
+                if starting and child is not None:
+                    child.kill()  # alive but away from the link for 10 s: replace it
+                log.warning("edge %d is gone: starting it again", index)
+                await self._start_edge(index, address, spawn)
+                wait = backoff.get(index, 1.0)
+                backoff[index] = min(30.0, wait * 2)
+                next_try[index] = now + wait
+                missing_since[index] = now
+            self._reap()
+            await asyncio.sleep(0.25)
+
+    def _reap(self) -> None:
+        """Forget the edges this process started that have ended."""
+        self._children = [child for child in self._children if child.returncode is None]
 
     async def _wait_join(self, seconds: float) -> None:
         self._joined.clear()
@@ -327,10 +378,12 @@ class EdgeLink:
         # A session of its own: the edge outlives this process if it is killed (ADR 0147).
         child = await asyncio.create_subprocess_exec(*args, start_new_session=True)
         self._children.append(child)
+        self._by_index[index] = child
         log.info("started edge process %d (pid %d) on %s", index, child.pid, listen)
 
     async def stop(self, *, final: bool = True) -> None:
         """Stop serving the socket; ``final`` also stops the edges (they close their sessions)."""
+        self._stopping = True  # no edge is started again from here on
         if final:
             for edge in self._edges.values():
                 edge.write(Kind.STOP, ())

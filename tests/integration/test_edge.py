@@ -139,3 +139,33 @@ async def test_an_edge_reports_its_loop_and_collector_into_the_shards_metrics(
         within=30,
         what="the engine's collector in its metrics",
     )
+
+
+async def test_an_edge_that_dies_is_started_again_and_serves_the_same_port(
+    shard: ShardProcess,
+) -> None:
+    import os
+    import signal
+
+    link = shard.edge_link
+    assert link is not None
+    [first] = link.pids()
+    os.kill(first, signal.SIGKILL)  # a crash: no goodbye on the link
+    await eventually(
+        lambda: len(link.edges()) == 1 and link.pids() not in ([], [first]),
+        within=60,
+        what="a new edge process joined in place of the killed one",
+    )
+    assert link.edges()[0].address == shard.address, "the same Session port"
+    async with grpc.aio.insecure_channel(shard.address) as channel:
+        stream: Any = shard_pb2_grpc.ShardStub(channel).Session()  # type: ignore[call-arg]
+        await stream.write(shard_pb2.OperatorMessage(hello=shard_pb2.Hello(cluster_id="edge-r")))
+        assert (await stream.read()).ack.echo == "hello"
+        await stream.write(_rollup("edge-r", 1, "2"))
+        assert (await stream.read()).ack.echo == "rollup"
+        await eventually(
+            lambda: [n.aggregate for n in shard.engine.needs_of("edge-r")] == [{"cpu": 2.0}],
+            within=30,
+            what="the new edge's roll-up applied",
+        )
+        await stream.done_writing()
