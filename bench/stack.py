@@ -250,8 +250,13 @@ async def start_shard(stack: Stack, child: str = "shard") -> tuple[Any, Drop]:
                 else ["--switch-interval-ms", str(stack.switch_interval_ms)]
             ),
             *(["--plain-gc"] if stack.plain_gc else []),
-            *(["--edges", str(stack.edges)] if stack.edges else []),
+            # Always said: the child's own default is the product's (one per spare core).
+            "--edges",
+            str(stack.edges),
             stdout=asyncio.subprocess.PIPE,
+            # The shard's closing figures are one JSON line: its cycles and, with edges,
+            # every report of theirs (an hour of them passed 64 KiB).
+            limit=_RESULT_LINE_LIMIT,
         )
     return shard, drop
 
