@@ -809,7 +809,7 @@ async def _scenario(
         cycles=stats["cycles"],
         needs=stats["needs"],
         sessions_loop_lag_max_ms=stats.get("sessions_lag_max_ms"),
-        edges=_edges_window(stats.get("edges_load", []), t0, t0 + elapsed),
+        edges_own=_edges_window(stats.get("edges_load", []), t0, t0 + elapsed),
         gc_max_ms=stats.get("gc_max_ms"),
         gc_count=stats.get("gc_count"),
         gc_objects=stats.get("gc_objects"),
