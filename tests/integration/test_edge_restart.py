@@ -132,15 +132,8 @@ async def test_sessions_stay_open_through_an_engine_restart_and_relaying_resumes
             await stream.write(_rollup("rs-a", 10, "4"))
             assert (await stream.read()).ack.echo == "rollup"
 
-            async def needs(engine: Engine) -> list[dict[str, float]]:
-                answer: list[dict[str, float]] = (await engine.ask("needs rs-a"))["needs"]
-                return answer
-
-            async def applied(engine: Engine, cpu: float) -> bool:
-                return await needs(engine) == [{"cpu": cpu}]
-
             await eventually(
-                lambda: applied(first, 4.0),
+                lambda: _applied(first, "rs-a", 4.0),
                 within=120,
                 what="the first roll-up in the first engine",
             )
@@ -176,7 +169,7 @@ async def test_sessions_stay_open_through_an_engine_restart_and_relaying_resumes
             await second.line()
             # The edge resent the last accepted roll-up to the new engine's empty table.
             await eventually(
-                lambda: applied(second, accepted),
+                lambda: _applied(second, "rs-a", accepted),
                 within=120,
                 what="the last accepted roll-up resent",
             )
@@ -186,7 +179,9 @@ async def test_sessions_stay_open_through_an_engine_restart_and_relaying_resumes
             await stream.write(_rollup("rs-a", 100, "8"))
             assert (await stream.read()).ack.echo == "rollup"
             await eventually(
-                lambda: applied(second, 8.0), within=120, what="a roll-up after the restart applied"
+                lambda: _applied(second, "rs-a", 8.0),
+                within=120,
+                what="a roll-up after the restart applied",
             )
             assert (await second.ask("node rs-a m-7"))["sent"] is True
             update = await stream.read()
@@ -264,6 +259,7 @@ async def test_an_engine_without_edges_tells_an_edge_of_an_earlier_run_to_stop(
 
 
 async def _applied(engine: Engine, cluster: str, cpu: float) -> bool:
+    """Whether the engine's needs in force for ``cluster`` are one need of ``cpu`` cores."""
     return bool((await engine.ask(f"needs {cluster}"))["needs"] == [{"cpu": cpu}])
 
 
