@@ -7,11 +7,13 @@ asks for ``database_url`` gets a freshly created, migrated database.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import socket
 import sys
-from collections.abc import AsyncIterator, Iterator
+import threading
+from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 
 import asyncpg
@@ -106,3 +108,51 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
+
+
+# A test that hangs is cut by pytest-timeout, whose report shows every thread's
+# stack but not the asyncio tasks, where an integration test's wait really is.
+# Shortly before the cut, the tests' loop prints each of its tasks' stacks to the
+# test's captured stderr.
+_LOOPS: list[asyncio.AbstractEventLoop] = []
+_BEFORE_TIMEOUT_S = 15.0
+
+
+@pytest.fixture(scope="session", autouse=True)
+async def _tests_loop() -> AsyncIterator[None]:
+    _LOOPS.append(asyncio.get_running_loop())
+    yield
+
+
+def _print_tasks(nodeid: str) -> None:
+    tasks = asyncio.all_tasks()
+    print(f"--- {nodeid}: about to time out; {len(tasks)} asyncio task(s) ---", file=sys.stderr)
+    for task in tasks:
+        print(f"task {task.get_name()}:", file=sys.stderr)
+        task.print_stack(limit=12, file=sys.stderr)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    marker = item.get_closest_marker("timeout")
+    limit = (
+        float(marker.args[0])
+        if marker and marker.args
+        else float(item.config.getini("timeout") or 0)
+    )
+    timer: threading.Timer | None = None
+    if limit > _BEFORE_TIMEOUT_S and _LOOPS:
+        loop = _LOOPS[0]
+
+        def ask_loop() -> None:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(_print_tasks, item.nodeid)
+
+        timer = threading.Timer(limit - _BEFORE_TIMEOUT_S, ask_loop)
+        timer.daemon = True
+        timer.start()
+    try:
+        yield
+    finally:
+        if timer is not None:
+            timer.cancel()

@@ -53,6 +53,20 @@ from workflows.registry import ALL_WORKFLOWS, workflow_runner
 
 log = logging.getLogger(__name__)
 
+#: How long a stop waits for the Temporal worker's running activities: its
+#: graceful timeout (5 s), then what cancelled activities take to return.
+WORKER_SHUTDOWN_S = 20.0
+
+
+async def _within(work: Awaitable[object], seconds: float) -> bool:
+    """Await ``work`` for at most ``seconds``; False if it was still running (it goes on)."""
+    try:
+        await asyncio.wait_for(asyncio.shield(work), timeout=seconds)
+    except TimeoutError:
+        return False
+    return True
+
+
 __all__ = ["ShardOptions", "ShardProcess", "task_queue"]
 
 
@@ -351,14 +365,29 @@ class ShardProcess:
         self._worker, self._worker_task = None, None
         await self._shutdown(worker, task)
 
-    @staticmethod
-    async def _shutdown(worker: Worker | None, task: asyncio.Task[None] | None) -> None:
+    async def _shutdown(self, worker: Worker | None, task: asyncio.Task[None] | None) -> None:
+        """Stop a worker, waiting at most ``WORKER_SHUTDOWN_S`` for its activities.
+
+        Temporal's shutdown cancels running activities after the graceful
+        timeout and then waits for each to return; one that does not answer
+        its cancellation would hold the process's stop, and with it the lease,
+        for ever. Past the bound the process stops without it: a successor's
+        epoch fences whatever that activity still asks a provider.
+        """
         if worker is not None:
             with contextlib.suppress(Exception):
-                await worker.shutdown()
+                done = await _within(worker.shutdown(), WORKER_SHUTDOWN_S)
+                if not done:
+                    log.warning(
+                        "shard %s: the worker's activities did not end within %.0f s of "
+                        "the stop; stopping without them",
+                        self.shard_id,
+                        WORKER_SHUTDOWN_S,
+                    )
         if task is not None:
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+                if not await _within(task, 5.0):
+                    task.cancel()
 
     # --------------------------------------------------------------- loops
 

@@ -227,7 +227,19 @@ async def test_shards_keep_serving_while_the_coordinator_is_away(stack: DevStack
         and i.receiver_shard == await stack.store.assign_cluster("gpu-c")
         and "moved 0" not in (i.outcome or "")
     ]
-    assert len(moves) == 1, [(i.kind, i.outcome) for i in moves]
+    assert len(moves) == 1, [
+        (
+            i.kind,
+            i.term,
+            i.seq,
+            i.donor_shard,
+            i.receiver_shard,
+            i.status,
+            i.outcome,
+            str(i.payload),
+        )
+        for i in await stack.store.instructions()
+    ]
     assert len(await configured_for(stack, "gpu-c")) == 4
 
 

@@ -10,7 +10,7 @@ away, leave no machine owned twice, and empty shard-1 so that it can be removed.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +21,7 @@ from bigfleet.store import ShardNotEmpty, ShardRemoved
 from bigfleet.v1alpha1 import provider_pb2
 from clusters.operator import DemandPattern, SimulatedCluster
 from providers.model import FencingToken
+from shard_engine.model import MachineState
 from tests.integration.multishard import configured_for, eventually, options, shard
 
 pytestmark = pytest.mark.e2e
@@ -83,12 +84,13 @@ async def test_a_drained_shard_hands_over_its_cluster_and_machines_and_is_remove
     stay = await _connect(stack, "stay", cpu=1)
     leaving = await _connect(stack, "leaving", cpu=3)
     assert await stack.store.assign_cluster("leaving") == "shard-1"
+    donor = shard(stack, "shard-1")
     kept = await eventually(
-        lambda: _at_least(configured_for(stack, "leaving"), 2), what="leaving runs on 2 machines"
+        lambda: _settled_on(stack, donor, "leaving", at_least=2),
+        what="leaving runs on 2 machines and has none in motion",
     )
     kept_ids = {m.id for m in kept}
     # One of shard-1's GPU slots becomes a real, idle host (left over by some cluster).
-    donor = shard(stack, "shard-1")
     idle_id = sorted(m for m in donor.owned if "p5-48xlarge" in m)[0]
     client = next(iter(stack.provider_clients.values()))
     await client.create(idle_id, FencingToken("setup", 1, 1))
@@ -180,11 +182,21 @@ async def test_a_drained_shard_hands_over_its_cluster_and_machines_and_is_remove
         await late.start()
 
 
-async def _at_least(
-    machines: Awaitable[list[provider_pb2.Machine]], n: int
+async def _settled_on(
+    dev: DevStack, process: ShardProcess, cluster: str, *, at_least: int
 ) -> list[provider_pb2.Machine] | None:
-    found = await machines
-    return found if len(found) >= n else None
+    """The cluster's configured machines, once there are ``at_least`` of them and the
+    shard's engine holds no other machine for it (none being created, configured,
+    drained or replaced). Recording them earlier races a machine still on its way:
+    under load a create can outlive its deadline, be replaced, and configure after."""
+    found = await configured_for(dev, cluster)
+    held = {m.id: m.state for m in process.engine.machines() if m.cluster == cluster}
+    settled = all(state is MachineState.CONFIGURED for state in held.values()) and (
+        cluster not in process.engine.in_flight().values()
+    )
+    if len(found) >= at_least and settled and set(held) == {m.id for m in found}:
+        return found
+    return None
 
 
 async def _empty(dev: DevStack, shard_id: str) -> bool:
