@@ -58,6 +58,42 @@ log = logging.getLogger(__name__)
 WORKER_SHUTDOWN_S = 20.0
 
 
+async def stop_worker(
+    worker: Worker | None,
+    task: asyncio.Task[None] | None,
+    *,
+    name: str,
+    within_s: float = WORKER_SHUTDOWN_S,
+) -> bool:
+    """Stop a Temporal worker, waiting at most ``within_s`` for its activities; False if
+    some were still running then.
+
+    Temporal's shutdown cancels running activities after the graceful
+    timeout and then waits for each to return; one that does not answer its
+    cancellation would hold the process's stop, and with it the lease, for
+    ever. Past the bound the process stops without it: a successor's epoch
+    fences whatever that activity still asks a provider.
+    """
+    done = True
+    if worker is not None:
+        try:
+            done = await _within(worker.shutdown(), within_s)
+        except Exception:
+            log.exception("%s: the worker's shutdown failed", name)
+        if not done:
+            log.warning(
+                "%s: the worker's activities did not end within %.0f s of the stop; "
+                "stopping without them",
+                name,
+                within_s,
+            )
+    if task is not None:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            if not await _within(task, 5.0):
+                task.cancel()
+    return done
+
+
 async def _within(work: Awaitable[object], seconds: float) -> bool:
     """Await ``work`` for at most ``seconds``; False if it was still running (it goes on)."""
     try:
@@ -366,28 +402,7 @@ class ShardProcess:
         await self._shutdown(worker, task)
 
     async def _shutdown(self, worker: Worker | None, task: asyncio.Task[None] | None) -> None:
-        """Stop a worker, waiting at most ``WORKER_SHUTDOWN_S`` for its activities.
-
-        Temporal's shutdown cancels running activities after the graceful
-        timeout and then waits for each to return; one that does not answer
-        its cancellation would hold the process's stop, and with it the lease,
-        for ever. Past the bound the process stops without it: a successor's
-        epoch fences whatever that activity still asks a provider.
-        """
-        if worker is not None:
-            with contextlib.suppress(Exception):
-                done = await _within(worker.shutdown(), WORKER_SHUTDOWN_S)
-                if not done:
-                    log.warning(
-                        "shard %s: the worker's activities did not end within %.0f s of "
-                        "the stop; stopping without them",
-                        self.shard_id,
-                        WORKER_SHUTDOWN_S,
-                    )
-        if task is not None:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                if not await _within(task, 5.0):
-                    task.cancel()
+        await stop_worker(worker, task, name=f"shard {self.shard_id}")
 
     # --------------------------------------------------------------- loops
 
