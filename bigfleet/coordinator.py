@@ -9,7 +9,6 @@ instructions carry a lower term and are refused by every shard.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping
 from datetime import timedelta
@@ -23,6 +22,7 @@ from activities.context import ProviderCalls
 from activities.registry import coordinator_activities
 from bigfleet.metrics import COORDINATOR_TERM
 from bigfleet.store import Store
+from bigfleet.temporal import stop_worker
 from workflows import coordinator as co
 from workflows.registry import COORDINATOR_WORKFLOWS
 
@@ -96,9 +96,4 @@ class CoordinatorProcess:
 
     async def stop(self) -> None:
         """Stop serving; the workflow stays open and idle until a coordinator returns."""
-        if self._worker is not None:
-            with contextlib.suppress(Exception):
-                await self._worker.shutdown()
-        if self._task is not None:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        await stop_worker(self._worker, self._task, name="coordinator")

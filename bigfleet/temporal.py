@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import shutil
 import socket
 import subprocess
@@ -28,6 +29,7 @@ from temporalio.common import SearchAttributeIndexedValueType
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
 
 from bigfleet.extras import MissingExtra
 from workflows import search_attributes as sa
@@ -41,7 +43,10 @@ __all__ = [
     "runtime",
     "start_dev_server",
     "start_time_skipping",
+    "stop_worker",
 ]
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -346,3 +351,53 @@ async def ensure_search_attributes(client: Client, namespace: str = "default") -
         await client.operator_service.add_search_attributes(
             AddSearchAttributesRequest(search_attributes=missing, namespace=namespace)  # type: ignore[arg-type]
         )
+
+
+#: How long a stop waits for the Temporal worker's running activities: its
+#: graceful timeout (5 s), then what cancelled activities take to return.
+WORKER_SHUTDOWN_S = 20.0
+
+
+async def stop_worker(
+    worker: Worker | None,
+    task: asyncio.Task[None] | None,
+    *,
+    name: str,
+    within_s: float = WORKER_SHUTDOWN_S,
+) -> bool:
+    """Stop a Temporal worker, waiting at most ``within_s`` for its activities; False if
+    some were still running then.
+
+    Temporal's shutdown cancels running activities after the graceful
+    timeout and then waits for each to return; one that does not answer its
+    cancellation would hold the process's stop, and with it the lease, for
+    ever. Past the bound the process stops without it: a successor's epoch
+    fences whatever that activity still asks a provider.
+    """
+    done = True
+    if worker is not None:
+        try:
+            done = await _within(worker.shutdown(), within_s)
+        except Exception:
+            log.exception("%s: the worker's shutdown failed", name)
+        if not done:
+            log.warning(
+                "%s: the worker's activities did not end within %.0f s of the stop; "
+                "stopping without them",
+                name,
+                within_s,
+            )
+    if task is not None:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            if not await _within(task, 5.0):
+                task.cancel()
+    return done
+
+
+async def _within(work: Awaitable[object], seconds: float) -> bool:
+    """Await ``work`` for at most ``seconds``; False if it was still running (it goes on)."""
+    try:
+        await asyncio.wait_for(asyncio.shield(work), timeout=seconds)
+    except TimeoutError:
+        return False
+    return True

@@ -17,7 +17,7 @@ from temporalio import activity, workflow
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from bigfleet.shard.process import stop_worker
+from bigfleet.temporal import stop_worker
 from workflows.registry import workflow_runner
 
 _started = asyncio.Event()
