@@ -19,6 +19,13 @@ to unbind a machine when it drains, fails or moves; the next placement
 binds it anew. Codes for (cluster, need key) pairs are interned; their
 number grows with the distinct needs ever placed for, which is small next
 to the machines.
+
+Because a binding is read only where its machine counts, a cluster's
+:meth:`Bindings.version` moves only for bindings that can enter its counts:
+an idle machine placed anew is still bound to the need of the cluster it
+last served, and rebinding it does not change that cluster's counts (it
+left them, and the inventory's version of that cluster moved then), so it
+does not make the cluster's claims be computed again (``holds``).
 """
 
 from __future__ import annotations
@@ -36,14 +43,28 @@ __all__ = ["NO_BINDING", "Bindings", "PoolCodes", "pinned_first"]
 NO_BINDING = -1
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
 
 
 class Bindings:
     """A (cluster, need key) code per machine row; see the module docstring."""
 
-    __slots__ = ("_changes", "_cluster", "_codes", "_key", "_lookups", "_rows", "on_change")
+    __slots__ = (
+        "_changes",
+        "_cluster",
+        "_codes",
+        "_key",
+        "_lookups",
+        "_rows",
+        "holds",
+        "on_change",
+    )
 
-    def __init__(self, on_change: Callable[[IntArray], None] | None = None) -> None:
+    def __init__(
+        self,
+        on_change: Callable[[IntArray], None] | None = None,
+        holds: Callable[[IntArray, IntArray], BoolArray] | None = None,
+    ) -> None:
         self._rows: npt.NDArray[np.int32] = np.full(0, NO_BINDING, dtype=np.int32)
         self._codes: dict[tuple[int, str], int] = {}
         self._key: list[str] = []
@@ -53,6 +74,9 @@ class Bindings:
         # Told the rows whose binding changed: the engine marks their bound
         # pools changed, so counts kept per pool are read again.
         self.on_change = on_change
+        # Per (row, cluster) pair, whether the row may enter that cluster's counts
+        # now (a superset is safe). Without it every old binding counts as held.
+        self.holds = holds
 
     def _code(self, cluster: int, key: str) -> int:
         code = self._codes.get((cluster, key))
@@ -123,12 +147,15 @@ class Bindings:
             self.on_change(index)
 
     def _changed(self, index: IntArray) -> None:
-        """Count a change for every cluster some of ``index`` are bound to now."""
+        """Count a change for every cluster some of ``index`` are bound to now and count for."""
         codes = self._rows[index]
-        codes = codes[codes >= 0]
-        if len(codes) == 0:  # the usual case: new machines, bound for the first time
+        bound = codes >= 0
+        if not bound.any():  # the usual case: new machines, bound for the first time
             return
-        for cluster in np.unique(self._cluster[codes]).tolist():
+        clusters = self._cluster[codes[bound]].astype(np.int64)
+        if self.holds is not None:
+            clusters = clusters[self.holds(index[bound], clusters)]
+        for cluster in np.unique(clusters).tolist():
             self._changes[cluster] = self._changes.get(cluster, 0) + 1
 
     def version(self, cluster: int) -> int:

@@ -217,7 +217,30 @@ class ShardEngine:
         self._last: verdicts.LastCycle | None = None
         self._cycles = 0
         self._fleet_idle = FleetIdle(self.config.fleet_idle_wait_seconds)
-        self._bindings = Bindings(on_change=self._inventory.touch_bound)
+        self._bindings = Bindings(on_change=self._inventory.touch_bound, holds=self._holds)
+
+    def _holds(
+        self, rows: npt.NDArray[np.int64], clusters: npt.NDArray[np.int64]
+    ) -> npt.NDArray[np.bool_]:
+        """Per row, whether it may count toward ``clusters[i]`` now (``Bindings.holds``).
+
+        A superset of what a bound count reads (the cluster's bound pools and
+        what is in flight or promised toward it): the machine's cluster, the
+        cluster its supply counts for, and its flight's or promise's target.
+        """
+        inventory = self._inventory
+        held: npt.NDArray[np.bool_] = inventory.cluster[rows] == clusters
+        for k in np.flatnonzero(~held).tolist():
+            row = int(rows[k])
+            cluster = int(clusters[k])
+            flight = self._flights.get(row)
+            promise = self._promises.get(row)
+            held[k] = (
+                inventory.owner(row) == cluster
+                or (flight is not None and flight.target == cluster)
+                or (promise is not None and promise.cluster == cluster)
+            )
+        return held
 
     # -- observations ------------------------------------------------------------
     def set_fleet_idle(self, offers: Sequence[RemoteIdle]) -> None:

@@ -23,6 +23,8 @@ import numpy as np
 import pytest
 
 from bench.cycle import RECLAIM_AT_ONCE, World, build, carry, churn, outcome
+from shard_engine import phase1
+from shard_engine.binding import Bindings
 from shard_engine.engine import EngineConfig
 from shard_engine.model import Provision
 from shard_engine.worksheet import Counted, Worksheet
@@ -168,3 +170,121 @@ def test_rows_named_or_taken_from_a_tail_this_cycle_are_not_counted() -> None:
         assert got[1].tolist() == table.tolist()
         assert got[1].sum() < before[1].sum()
     assert checked_rows > 20
+
+
+@pytest.mark.parametrize("seed", [5, 7])
+def test_every_count_and_have_reused_across_cycles_is_what_a_fresh_one_gives(seed: int) -> None:
+    """Results kept under a cluster's versions are never stale when read again.
+
+    Counts and "have" are reused while the cluster's inventory and bindings
+    versions stand still; a bindings version moves only for bindings that can
+    enter the cluster's counts (an idle machine placed anew is still bound to
+    the need of the cluster it left, ADR 0165). With reclaims at once, idle
+    machines go from cluster to cluster every cycle: each reused result is
+    checked against one computed from scratch. (Keying "have" without the
+    bindings version fails here: a takeover changes what a need counts
+    without moving a machine.)
+    """
+    world = build(
+        machines=4_000,
+        clusters=8,
+        needs_per_cluster=6,
+        types=6,
+        zones=3,
+        racks=4,
+        seed=seed,
+        config=RECLAIM_AT_ONCE,
+    )
+    engine = world.engine
+    rng = random.Random(seed)
+    original_bound = Worksheet.bound
+    original_have = phase1.cluster_have
+    checked = {"counts": 0, "haves": 0, "idle rebound": 0}
+
+    def bound(
+        self: Worksheet,
+        cluster: int,
+        keys: Sequence[str],
+        columns: np.ndarray,
+        *,
+        settled_only: bool = False,
+    ) -> np.ndarray | None:
+        got = original_bound(self, cluster, keys, columns, settled_only=settled_only)
+        present, table = recounted(self, cluster, keys, settled_only)
+        expected = np.zeros((len(keys), len(columns)))
+        for c, profile in enumerate(columns.tolist()):
+            if profile in present.tolist():
+                expected[:, c] = table[:, present.tolist().index(profile)]
+        if got is None:
+            assert not expected.any(), (cluster, settled_only)
+        else:
+            assert got.tolist() == expected.tolist(), (cluster, settled_only)
+        checked["counts"] += 1
+        return got
+
+    def have(
+        sheet: Worksheet, demand: object, alloc: np.ndarray, tolerance: float
+    ) -> tuple[np.ndarray, list[int]]:
+        got = original_have(sheet, demand, alloc, tolerance)  # type: ignore[arg-type]
+        cluster = demand.cluster  # type: ignore[attr-defined]
+        kept = sheet.memo.have.pop(cluster, None)
+        fresh = original_have(sheet, demand, alloc, tolerance)  # type: ignore[arg-type]
+        if kept is not None:
+            sheet.memo.have[cluster] = kept
+        assert got[0].tolist() == fresh[0].tolist(), cluster
+        assert got[1] == fresh[1], cluster
+        checked["haves"] += 1
+        return got
+
+    bindings = engine._bindings
+    before_codes = bindings.codes.copy()
+
+    Worksheet.bound = bound  # type: ignore[method-assign]
+    phase1.cluster_have = have
+    try:
+        plan = engine.cycle(now=world.now)
+        for n in range(60):
+            if n % 4 == 3:
+                unsettled(world, plan.actions, rng)
+            else:
+                carry(world, plan)
+            churn(world, rng, pending=0.2, excess=0.2, grow=30)
+            world.now += 1
+            plan = engine.cycle(now=world.now)
+            codes = bindings.codes
+            width = min(len(codes), len(before_codes))
+            # Rows bound anew to another cluster's need than before: the idle reuse.
+            moved = np.flatnonzero(
+                (before_codes[:width] >= 0)
+                & (codes[:width] != before_codes[:width])
+                & (codes[:width] >= 0)
+            )
+            checked["idle rebound"] += len(moved)
+            before_codes = codes.copy()
+    finally:
+        Worksheet.bound = original_bound  # type: ignore[method-assign]
+        phase1.cluster_have = original_have
+    assert checked["counts"] > 100 and checked["haves"] > 100
+    assert checked["idle rebound"] > 10, checked
+
+
+def test_placing_an_idle_machine_anew_moves_only_the_versions_of_clusters_that_count_it() -> None:
+    """The cluster an idle machine last served keeps its bindings version when it is placed anew."""
+    holding = {7: 0}  # row 7 counts for cluster 0 only
+    bindings = Bindings(
+        holds=lambda rows, clusters: np.array(
+            [holding.get(int(r)) == int(c) for r, c in zip(rows, clusters, strict=True)]
+        )
+    )
+    bindings.bind([7, 8], 1, "old")  # both were placed for cluster 1's need "old"
+    before = (bindings.version(0), bindings.version(1))
+    bindings.bind([8], 0, "new")  # row 8 left cluster 1 (counts for nobody) and is placed anew
+    assert bindings.version(1) == before[1]  # cluster 1 never counted it again
+    assert bindings.version(0) == before[0] + 1
+    bindings.bind([7], 0, "new")  # row 7 counts for cluster 0: its old cluster's changes do not
+    assert bindings.version(1) == before[1]
+    holding[9] = 1
+    bindings.bind([9], 1, "old")
+    bindings.bind([9], 1, "other")  # a takeover inside cluster 1 moves it
+    assert bindings.version(1) == before[1] + 3
+    assert Bindings().version(3) == 0
