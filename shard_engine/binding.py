@@ -249,14 +249,18 @@ class PoolCodes:
             return
         from shard_engine import kernels  # numba loads with the first count, not with the CLI
 
-        for pool in stale.tolist():
-            found, many = kernels.member_codes(pools.members(pool), codes)
-            if len(found) > self.code.shape[1]:
-                self.code = _grown(self.code, len(self.code), len(found))
-                self.count = _grown(self.count, len(self.count), len(found))
-            self.code[pool, : len(found)] = found
-            self.count[pool, : len(found)] = many
-            self.width[pool] = len(found)
+        # All stale pools in one compiled pass, their members laid end to end.
+        parts = [pools.members(pool) for pool in stale.tolist()]
+        offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+        np.cumsum([len(part) for part in parts], out=offsets[1:])
+        found, many, widths = kernels.member_codes_many(np.concatenate(parts), offsets, codes)
+        top = found.shape[1]
+        if top > self.code.shape[1]:
+            self.code = _grown(self.code, len(self.code), top)
+            self.count = _grown(self.count, len(self.count), top)
+        self.code[stale, :top] = found
+        self.count[stale, :top] = many
+        self.width[stale] = widths
         self.generation[stale] = pools.generation[stale]
 
 

@@ -402,6 +402,36 @@ def member_codes(
 
 
 @njit(cache=True)
+def member_codes_many(
+    members: npt.NDArray[np.int32], offsets: IntArray, codes: npt.NDArray[np.int32]
+) -> tuple[IntArray, IntArray, IntArray]:
+    """:func:`member_codes` for many pools at once, their members laid end to end.
+
+    Pool ``k``'s members are ``members[offsets[k]:offsets[k + 1]]``. Returns
+    tables with a row per pool (its codes, sorted, then zeros; how many rows
+    hold each) and each pool's number of codes.
+    """
+    pools = len(offsets) - 1
+    found = np.zeros((pools, 1), dtype=np.int64)
+    many = np.zeros((pools, 1), dtype=np.int64)
+    widths = np.zeros(pools, dtype=np.int64)
+    for k in range(pools):
+        distinct, counts = member_codes(members[offsets[k] : offsets[k + 1]], codes)
+        width = len(distinct)
+        if width > found.shape[1]:
+            grown = np.zeros((pools, width), dtype=np.int64)
+            grown[:, : found.shape[1]] = found
+            found = grown
+            grown = np.zeros((pools, width), dtype=np.int64)
+            grown[:, : many.shape[1]] = many
+            many = grown
+        found[k, :width] = distinct
+        many[k, :width] = counts
+        widths[k] = width
+    return found, many, widths
+
+
+@njit(cache=True)
 def bound_tally(
     mine: IntArray,
     pool_profile: npt.NDArray[np.int32],
@@ -854,6 +884,7 @@ def warm() -> None:
     lookup = np.zeros(1, dtype=np.int64)
     have_rows(np.ones((2, 3)), usable(shapes, np.ones((2, 2))))
     found, many = member_codes(np.arange(3, dtype=np.int32), codes)
+    member_codes_many(np.arange(3, dtype=np.int32), np.array([0, 1, 3], dtype=np.int64), codes)
     rows = np.arange(3, dtype=np.int64)
     table = np.zeros((3, 1), dtype=np.int64)
     for column in (np.zeros(3, dtype=np.int16), np.zeros(3, dtype=np.int32)):

@@ -284,7 +284,6 @@ def reclaim_excess(
         settled = np.zeros(len(supply), dtype=np.int64)
         settled[profiles] = available
         units = _units(peaks, demand)
-        have = _settled_have(peaks.matrix, settled, alloc, units)
         claims = claim(
             peaks.matrix,
             peaks.aggregate,
@@ -299,7 +298,9 @@ def reclaim_excess(
                 settled_only=True,
             ),
         )
-        if claims is not None:  # machines shared by several needs count for one each
+        if claims is None:
+            have = _settled_have(peaks.matrix, settled, alloc, units)
+        else:  # machines shared by several needs count for one each
             have = have_rows(claims.own * claims.sub, usable_shapes(claims.shapes, units))
         surplus = have - peaks.aggregate
         surplus -= config.reclaim_swing_margin * peaks.swing

@@ -233,6 +233,29 @@ def test_the_inputs_reach_every_way_of_claiming() -> None:
     assert many > 40 and bound > 200 and moved > 20 and 0 < none < 200
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_many_pools_codes_in_one_pass_are_each_pools_own(seed: int) -> None:
+    """``member_codes_many`` over pools laid end to end gives what each pool gives alone."""
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(-1, int(rng.integers(1, 30)), 400).astype(np.int32)
+    pools = [
+        rng.integers(0, 450, int(rng.integers(0, 60))).astype(np.int32)  # rows past ``codes`` too
+        for _ in range(int(rng.integers(1, 12)))
+    ]
+    offsets = np.zeros(len(pools) + 1, dtype=np.int64)
+    np.cumsum([len(p) for p in pools], out=offsets[1:])
+    flat = np.concatenate(pools) if pools else np.zeros(0, dtype=np.int32)
+    found, many, widths = kernels.member_codes_many(flat, offsets, codes)
+    assert found.shape == many.shape and found.shape[0] == len(pools)
+    for k, members in enumerate(pools):
+        alone, counts = kernels.member_codes(members, codes)
+        assert widths[k] == len(alone)
+        assert found[k, : widths[k]].tolist() == alone.tolist()
+        assert many[k, : widths[k]].tolist() == counts.tolist()
+        assert not many[k, widths[k] :].any()
+    assert found.shape[1] >= max(1, int(widths.max()))
+
+
 @pytest.mark.parametrize("seed", range(60))
 def test_bound_machines_are_counted_per_need_and_profile(seed: int) -> None:
     """Counts kept per pool, less rows taken, plus rows in flight: every row counted once."""
@@ -356,7 +379,8 @@ def test_usable_shapes_and_have_are_the_numpy_ones_bit_for_bit(seed: int) -> Non
 def test_warming_compiles_what_a_cycle_calls() -> None:
     kernels.warm()
     every: list[Any] = [kernels.gather, kernels.divide, kernels.columns_of, kernels.usable]
-    every += [kernels.have_rows, kernels.member_codes, kernels.bound_tally]
+    every += [kernels.have_rows, kernels.member_codes, kernels.member_codes_many]
+    every += [kernels.bound_tally]
     every += [kernels.excess, kernels.excess_one, kernels.cover, kernels.spread_fill]
     compiled = {k: len(k.signatures) for k in every}
 
