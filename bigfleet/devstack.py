@@ -32,6 +32,7 @@ from typing import Any
 from temporalio.client import Client
 
 from bigfleet import bootstrap, temporal
+from bigfleet.aio import within
 from bigfleet.backoff import retrying
 from bigfleet.certs import leaf_stem, write_bundle
 from bigfleet.config import TLSFiles
@@ -65,7 +66,7 @@ async def _bounded(what: str, stopping: Awaitable[object]) -> None:
     """Await one part's stop for at most ``STOP_TIMEOUT_S``; log a failure or
     a hang, then go on to the next part."""
     try:
-        await asyncio.wait_for(stopping, timeout=STOP_TIMEOUT_S)
+        await within(stopping, STOP_TIMEOUT_S)
     except TimeoutError:
         log.error("stopping %s took over %.0f s; going on without it", what, STOP_TIMEOUT_S)
     except Exception:

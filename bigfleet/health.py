@@ -16,12 +16,12 @@ retries (the caller's healthcheck interval does).
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bigfleet.aio import within
 from bigfleet.identity import ChannelSecurity, channel
 
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ async def probe_temporal(
         return f"SERVING (namespace {namespace})"
 
     try:
-        return await asyncio.wait_for(check(), timeout_s)
+        return await within(check(), timeout_s)
     except NotReady:
         raise
     except TimeoutError as err:

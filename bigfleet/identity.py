@@ -51,6 +51,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from temporalio.service import TLSConfig
 
+from bigfleet.aio import within
 from bigfleet.config import TLSFiles
 from bigfleet.metrics import IDENTITY_REFUSALS
 from providers.errors import ProviderUnavailable
@@ -411,7 +412,7 @@ async def presented_identity(address: str, pair: KeyPair, *, within_s: float = 5
         key.touch(mode=0o600)
         key.write_bytes(pair.key)
         context.load_cert_chain(cert, key)
-    _, writer = await asyncio.wait_for(
+    _, writer = await within(
         asyncio.open_connection(host, int(port), ssl=context, server_hostname=host), within_s
     )
     try:

@@ -31,6 +31,7 @@ from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from bigfleet.aio import within
 from bigfleet.extras import MissingExtra
 from workflows import search_attributes as sa
 
@@ -269,7 +270,7 @@ class DevServer:
         with contextlib.suppress(ProcessLookupError):
             self.process.terminate()
         try:
-            await asyncio.wait_for(self.process.wait(), timeout_s)
+            await within(self.process.wait(), timeout_s)
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 self.process.kill()
@@ -397,7 +398,7 @@ async def stop_worker(
 async def _within(work: Awaitable[object], seconds: float) -> bool:
     """Await ``work`` for at most ``seconds``; False if it was still running (it goes on)."""
     try:
-        await asyncio.wait_for(asyncio.shield(work), timeout=seconds)
+        await within(asyncio.shield(work), seconds)
     except TimeoutError:
         return False
     return True

@@ -133,7 +133,9 @@ def _print_tasks(nodeid: str) -> None:
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
+    # pytest-timeout's limit covers setup, call and teardown together: so does this
+    # timer (a fixture's teardown that never ends is a hang like any other).
     marker = item.get_closest_marker("timeout")
     limit = (
         float(marker.args[0])
@@ -141,12 +143,11 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
         else float(item.config.getini("timeout") or 0)
     )
     timer: threading.Timer | None = None
-    if limit > _BEFORE_TIMEOUT_S and _LOOPS:
-        loop = _LOOPS[0]
+    if limit > _BEFORE_TIMEOUT_S:
 
         def ask_loop() -> None:
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(_print_tasks, item.nodeid)
+            if _LOOPS and not _LOOPS[0].is_closed():
+                _LOOPS[0].call_soon_threadsafe(_print_tasks, item.nodeid)
 
         timer = threading.Timer(limit - _BEFORE_TIMEOUT_S, ask_loop)
         timer.daemon = True

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import shutil
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from bigfleet.aio import wait_set
 from bigfleet.cli import runtime
 from bigfleet.cli.options import VerboseOption
 from bigfleet.config import Settings
@@ -143,8 +143,7 @@ def dev(
             )
             while not stop.is_set():
                 print(stack.summary() + "\n", flush=True)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=summary_every)
+                await wait_set(stop, summary_every)
         finally:
             # A deliberate stop: every part saying it stopped is not news (-v keeps it).
             if not verbose:

@@ -22,7 +22,6 @@ instant finds a row no older than that).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 from collections import deque
@@ -31,6 +30,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from bigfleet import metrics
+from bigfleet.aio import wait_set
 from bigfleet.decisions.entries import Decision
 
 __all__ = ["DecisionLog", "DecisionSink", "LogLimits"]
@@ -175,8 +175,7 @@ class DecisionLog:
         until cancelled; a failing write is logged and retried at the next tick."""
         next_prune = self._clock()
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self.limits.flush_interval_s)
+            await wait_set(self._wake, self.limits.flush_interval_s)
             self._wake.clear()
             try:
                 await self.flush()

@@ -33,13 +33,13 @@ that was paused never acts in between.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections import Counter
 from dataclasses import dataclass
 
 from bigfleet import metrics
+from bigfleet.aio import within
 from bigfleet.decisions import DecisionLog, Mode, decisions_of
 from bigfleet.shard.core import Actuator, Operation, Started, machines_of
 from bigfleet.shard.marks import ModeMarker
@@ -162,9 +162,9 @@ class Adoption:
         the controls before the first cycle. A failure is logged: the loop reads again."""
         if self._controls is not None:
             try:
-                await asyncio.wait_for(
+                await within(
                     self._controls.publish_shadow(self.shard_id, shadow=self.modes.shadow),
-                    timeout=self._read_timeout_s,
+                    self._read_timeout_s,
                 )
             except Exception:
                 log.warning("shard %s: could not publish its mode", self.shard_id, exc_info=True)
@@ -175,9 +175,7 @@ class Adoption:
         if self._controls is None:
             return self.control
         try:
-            control = await asyncio.wait_for(
-                self._controls.get(self.shard_id), timeout=self._read_timeout_s
-            )
+            control = await within(self._controls.get(self.shard_id), self._read_timeout_s)
         except Exception:
             log.warning(
                 "shard %s: reading pause/dry run failed; keeping %s",
@@ -239,4 +237,4 @@ class Adoption:
             await self._marker.close()
         if self._decisions is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._decisions.flush(), timeout=timeout_s)
+                await within(self._decisions.flush(), timeout_s)

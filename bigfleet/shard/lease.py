@@ -31,7 +31,6 @@ land after the lease may have ended. Acting again needs a fresh epoch.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import time
@@ -39,6 +38,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from activities.context import ShardInactive
+from bigfleet.aio import wait_set
 from bigfleet.store import LeaseHeld, LeaseLost, ShardRemoved, Store
 from providers.client import FencingToken
 
@@ -322,8 +322,7 @@ class LeaseKeeper:
                 )
                 await self._deadline_moved.wait()
                 continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._deadline_moved.wait(), timeout=left)
+            await wait_set(self._deadline_moved, left)
 
     async def renew_or_retake(self, on_retaken: Callable[[], Awaitable[None]]) -> bool:
         """One round of :meth:`keep`: never raises. True when the lease was confirmed.

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from activities.context import BootstrapBlob
+from bigfleet.aio import within
 from bigfleet.shard import telemetry
 from bigfleet.shard.frames import (
     VERSION,
@@ -400,7 +401,7 @@ class EdgeLink:
         self._edges.clear()
         for child in self._children:
             try:
-                await asyncio.wait_for(child.wait(), 10.0)
+                await within(child.wait(), 10.0)
             except TimeoutError:
                 child.kill()
                 await child.wait()

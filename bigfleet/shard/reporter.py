@@ -20,13 +20,13 @@ a share (ADR 0140).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
 from temporalio.client import Client
 from temporalio.service import RPCError
 
+from bigfleet.aio import within
 from bigfleet.shard.convert import requirement_specs
 from bigfleet.shard.lease import LeaseKeeper
 from bigfleet.shard.state import ShardState
@@ -170,9 +170,9 @@ class CoordinatorReporter:
         answer: cc.BudgetShareAnswer | None = None
         try:
             handle = self._temporal.get_workflow_handle(co.COORDINATOR_ID)
-            answer = await asyncio.wait_for(
+            answer = await within(
                 handle.execute_update(co.CoordinatorWorkflow.budget_shares, ask),
-                timeout=self._update_timeout_s,
+                self._update_timeout_s,
             )
         except Exception as err:  # RPCError, a rejected update, a coordinator mid-restart
             log.info("no budget shares from the coordinator (%s); using the fallback", err)
