@@ -232,7 +232,9 @@ async def test_shards_keep_serving_while_the_coordinator_is_away(stack: DevStack
         and i.receiver_shard == receiver
         and "moved 0" not in (i.outcome or "")
     ]
-    assert len(moves) == 1, [(i.kind, i.term, i.donor_shard, i.outcome) for i in moves]
+    assert len(moves) == 1, [
+        (i.id, i.kind, i.term, i.seq, i.donor_shard, i.outcome, i.payload) for i in moves
+    ]
     assert len(await configured_for(stack, "gpu-c")) == 4
 
 
