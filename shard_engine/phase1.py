@@ -48,7 +48,15 @@ from shard_engine.topology import SpreadState, choose_gang_domain, domain_codes
 from shard_engine.usable import have_rows, usable_shapes
 from shard_engine.worksheet import MemoKey, Starved, Worksheet
 
-__all__ = ["assign", "bound_reader", "cluster_have", "demand_supply", "memo_key", "shortages"]
+__all__ = [
+    "assign",
+    "bound_reader",
+    "claims_now",
+    "cluster_have",
+    "demand_supply",
+    "memo_key",
+    "shortages",
+]
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
@@ -103,14 +111,7 @@ def cluster_have(
         if cached is not None and cached[0] == key:
             return cached[1], cached[2]
     supply = sheet.supply_row(cluster)
-    claims = claim(
-        demand.matrix,
-        demand.aggregate,
-        supply,
-        alloc,
-        bound_reader(sheet, demand, alloc, demand.matrix, demand.aggregate),
-        demand.priority,
-    )
+    claims = claims_now(sheet, demand, alloc)
     if claims is None:
         have = demand_supply(demand, supply, alloc)
     else:  # machines shared by several needs count for one each
@@ -131,23 +132,28 @@ def cluster_have(
     return have, short
 
 
-def own_supply(
-    sheet: Worksheet,
-    demand: Demand,
-    index: int,
-    alloc: FloatArray,
-    cache: dict[tuple[int, int, bytes], Claims | None] | None = None,
-) -> FloatArray:
-    """The cluster's supply as need ``index`` may count it: less what its other needs claimed.
+def claims_now(sheet: Worksheet, demand: Demand, alloc: FloatArray) -> Claims | None:
+    """The cluster's claims on its supply as the worksheet stands, computed once per state.
 
-    ``cache`` keeps one cycle's claims per (cluster, needs version, supply):
-    the needs of a cluster are walked one by one and the claims change only
-    when one of them moved supply.
+    A claim reads the cluster's supply and its bound counts, and within a
+    cycle those move only when supply moves toward or away from the cluster
+    or the cycle names machines: the worksheet keeps one claim per such
+    state, for Phase 1's needs and Phase 2's gangs alike. A cluster nothing
+    touched and nothing named keeps its claims across cycles under its
+    versions (``memo_key``), as its "have" is kept.
     """
-    supply = sheet.supply_row(demand.cluster)
-    key = (demand.cluster, demand.version, supply.tobytes())
-    if cache is not None and key in cache:
-        claims = cache[key]
+    cluster = demand.cluster
+    state = sheet.count_state(cluster)
+    settled = state == (0, 0) and not sheet.touched(cluster)
+    version = memo_key(sheet, demand) if settled else None
+    if version is not None:
+        kept = sheet.memo.claims.get(cluster)
+        if kept is not None and kept[0] == version:
+            return kept[1]
+    supply = sheet.supply_row(cluster)
+    key = (cluster, demand.version, *state, supply.tobytes())
+    if key in sheet.claims:
+        claims = sheet.claims[key]
     else:
         claims = claim(
             demand.matrix,
@@ -157,8 +163,16 @@ def own_supply(
             bound_reader(sheet, demand, alloc, demand.matrix, demand.aggregate),
             demand.priority,
         )
-        if cache is not None:
-            cache[key] = claims
+        sheet.claims[key] = claims
+    if version is not None:
+        sheet.memo.claims[cluster] = (version, claims)
+    return claims
+
+
+def own_supply(sheet: Worksheet, demand: Demand, index: int, alloc: FloatArray) -> FloatArray:
+    """The cluster's supply as need ``index`` may count it: less what its other needs claimed."""
+    claims = claims_now(sheet, demand, alloc)
+    supply = sheet.supply_row(demand.cluster)
     if claims is None:
         return supply.astype(np.float64)
     return claims.supply(index, len(supply))
@@ -243,7 +257,6 @@ def assign(
     pending: list[PendingNeed] = []
     price = catalog.price
     probability = catalog.interruption_probability
-    claimed: dict[tuple[int, int, bytes], Claims | None] = {}
     for demand, index in shortages(demands, sheet, alloc, tolerance):
         need = demand.needs[index]
         aggregate = demand.aggregate[index]
@@ -268,7 +281,7 @@ def assign(
             have = cluster_have(sheet, demand, alloc, tolerance)[0][index]
         own: FloatArray | None = None
         if gang:
-            own = own_supply(sheet, demand, index, alloc, claimed)
+            own = own_supply(sheet, demand, index, alloc)
             base = masks.mask(demand.mask_keys[index])
             codes = domain_codes(catalog, gang)
             free = (sheet.free[TIER_IDLE] + sheet.free[TIER_SPECULATIVE]).astype(np.float64)
@@ -293,7 +306,7 @@ def assign(
                     sheet.gang_choices[(demand.cluster, demand.keys[index])] = choice.domain
         if have is None:
             if own is None:
-                own = own_supply(sheet, demand, index, alloc, claimed)
+                own = own_supply(sheet, demand, index, alloc)
             have = _need_have(demand, index, mask, sheet, alloc, own)
         deficit = aggregate - have
         deficit = np.where(deficit > demand.slack(tolerance)[index], deficit, 0.0)

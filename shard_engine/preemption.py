@@ -36,14 +36,13 @@ import numpy.typing as npt
 
 from shard_engine.actions import ActionKind
 from shard_engine.catalog import ProfileCatalog
-from shard_engine.claims import claim
 from shard_engine.config import EngineConfig, VictimWeights
 from shard_engine.costs import drain_grace_seconds
 from shard_engine.linear import combine
 from shard_engine.model import MachineState
 from shard_engine.needs import Demand
 from shard_engine.pending import PendingNeed
-from shard_engine.phase1 import bound_reader
+from shard_engine.phase1 import claims_now
 from shard_engine.pools import TIER_BOUND, TIER_IDLE, TIER_SPECULATIVE, PoolKey
 from shard_engine.selection import cover_in_order, cover_with_spread, settle_deficit
 from shard_engine.topology import SpreadState, choose_gang_domain, domain_codes
@@ -405,14 +404,7 @@ def _place_gang(
     previous_key = demand.keys[item.index]
     # What the gang may count as held: less what the cluster's other needs claim (ADR 0128).
     supply = sheet.supply_row(item.cluster)
-    claims = claim(
-        demand.matrix,
-        demand.aggregate,
-        supply,
-        alloc,
-        bound_reader(sheet, demand, alloc, demand.matrix, demand.aggregate),
-        demand.priority,
-    )
+    claims = claims_now(sheet, demand, alloc)
     row = supply.astype(np.float64) if claims is None else claims.supply(item.index, len(supply))
     choice = choose_gang_domain(
         codes=codes,

@@ -22,6 +22,7 @@ import numpy.typing as npt
 
 from shard_engine.actions import ActionLog
 from shard_engine.binding import Bindings, PoolCodes
+from shard_engine.claims import Claims
 from shard_engine.inventory import Inventory
 from shard_engine.pools import TIER_BOUND, TIER_IDLE, TIER_SPECULATIVE, PoolKey
 
@@ -58,10 +59,10 @@ class ClusterMemo:
     """Per-cluster results that only change when the cluster's supply or needs change.
 
     ``have`` holds each cluster's per-need supply and which needs were
-    short; ``quiet`` the clusters Phase 3 found nothing to reclaim from;
-    ``release_after`` per idle pool, the earliest instant any of its
-    machines can reach the end of its hold.
-    Both are keyed by (inventory and bindings versions of the cluster,
+    short; ``claims`` what its needs claimed of its machines; ``quiet`` the
+    clusters Phase 3 found nothing to reclaim from; ``release_after`` per
+    idle pool, the earliest instant any of its machines can reach the end
+    of its hold. The per-cluster ones are keyed by (inventory and bindings versions of the cluster,
     needs version, profiles, dimensions), so a stale entry is never used; a cycle only
     recomputes clusters that something touched since.
     """
@@ -69,6 +70,7 @@ class ClusterMemo:
     have: dict[int, tuple[MemoKey, npt.NDArray[np.float64], list[int]]] = field(
         default_factory=dict
     )
+    claims: dict[int, tuple[MemoKey, Claims | None]] = field(default_factory=dict)
     quiet: dict[int, MemoKey] = field(default_factory=dict)
     release_after: dict[int, float] = field(default_factory=dict)
     reclaim_cursor: int = 0
@@ -109,8 +111,13 @@ class Worksheet:
     seen_bound: dict[tuple[int, bool], tuple[tuple[Any, ...], tuple[int, int], Counted | None]] = (
         field(default_factory=dict)
     )
+    # This cycle's claims per (cluster, needs version, bound tails taken, machines
+    # named, supply row's bytes): what a claim reads (``phase1.claims_now``).
+    claims: dict[tuple[int, int, int, int, bytes], Claims | None] = field(default_factory=dict)
     # ``taken`` sorted, with those of its rows in a bound pool and their pools.
     _skip: tuple[IntArray, IntArray, IntArray] | None = None
+    # Per cluster, how many named machines its counts leave out, at a size of ``taken``.
+    _named: dict[int, tuple[int, int]] = field(default_factory=dict)
     # Clusters whose pools' counts per binding code were brought up to date.
     _refreshed: set[int] = field(default_factory=set)
 
@@ -177,7 +184,7 @@ class Worksheet:
             settled_only,
             tuple(keys),
         )
-        state = (self.tails.get(cluster, 0), len(self.taken))
+        state = self.count_state(cluster)
         seen = self.seen_bound.get((cluster, settled_only))
         if seen is not None and seen[0] == memo_key and seen[1] == state:
             return seen[2]
@@ -231,6 +238,31 @@ class Worksheet:
             len(keys),
         )
         return (present, out) if len(present) else None
+
+    def count_state(self, cluster: int) -> tuple[int, int]:
+        """What this cycle did that a count of ``cluster``'s bound machines reads.
+
+        Machines taken from the tails of its bound pools, and machines the
+        cycle named that sit in one of those pools or are in flight toward it
+        (either is left out of the count). Both only grow within a cycle, so
+        an unchanged pair is an unchanged count, and (0, 0) is the count with
+        nothing taken, which holds across cycles under the cluster's versions.
+        """
+        tails = self.tails.get(cluster, 0)
+        if not self.taken:
+            return tails, 0
+        kept = self._named.get(cluster)
+        if kept is not None and kept[0] == len(self.taken):
+            return tails, kept[1]
+        self._skipped()
+        assert self._skip is not None
+        _, _, pool_of = self._skip
+        named = int(np.count_nonzero(self.inventory.pools.cluster[pool_of] == cluster))
+        if self.flying is not None:
+            taken = self.taken
+            named += sum(1 for row in self.flying(cluster) if row in taken)
+        self._named[cluster] = (len(self.taken), named)
+        return tails, named
 
     def _skipped(self) -> IntArray:
         """``taken`` sorted, read again only when it grew (it only grows in a cycle)."""

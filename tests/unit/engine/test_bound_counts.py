@@ -23,10 +23,12 @@ import numpy as np
 import pytest
 
 from bench.cycle import RECLAIM_AT_ONCE, World, build, carry, churn, outcome
-from shard_engine import phase1
+from shard_engine import phase1, preemption
 from shard_engine.binding import Bindings
+from shard_engine.claims import Claims, claim
 from shard_engine.engine import EngineConfig
 from shard_engine.model import Provision
+from shard_engine.needs import Demand
 from shard_engine.worksheet import Counted, Worksheet
 
 
@@ -197,7 +199,13 @@ def test_every_count_and_have_reused_across_cycles_is_what_a_fresh_one_gives(
     rng = random.Random(seed)
     original_bound = Worksheet.bound
     original_have = phase1.cluster_have
-    checked = {"counts": 0, "haves": 0, "moved to another cluster": 0}
+    checked = {
+        "counts": 0,
+        "haves": 0,
+        "moved to another cluster": 0,
+        "claims kept": 0,
+        "kept with machines named": 0,
+    }
 
     def bound(
         self: Worksheet,
@@ -234,10 +242,31 @@ def test_every_count_and_have_reused_across_cycles_is_what_a_fresh_one_gives(
         checked["haves"] += 1
         return got
 
+    original_claims = phase1.claims_now
+
+    def claims_now(sheet: Worksheet, demand: Demand, alloc: np.ndarray) -> Claims | None:
+        known = len(sheet.claims)
+        got = original_claims(sheet, demand, alloc)
+        reader = phase1.bound_reader(sheet, demand, alloc, demand.matrix, demand.aggregate)
+        supply = sheet.supply_row(demand.cluster)
+        fresh = claim(demand.matrix, demand.aggregate, supply, alloc, reader, demand.priority)
+        if fresh is None or got is None:
+            assert got is fresh, demand.cluster
+        else:
+            assert got.held.tolist() == fresh.held.tolist(), demand.cluster
+            assert got.own.tolist() == fresh.own.tolist(), demand.cluster
+            assert got.displaced == fresh.displaced, demand.cluster
+        if len(sheet.claims) == known:  # not computed: kept this cycle or across cycles
+            checked["claims kept"] += 1
+            checked["kept with machines named"] += bool(sheet.taken)
+        return got
+
     bindings = engine._bindings
     before = bindings.codes.copy()
     monkeypatch.setattr(Worksheet, "bound", bound)
     monkeypatch.setattr(phase1, "cluster_have", have)
+    monkeypatch.setattr(phase1, "claims_now", claims_now)
+    monkeypatch.setattr(preemption, "claims_now", claims_now)
     plan = engine.cycle(now=world.now)
     for n in range(60):
         if n % 4 == 3:
@@ -258,6 +287,7 @@ def test_every_count_and_have_reused_across_cycles_is_what_a_fresh_one_gives(
         before = codes.copy()
     assert checked["counts"] > 100 and checked["haves"] > 100
     assert checked["moved to another cluster"] > 10, checked
+    assert checked["claims kept"] > 20 and checked["kept with machines named"] > 5, checked
 
 
 def test_placing_an_idle_machine_anew_moves_only_the_versions_of_clusters_that_count_it() -> None:
@@ -280,3 +310,110 @@ def test_placing_an_idle_machine_anew_moves_only_the_versions_of_clusters_that_c
     bindings.bind([9], 1, "other")  # a takeover inside cluster 1 moves it
     assert bindings.version(1) == before[1] + 3
     assert Bindings().version(3) == 0
+
+
+def _worksheet(world: World) -> Worksheet:
+    """A cycle's worksheet as ``ShardEngine.cycle`` opens it."""
+    engine = world.engine
+    engine._catalog.ensure_dimensions()
+    engine._inventory.ensure_tables()
+    return Worksheet(
+        engine._inventory,
+        world.now,
+        engine._memo,
+        bindings=engine._bindings,
+        flying=engine._flying_toward(),
+    )
+
+
+def _fresh_claims(sheet: Worksheet, demand: Demand) -> Claims | None:
+    alloc = sheet.inventory.catalog.alloc
+    reader = phase1.bound_reader(sheet, demand, alloc, demand.matrix, demand.aggregate)
+    supply = sheet.supply_row(demand.cluster)
+    return claim(demand.matrix, demand.aggregate, supply, alloc, reader, demand.priority)
+
+
+def _same_claims(got: Claims | None, fresh: Claims | None) -> bool:
+    if got is None or fresh is None:
+        return got is fresh
+    return got.own.tolist() == fresh.own.tolist() and got.displaced == fresh.displaced
+
+
+@pytest.mark.parametrize("where", ["bound pool", "in flight"])
+def test_a_machine_the_cycle_names_leaves_its_clusters_counts_and_claims_at_once(
+    where: str,
+) -> None:
+    """Counts and claims kept within a cycle, or across cycles, follow the machines named.
+
+    A machine the cycle names (promised, released, verified) is left out of
+    its cluster's counts, whether it sits in one of the cluster's bound pools
+    or is in flight toward it. A count or claim read before the naming is not
+    the answer after it, and one read while a machine was named is not kept
+    for a cycle that names none (``Worksheet.count_state``).
+    """
+    world = _shard(5, RECLAIM_AT_ONCE)
+    engine = world.engine
+    rng = random.Random(5)
+    plan = engine.cycle(now=world.now)
+    for _ in range(5):
+        carry(world, plan)
+        churn(world, rng, pending=0.2, excess=0.2, grow=30)
+        world.now += 1
+        plan = engine.cycle(now=world.now)
+    if where == "in flight":
+        churn(world, rng, pending=0.2, excess=0.2, grow=30)
+        world.now += 1
+        plan = engine.cycle(now=world.now)  # its plan stays in flight
+    demands = [engine._table.demand(e) for e in engine._table.entries() if e.applied_ns]
+    sheet = _worksheet(world)
+    bindings = engine._bindings
+    pools = sheet.inventory.pools
+    chosen: tuple[Demand, int] | None = None
+    for demand in demands:
+        if where == "bound pool":
+            rows = [
+                row
+                for pool in pools.by_cluster.get(demand.cluster, [])
+                for row in pools.members(pool)[: pools.count(pool)].tolist()
+            ]
+        else:
+            rows = list(sheet.flying(demand.cluster)) if sheet.flying is not None else []
+        for row in rows:
+            bound = bindings.need_of(row)
+            if bound is not None and bound[0] == demand.cluster and bound[1] in demand.keys:
+                chosen = (demand, row)
+                break
+        if chosen is not None and _fresh_claims(sheet, chosen[0]) is not None:
+            break
+        chosen = None
+    assert chosen is not None, f"no cluster with a machine {where} bound to its needs"
+    demand, row = chosen
+    keys = demand.keys
+    columns = np.arange(len(sheet.inventory.catalog), dtype=np.int64)
+    alloc = sheet.inventory.catalog.alloc
+
+    def count(at: Worksheet) -> list[list[float]]:
+        got = at.bound(demand.cluster, keys, columns)
+        return [] if got is None else got.tolist()
+
+    before = count(sheet)
+    claims_before = phase1.claims_now(sheet, demand, alloc)
+    sheet.taken.add(row)  # as a promise or a release names it
+    after = count(sheet)
+    assert after != before
+    present, table = recounted(sheet, demand.cluster, keys, False)
+    expected = np.zeros((len(keys), len(columns)))
+    expected[:, present] = table
+    assert after == expected.tolist()
+    named = phase1.claims_now(sheet, demand, alloc)
+    assert named is not claims_before
+    assert _same_claims(named, _fresh_claims(sheet, demand))
+    # A cycle that names it before its first read does not take what was kept unnamed...
+    named_first = _worksheet(world)
+    named_first.taken.add(row)
+    assert count(named_first) == after
+    assert _same_claims(phase1.claims_now(named_first, demand, alloc), named)
+    # ...and what it read is not kept for a cycle that names nothing.
+    nothing_named = _worksheet(world)
+    assert count(nothing_named) == before
+    assert _same_claims(phase1.claims_now(nothing_named, demand, alloc), claims_before)
