@@ -111,7 +111,7 @@ def cluster_have(
         if cached is not None and cached[0] == key:
             return cached[1], cached[2]
     supply = sheet.supply_row(cluster)
-    claims = claims_now(sheet, demand, alloc)
+    claims = claims_now(sheet, demand, alloc, key)
     if claims is None:
         have = demand_supply(demand, supply, alloc)
     else:  # machines shared by several needs count for one each
@@ -132,7 +132,9 @@ def cluster_have(
     return have, short
 
 
-def claims_now(sheet: Worksheet, demand: Demand, alloc: FloatArray) -> Claims | None:
+def claims_now(
+    sheet: Worksheet, demand: Demand, alloc: FloatArray, version: MemoKey | None = None
+) -> Claims | None:
     """The cluster's claims on its supply as the worksheet stands, computed once per state.
 
     A claim reads the cluster's supply and its bound counts, and within a
@@ -140,33 +142,37 @@ def claims_now(sheet: Worksheet, demand: Demand, alloc: FloatArray) -> Claims | 
     or the cycle names machines: the worksheet keeps one claim per such
     state, for Phase 1's needs and Phase 2's gangs alike. A cluster nothing
     touched and nothing named keeps its claims across cycles under its
-    versions (``memo_key``), as its "have" is kept.
+    versions (``memo_key``, which a caller that read it passes as
+    ``version``), as its "have" is kept.
     """
     cluster = demand.cluster
     state = sheet.count_state(cluster)
-    settled = state == (0, 0) and not sheet.touched(cluster)
-    version = memo_key(sheet, demand) if settled else None
-    if version is not None:
+    supply = sheet.supply_row(cluster)
+    if state == (0, 0) and not sheet.touched(cluster):
+        version = memo_key(sheet, demand) if version is None else version
         kept = sheet.memo.claims.get(cluster)
         if kept is not None and kept[0] == version:
             return kept[1]
-    supply = sheet.supply_row(cluster)
-    key = (cluster, demand.version, *state, supply.tobytes())
-    if key in sheet.claims:
-        claims = sheet.claims[key]
-    else:
-        claims = claim(
-            demand.matrix,
-            demand.aggregate,
-            supply,
-            alloc,
-            bound_reader(sheet, demand, alloc, demand.matrix, demand.aggregate),
-            demand.priority,
-        )
-        sheet.claims[key] = claims
-    if version is not None:
+        claims = _claim(sheet, demand, supply, alloc)
         sheet.memo.claims[cluster] = (version, claims)
-    return claims
+        return claims
+    key = (cluster, demand.version, *state, supply.tobytes())
+    if key not in sheet.claims:
+        sheet.claims[key] = _claim(sheet, demand, supply, alloc)
+    return sheet.claims[key]
+
+
+def _claim(
+    sheet: Worksheet, demand: Demand, supply: npt.NDArray[np.int64], alloc: FloatArray
+) -> Claims | None:
+    return claim(
+        demand.matrix,
+        demand.aggregate,
+        supply,
+        alloc,
+        bound_reader(sheet, demand, alloc, demand.matrix, demand.aggregate),
+        demand.priority,
+    )
 
 
 def own_supply(sheet: Worksheet, demand: Demand, index: int, alloc: FloatArray) -> FloatArray:
