@@ -590,6 +590,9 @@ class CountUse:
     in_scope: int
     draining: int
     held: int = 0
+    # The share it drains under now: it may start drains up to it until it has
+    # applied a smaller one, whatever it was granted since.
+    in_force: int = 0
 
 
 def deal_count(cap: int, uses: Sequence[CountUse]) -> dict[str, int]:
@@ -644,15 +647,18 @@ def grant_count(
 
     Shares are granted one shard at a time (each asks after its report), so
     the dealt share is also bounded by what the other shards may already be
-    using: the cap less, for each other shard, the larger of its last grant
-    and its drains. The grants recorded therefore never sum past the cap
-    (while the drains in flight stay under it). Never below what ``asking``
-    drains now.
+    using: the cap less, for each other shard, the largest of its last
+    grant, its drains and the share it said it drains under (a grant it has
+    not applied yet does not free the share it still uses, ADR 0168). The
+    grants recorded therefore never sum past the cap (while the drains in
+    flight stay under it). Never below what ``asking`` drains now.
     """
     dealt = deal_count(cap, uses).get(asking, 0)
     own = next((max(0, u.draining) for u in uses if u.shard_id == asking), 0)
     others = sum(
-        max(granted.get(u.shard_id, 0), max(0, u.draining)) for u in uses if u.shard_id != asking
+        max(granted.get(u.shard_id, 0), u.draining, u.in_force, 0)
+        for u in uses
+        if u.shard_id != asking
     )
     others += sum(
         g for s, g in granted.items() if s != asking and s not in {u.shard_id for u in uses}

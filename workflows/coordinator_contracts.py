@@ -236,6 +236,9 @@ class BudgetCount:
     draining: int
     # Drains the budget held back there in the shard's last cycle.
     held: int = 0
+    # The share the shard drains under as it counts (its last answer or its fallback):
+    # until it says it dropped a share, that share is not free for another (ADR 0168).
+    in_force: int = 0
 
 
 @dataclass
@@ -259,6 +262,7 @@ class BudgetShareAsk:
                 ("cap", c.cap),
                 ("in_scope", c.in_scope),
                 ("draining", c.draining),
+                ("in_force", c.in_force),
             ):
                 if value < 0:
                     found.append(f"counts[{i}].{label}: {value} is negative")
@@ -293,7 +297,10 @@ def deal_shares(
             if c.name == count.name
         ]
         cap = min(c.cap for _, c in reported)
-        uses = [CountUse(shard_id, c.in_scope, c.draining, c.held) for shard_id, c in reported]
+        uses = [
+            CountUse(shard_id, c.in_scope, c.draining, c.held, c.in_force)
+            for shard_id, c in reported
+        ]
         held = {s: g[count.name] for s, g in granted.items() if count.name in g}
         shares[count.name] = grant_count(cap, uses, asking=asking.shard_id, granted=held)
     return shares

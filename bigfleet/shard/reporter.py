@@ -152,13 +152,23 @@ class CoordinatorReporter:
         return True
 
     def budget_ask(self) -> cc.BudgetShareAsk:
-        """This shard's census of its count budgets."""
+        """This shard's census of its count budgets, with the share each drains under now."""
+        engine = self._state.engine
+        shares = engine.budget_shares
         return cc.BudgetShareAsk(
             shard_id=self._lease.shard_id,
             epoch=self._lease.epoch,
             counts=[
-                cc.BudgetCount(b.name, b.count or 0, in_scope, draining, held)
-                for b, in_scope, draining, held in self._state.engine.budget_census()
+                cc.BudgetCount(
+                    b.name,
+                    b.count or 0,
+                    in_scope,
+                    draining,
+                    held,
+                    # No share applied yet: the engine holds the budget's own count.
+                    in_force=(b.count or 0) if shares is None else shares.get(b.name, 0),
+                )
+                for b, in_scope, draining, held in engine.budget_census()
             ],
         )
 

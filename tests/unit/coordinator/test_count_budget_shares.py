@@ -9,7 +9,7 @@ ties by shard id.
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shard_engine.coordination import CountUse, deal_count, grant_count
@@ -112,3 +112,43 @@ def test_room_nobody_asked_for_is_dealt_by_fair_part() -> None:
     # cap 4: a's one held drain first; the 3 left go to b, a, b (furthest below 2 each).
     uses = [CountUse("a", 10, 0, held=1), CountUse("b", 10, 0, held=0)]
     assert deal_count(4, uses) == {"a": 2, "b": 2}
+
+
+def test_a_share_is_not_dealt_again_until_its_shard_has_dropped_it() -> None:
+    # cap 1. a drains under its share of 1; it asks, with nothing draining at that
+    # instant, while b has a drain held back: the deal moves the 1 to b, a is granted 0.
+    asked = [CountUse("a", 10, 0, in_force=1), CountUse("b", 10, 0, held=1)]
+    assert grant_count(1, asked, asking="a", granted={}) == 0
+    # Until a has applied its 0 it may start a drain under its 1: b gets nothing yet.
+    assert grant_count(1, asked, asking="b", granted={"a": 0}) == 0
+    # a asks again, its 0 applied (nothing started meanwhile): now b gets the 1.
+    dropped = [CountUse("a", 10, 0, in_force=0), CountUse("b", 10, 0, held=1)]
+    assert grant_count(1, dropped, asking="a", granted={"b": 0}) == 0
+    assert grant_count(1, dropped, asking="b", granted={"a": 0}) == 1
+
+
+@settings(max_examples=400)
+@given(
+    cap=st.integers(0, 3),
+    shards=st.integers(2, 3),
+    events=st.lists(st.tuples(st.booleans(), st.integers(0, 2), st.integers(0, 2)), max_size=40),
+)
+def test_shares_applied_late_never_let_the_shards_drain_past_the_cap(
+    cap: int, shards: int, events: list[tuple[bool, int, int]]
+) -> None:
+    """Each shard drains up to the share it has applied; an answer is applied some time
+    after it was granted. The shares in force never sum past the cap."""
+    names = [f"s{i}" for i in range(shards)]
+    in_force = dict.fromkeys(names, 0)
+    answered: dict[str, int] = {}
+    granted: dict[str, int] = {}
+    census: dict[str, CountUse] = {}
+    for asks, who, wants in events:
+        shard = names[who % shards]
+        if asks:  # its census, as it stands, then its grant
+            census[shard] = CountUse(shard, 10, 0, held=wants, in_force=in_force[shard])
+            uses = [census[s] for s in names if s in census]
+            granted[shard] = answered[shard] = grant_count(cap, uses, asking=shard, granted=granted)
+        elif shard in answered:  # its answer applied
+            in_force[shard] = answered.pop(shard)
+        assert sum(in_force.values()) <= cap, (in_force, granted)
