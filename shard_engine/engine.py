@@ -870,6 +870,11 @@ class ShardEngine:
         """The shortfalls of the last committed cycle (for the coordinator report)."""
         return self._memory.shortfalls
 
+    @property
+    def last_cycle_at(self) -> float | None:
+        """The instant (``now``) of the last committed cycle, whose shortfalls are kept."""
+        return None if self._last is None else self._last.now
+
     def needs_of(self, cluster_id: str) -> tuple[Need, ...]:
         """The needs in force for a cluster, normalised, in cycle order (empty if none)."""
         index = self._clusters.find(cluster_id)

@@ -77,6 +77,13 @@ from workflows.coordinator_contracts import (
 from workflows.membership import ClusterMoveWorkflow, HandoverWorkflow
 from workflows.retries import INSTRUCTION_RETRY, QUICK
 
+# Marks histories in which a shortfall is answered again only from a report whose
+# cycle ran after the last answer ended (ADR 0169); older histories replay without it.
+FRESH_CYCLE_PATCH = "answer-from-a-later-cycle"
+# How long an answer's end is remembered, in report intervals: a shard whose cycles
+# stalled that long is answered again from whatever it reports.
+ANSWERED_INTERVALS = 20
+
 
 @workflow.defn(name="TransferWorkflow")
 class TransferWorkflow:
@@ -366,6 +373,17 @@ class CoordinatorWorkflow:
         await self._membership(inp)
         now = workflow.now().timestamp()
         inp.cooldown = {k: v for k, v in inp.cooldown.items() if v > now}
+        later = workflow.patched(FRESH_CYCLE_PATCH)
+        if later:
+            horizon = now - ANSWERED_INTERVALS * inp.interval_s
+            inp.answered = {k: t for k, t in inp.answered.items() if t > horizon}
+
+        def seen_since_answer(report: ShardReport, key: str) -> bool:
+            # A report whose cycle ran before the last answer to ``key`` ended does not
+            # show what that answer moved yet; a shard that does not say (0) is trusted.
+            ended = inp.answered.get(key) if later else None
+            return ended is None or report.cycle_at <= 0 or report.cycle_at > ended
+
         reports = [
             ShardReport(
                 r.shard_id,
@@ -378,8 +396,10 @@ class CoordinatorWorkflow:
                     for s in r.shortfalls
                     if answer_key(r.shard_id, s.cluster_id, s.need_key) not in inp.cooldown
                     and not self._in_flight(answer_key(r.shard_id, s.cluster_id, s.need_key))
+                    and seen_since_answer(r, answer_key(r.shard_id, s.cluster_id, s.need_key))
                 ],
                 r.highest_term_seen,
+                r.cycle_at,
             )
             for r in inp.reports.values()
         ]
@@ -495,8 +515,11 @@ class CoordinatorWorkflow:
         except ChildWorkflowError as err:
             outcome = {"seq": seq, "kind": spec.kind, "status": "failed", "outcome": str(err)}
         self._recent.append(outcome)
-        # Give the receiver a couple of rounds to report fresh numbers first.
+        # Give the receiver a couple of rounds to report fresh numbers first, and
+        # answer it again only from a cycle that ran after this answer ended.
         inp.cooldown[key] = workflow.now().timestamp() + COOLDOWN_REPORT_INTERVALS * inp.interval_s
+        if workflow.patched(FRESH_CYCLE_PATCH):
+            inp.answered[key] = workflow.now().timestamp()
         self._pending.pop(f"{key}#{seq}", None)
 
 

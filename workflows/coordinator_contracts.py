@@ -78,6 +78,8 @@ class ShardReport:
     profiles: list[ProfileReport] = field(default_factory=list)
     shortfalls: list[ShortfallReport] = field(default_factory=list)
     highest_term_seen: int = 0
+    # When the cycle its shortfalls come from ran (the shard's clock; 0: not said).
+    cycle_at: float = 0.0
 
 
 TransferSpec = Instruction
@@ -317,6 +319,9 @@ class CoordinatorInput:
     reports: dict[str, ShardReport] = field(default_factory=dict)
     # (receiver|cluster|need) -> workflow.now() timestamp before which it is not re-planned
     cooldown: dict[str, float] = field(default_factory=dict)
+    # Per answer key, when its last instruction ended: a shortfall is answered again
+    # only from a report whose cycle ran after that (``ShardReport.cycle_at``).
+    answered: dict[str, float] = field(default_factory=dict)
     rounds_per_run: int = 200
     # Planning rounds completed by this coordinator term, across continue-as-new.
     rounds: int = 0

@@ -134,6 +134,7 @@ class CoordinatorReporter:
             profiles=profiles,
             shortfalls=shortfalls,
             highest_term_seen=self._terms.highest,
+            cycle_at=engine.last_cycle_at or 0.0,
         )
 
     async def send_report(self) -> bool:

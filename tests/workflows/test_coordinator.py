@@ -6,14 +6,17 @@ With the scripted shards of the replay histories (``histories/coordinator.py``).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+import dataclasses
+from collections.abc import AsyncIterator, Callable
 from types import SimpleNamespace
-from typing import cast
+from typing import Any, cast
 
 import pytest
+from temporalio import activity
 from temporalio.client import WorkflowContinuedAsNewError, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
 
 from bigfleet.shard.lease import LeaseKeeper
 from bigfleet.shard.reporter import CoordinatorReporter
@@ -23,9 +26,18 @@ from bigfleet.temporal import start_time_skipping
 from shard_engine.budgets import Budget
 from shard_engine.config import EngineConfig
 from shard_engine.engine import ShardEngine
-from tests.workflows.histories.coordinator import _shards, _workers, report
+from tests.workflows.histories.coordinator import (
+    DONOR,
+    RECEIVER,
+    _shards,
+    _spec,
+    _workers,
+    report,
+)
 from workflows import coordinator as co
 from workflows import coordinator_contracts as cc
+from workflows import membership_contracts as ms
+from workflows.registry import COORDINATOR_WORKFLOWS
 
 
 @pytest.fixture(scope="module")
@@ -142,3 +154,97 @@ async def test_a_shard_uses_its_dealt_share_then_a_safe_default_once_the_coordin
     now[0] += 60  # stale: the smaller of the last share and floor(5 / 2 shards)
     assert await reporter.ask_budget_shares() is None
     assert engine.budget_shares == {"gpu": 2}
+
+
+@pytest.fixture
+async def quiet_env() -> AsyncIterator[WorkflowEnvironment]:
+    """A server nothing else ran on: the test moves its clock and reads it."""
+    env = await start_time_skipping()
+    try:
+        yield env
+    finally:
+        await env.shutdown()
+
+
+async def test_a_shortfall_is_answered_again_only_from_a_cycle_after_the_answer(
+    quiet_env: WorkflowEnvironment,
+) -> None:
+    """A report whose cycle ran before the last answer ended cannot show what it moved.
+
+    The receiver's shortfall is answered once; the same shortfall, reported again
+    from a cycle that ran before the answer ended, is not answered again even once
+    the cooldown has passed (a loaded shard's cycle can lag its reports); reported
+    from a cycle after it, it is.
+    """
+    env = quiet_env
+    shards = _shards()
+    planned: list[float] = []  # the cycle each shortfall the planner saw came from
+
+    @activity.defn(name=co.DISTRIBUTE)
+    async def distribute(inp: cc.DistributeInput) -> cc.DistributeResult:
+        return cc.DistributeResult(adoptions=[])
+
+    @activity.defn(name=co.PLAN)
+    async def plan(inp: cc.PlanInput) -> cc.PlanResult:
+        specs = []
+        for r in inp.reports:
+            for _ in r.shortfalls:
+                planned.append(r.cycle_at)
+                specs.append(_spec(cc.TransferKind.IDLE))
+        return cc.PlanResult(specs)
+
+    @activity.defn(name=ms.PLAN_MEMBERSHIP)
+    async def plan_membership(inp: ms.MembershipPlanInput) -> ms.MembershipPlan:
+        return ms.MembershipPlan()
+
+    @activity.defn(name=co.RECORD_INSTRUCTION)
+    async def record_instruction(inp: cc.InstructionRecord) -> None:
+        return None
+
+    @activity.defn(name=co.FINISH_INSTRUCTION)
+    async def finish_instruction(inp: cc.InstructionOutcome) -> None:
+        shards.calls.append(f"finish {inp.seq} {inp.status}")
+
+    def sent(at: float, cycle_at: float) -> cc.ShardReport:
+        return dataclasses.replace(report(), sent_at=at, cycle_at=cycle_at)
+
+    coordinator: list[Callable[..., Any]] = [
+        distribute,
+        plan,
+        plan_membership,
+        record_instruction,
+        finish_instruction,
+    ]
+    async with (
+        Worker(
+            env.client,
+            task_queue=co.COORDINATOR_QUEUE,
+            workflows=list(COORDINATOR_WORKFLOWS),
+            activities=coordinator,
+        ),
+        Worker(env.client, task_queue=f"shard-{DONOR}", activities=shards.shard(DONOR)),
+        Worker(env.client, task_queue=f"shard-{RECEIVER}", activities=shards.shard(RECEIVER)),
+    ):
+        before = (await env.get_current_time()).timestamp()
+        handle = await env.client.start_workflow(
+            co.CoordinatorWorkflow.run,
+            co.CoordinatorInput(term=3, interval_s=30.0, max_share=0.5),
+            id="coordinator-fresh-cycle",
+            task_queue=co.COORDINATOR_QUEUE,
+            id_conflict_policy=WorkflowIDConflictPolicy.TERMINATE_EXISTING,
+            start_signal="report",
+            start_signal_args=[sent(1.0, before)],
+        )
+        await env.sleep(90)
+        assert planned == [before] and shards.calls == ["b adopt 1", "finish 2 applied"], (
+            shards.calls
+        )
+        # The cooldown (two report intervals) is long past; the cycle is still old.
+        await handle.signal(co.CoordinatorWorkflow.report, sent(2.0, before))
+        await env.sleep(180)
+        assert planned == [before]
+        after = (await env.get_current_time()).timestamp()
+        await handle.signal(co.CoordinatorWorkflow.report, sent(3.0, after))
+        await env.sleep(90)
+        await handle.terminate("done")
+    assert planned == [before, after]
