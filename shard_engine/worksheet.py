@@ -62,9 +62,10 @@ class ClusterMemo:
     short; ``claims`` what its needs claimed of its machines; ``quiet`` the
     clusters Phase 3 found nothing to reclaim from; ``release_after`` per
     idle pool, the earliest instant any of its machines can reach the end
-    of its hold. The per-cluster ones are keyed by (inventory and bindings versions of the cluster,
-    needs version, profiles, dimensions), so a stale entry is never used; a cycle only
-    recomputes clusters that something touched since.
+    of its hold. The per-cluster ones are keyed by (inventory and bindings
+    versions of the cluster, needs version, profiles, dimensions), so a
+    stale entry is never used; a cycle only recomputes clusters that
+    something touched since.
     """
 
     have: dict[int, tuple[MemoKey, npt.NDArray[np.float64], list[int]]] = field(

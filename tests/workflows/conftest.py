@@ -7,13 +7,10 @@ from collections.abc import AsyncIterator
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from bigfleet.temporal import start_time_skipping
+from tests.workflows.rig import time_skipping_server
 
 
 @pytest.fixture(scope="session")
 async def time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
-    env = await start_time_skipping()
-    try:
+    async with time_skipping_server() as env:
         yield env
-    finally:
-        await env.shutdown()

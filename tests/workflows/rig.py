@@ -21,6 +21,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.registry import activities_for
+from bigfleet.temporal import start_time_skipping
 from providers.config import ProviderConfig
 from providers.fake import default_fake_config
 from providers.model import FencingToken
@@ -179,3 +180,18 @@ def delete_input(machine_id: str, *, deadlines: Deadlines | None = None) -> Dele
         deadlines=deadlines or Deadlines(),
         poll=FAST_POLL,
     )
+
+
+@asynccontextmanager
+async def time_skipping_server() -> AsyncIterator[WorkflowEnvironment]:
+    """A time-skipping test server of its own, shut down on the way out.
+
+    For a fixture of any scope: the session's shared one (``conftest``), or a
+    module's or test's own where a shared server's clock must not wait on what
+    others left.
+    """
+    env = await start_time_skipping()
+    try:
+        yield env
+    finally:
+        await env.shutdown()

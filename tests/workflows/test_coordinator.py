@@ -22,7 +22,6 @@ from bigfleet.shard.lease import LeaseKeeper
 from bigfleet.shard.reporter import CoordinatorReporter
 from bigfleet.shard.state import ShardState
 from bigfleet.shard.terms import CoordinatorTerms
-from bigfleet.temporal import start_time_skipping
 from shard_engine.budgets import Budget
 from shard_engine.config import EngineConfig
 from shard_engine.engine import ShardEngine
@@ -34,6 +33,7 @@ from tests.workflows.histories.coordinator import (
     _workers,
     report,
 )
+from tests.workflows.rig import time_skipping_server
 from workflows import coordinator as co
 from workflows import coordinator_contracts as cc
 from workflows import membership_contracts as ms
@@ -44,11 +44,8 @@ from workflows.registry import COORDINATOR_WORKFLOWS
 async def own_env() -> AsyncIterator[WorkflowEnvironment]:
     """A server of its own: the coordinator continues as new into a run that is then
     terminated, and the shared server's clock must not wait on anything it left."""
-    env = await start_time_skipping()
-    try:
+    async with time_skipping_server() as env:
         yield env
-    finally:
-        await env.shutdown()
 
 
 async def test_a_report_waiting_when_the_coordinator_starts_is_planned_in_its_first_round(
@@ -159,11 +156,8 @@ async def test_a_shard_uses_its_dealt_share_then_a_safe_default_once_the_coordin
 @pytest.fixture
 async def quiet_env() -> AsyncIterator[WorkflowEnvironment]:
     """A server nothing else ran on: the test moves its clock and reads it."""
-    env = await start_time_skipping()
-    try:
+    async with time_skipping_server() as env:
         yield env
-    finally:
-        await env.shutdown()
 
 
 async def test_a_shortfall_is_answered_again_only_from_a_cycle_after_the_answer(

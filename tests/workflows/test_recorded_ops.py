@@ -29,10 +29,10 @@ from bigfleet.shard.executor import Executor
 from bigfleet.shard.options import ShardOptions
 from bigfleet.shard.sequences import OperationSequences
 from bigfleet.shard.state import ShardState, Workload
-from bigfleet.temporal import start_time_skipping
 from shard_engine.engine import EngineConfig, ShardEngine
 from shard_engine.model import MachineRecord
 from simulator.golden import CorePlan, op_rows, record_ops
+from tests.workflows.rig import time_skipping_server
 from workflows.contracts import DeadlinePolicy, DeleteInput, DrainInput, ProvisionInput, VerifyInput
 
 Row = tuple[Any, ...]
@@ -100,11 +100,8 @@ def _machines(plan: CorePlan) -> dict[str, tuple[MachineRecord, Workload]]:
 @pytest.fixture(scope="module")
 async def own_env() -> AsyncIterator[WorkflowEnvironment]:
     """A server of its own: workflows nobody polls would stop a shared one skipping time."""
-    env = await start_time_skipping()
-    try:
+    async with time_skipping_server() as env:
         yield env
-    finally:
-        await env.shutdown()
 
 
 async def test_production_starts_the_operations_the_simulator_issued_for_the_same_plans(

@@ -249,15 +249,7 @@ def test_every_count_and_have_reused_across_cycles_is_what_a_fresh_one_gives(
     ) -> Claims | None:
         known = (len(sheet.claims), sheet.memo.claims.get(demand.cluster))
         got = original_claims(sheet, demand, alloc, version)  # type: ignore[arg-type]
-        reader = phase1.bound_reader(sheet, demand, alloc, demand.matrix, demand.aggregate)
-        supply = sheet.supply_row(demand.cluster)
-        fresh = claim(demand.matrix, demand.aggregate, supply, alloc, reader, demand.priority)
-        if fresh is None or got is None:
-            assert got is fresh, demand.cluster
-        else:
-            assert got.held.tolist() == fresh.held.tolist(), demand.cluster
-            assert got.own.tolist() == fresh.own.tolist(), demand.cluster
-            assert got.displaced == fresh.displaced, demand.cluster
+        assert _same_claims(got, _fresh_claims(sheet, demand)), demand.cluster
         now = (len(sheet.claims), sheet.memo.claims.get(demand.cluster))
         if now[0] == known[0] and now[1] is known[1]:  # kept this cycle or across cycles
             checked["claims kept"] += 1
@@ -339,7 +331,11 @@ def _fresh_claims(sheet: Worksheet, demand: Demand) -> Claims | None:
 def _same_claims(got: Claims | None, fresh: Claims | None) -> bool:
     if got is None or fresh is None:
         return got is fresh
-    return got.own.tolist() == fresh.own.tolist() and got.displaced == fresh.displaced
+    return (
+        got.held.tolist() == fresh.held.tolist()
+        and got.own.tolist() == fresh.own.tolist()
+        and got.displaced == fresh.displaced
+    )
 
 
 @pytest.mark.parametrize("where", ["bound pool", "in flight"])
