@@ -138,6 +138,9 @@ class LoadResult:
     # Hello round trips of the live sessions (``peers``).
     hello_ms: list[float] = field(default_factory=list)
     reconnected: int = 0
+    # Seconds in which this process's own loop ran late: [monotonic time, worst lag ms].
+    # A soak tells a stall of the shard from one of its load (bench soak).
+    lags: list[list[float]] = field(default_factory=list)
 
 
 _PLACEHOLDER_TS = 1 << 62  # encodes in 9 varint bytes, as every time.time_ns() until 2262
@@ -322,6 +325,7 @@ async def run_load(args: argparse.Namespace) -> LoadResult:
     result.start = start
     until = start + args.seconds
     await asyncio.sleep(max(0.0, start - time.monotonic()))
+    watch = asyncio.create_task(_watch_lag(result.lags, LATE_MS))
 
     async def keep(s: Session) -> None:
         """Read acks; with ``--reconnect``, come back after a shed's hint, as an operator does."""
@@ -394,7 +398,35 @@ async def run_load(args: argparse.Namespace) -> LoadResult:
     await asyncio.gather(*readers, return_exceptions=True)
     for c in channels:
         await c.close(None)
+    watch.cancel()
     return result
+
+
+LONG_GC_MS = 10.0
+"""A collector pause of the shard child this long is kept with its time (``gc_long``)."""
+
+LATE_MS = 20.0
+"""A second whose worst loop lateness passes this is recorded (``LoadResult.lags``)."""
+
+
+async def _watch_lag(into: list[list[float]], late_ms: float) -> None:
+    """Record each second in which this loop woke more than ``late_ms`` late.
+
+    Sampled every 10 ms, as the shard child samples its own loop; a load
+    process that stalls delays its sends, and its acks then look late.
+    """
+    second_end = time.monotonic() + 1.0
+    worst = 0.0
+    while True:
+        before = time.monotonic()
+        await asyncio.sleep(0.01)
+        now = time.monotonic()
+        worst = max(worst, (now - before - 0.01) * 1000)
+        if now >= second_end:
+            if worst > late_ms:
+                into.append([round(now, 3), round(worst, 1)])
+            worst = 0.0
+            second_end = now + 1.0
 
 
 async def _live_beside_silent_peers(
@@ -455,6 +487,7 @@ def load_main(args: argparse.Namespace) -> int:
                 "hello_ms": [round(x, 3) for x in result.hello_ms],
                 "start_monotonic": result.start,
                 "reconnected": result.reconnected,
+                "lags": result.lags,
             }
         ),
         flush=True,
@@ -534,12 +567,19 @@ async def serve_shard(args: argparse.Namespace) -> None:
     # Pauses of the cyclic garbage collector (they hold the GIL: no thread runs).
     gc_started = [0.0]
     gc_pauses: dict[int, list[float]] = {0: [], 1: [], 2: []}
+    # The long ones with when they ended: [monotonic time, generation, ms] (bench soak).
+    gc_long: list[list[float]] = []
 
     def on_gc(phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             gc_started[0] = time.perf_counter()
         else:
-            gc_pauses[info["generation"]].append(time.perf_counter() - gc_started[0])
+            pause = time.perf_counter() - gc_started[0]
+            gc_pauses[info["generation"]].append(pause)
+            if pause * 1000 >= LONG_GC_MS:
+                gc_long.append(
+                    [round(time.monotonic(), 3), info["generation"], round(pause * 1000, 1)]
+                )
 
     # Each decision cycle's wall and CPU time (the CPU of the shard's loop thread):
     # what the sessions thread's share of the GIL costs the cycle.
@@ -592,6 +632,7 @@ async def serve_shard(args: argparse.Namespace) -> None:
                 },
                 "gc_count": {g: len(p) for g, p in gc_pauses.items()},
                 "gc_objects": [objects_at_start, len(gc.get_objects()), gc.get_freeze_count()],
+                "gc_long": gc_long,
                 "sessions_lag_max_ms": round(1000 * process.session_loop_lag_worst(), 1),
                 "edges_load": _edges_load(process),
                 "loop_lag_max_ms": round(lag_max * 1000, 1),

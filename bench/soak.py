@@ -9,10 +9,14 @@
     roll-up a changed 5-need demand; a stream shed with RESOURCE_EXHAUSTED
     comes back after the retry hint, as an operator does
 
-Every 10 s the shard's resident memory and open descriptors are sampled;
-ack latency (p50, p99, from the scheduled send) and decision-cycle wall
-time are binned into the same 10-s windows afterwards (both processes use
-the system-wide monotonic clock). Prints one JSON line per window and a
+Every 10 s the shard's resident memory (engine process and edges apart)
+and open descriptors are sampled; ack latency (p50, p99, from the
+scheduled send), decision-cycle wall time and the stalls each process
+reports of itself (edge loop lateness and collector pauses, the engine's
+long collector pauses, a load process's own loop lateness) are binned
+into the same 10-s windows afterwards (every process uses the
+system-wide monotonic clock), so a window of late acks says which
+process, if any, stalled in it. Prints one JSON line per window and a
 summary; writes a PNG plot. The shard is its engine process and its edge
 processes (``--edges``, by default the product's: one per core beyond the
 engine's); memory and descriptors are theirs together. ``memory_growth`` compares the last window's
@@ -64,7 +68,7 @@ def _emit(metric: str, value: Any, unit: str, **extra: Any) -> None:
 
 async def soak(args: argparse.Namespace) -> int:
     seconds = args.minutes * 60.0
-    samples: list[tuple[float, int, int, str]] = []
+    samples: list[tuple[float, int, int, str, int]] = []
     async with services(quota_scale=0.2) as (temporal, provider):
         shard, drop = await start_shard(Stack(temporal, provider, args.pg, edges=args.edges))
         assert shard.stdout is not None
@@ -92,9 +96,10 @@ async def soak(args: argparse.Namespace) -> int:
 
             async def sample() -> None:
                 while True:
-                    rss = sum(rss_kib(p) for p in pids)
+                    engine_rss = rss_kib(pid)
+                    rss = engine_rss + sum(rss_kib(p) for p in pids[1:])
                     fds = sum(_fds(p) for p in pids)
-                    samples.append((time.monotonic() - t0, rss, fds, loadavg()))
+                    samples.append((time.monotonic() - t0, rss, fds, loadavg(), engine_rss))
                     await asyncio.sleep(WINDOW_S)
 
             sampler = asyncio.create_task(sample())
@@ -113,7 +118,7 @@ def _report(
     args: argparse.Namespace,
     seconds: float,
     t0: float,
-    samples: list[tuple[float, int, int, str]],
+    samples: list[tuple[float, int, int, str, int]],
     results: list[dict[str, Any]],
     stats: dict[str, Any],
 ) -> int:
@@ -129,8 +134,10 @@ def _report(
             stats.get("cycle_end_s", []), stats.get("cycle_wall_ms", []), strict=False
         )
     ]
+    # What each process said of its own stalls, on the shared clock (see _stalls).
+    stalls = _stalls(t0, results, stats)
     rows: list[dict[str, Any]] = []
-    for t, rss, fds, load in samples:
+    for t, rss, fds, load, engine_rss in samples:
         lo, hi = t - WINDOW_S, t
         lat = [ms for when, ms in acks if lo <= when < hi]
         cyc = [ms for when, ms in cycles if lo <= when < hi]
@@ -139,6 +146,8 @@ def _report(
             {
                 "t_s": round(t, 1),
                 "rss_mib": round(rss / 1024, 1),
+                "engine_rss_mib": round(engine_rss / 1024, 1),
+                "edges_rss_mib": round((rss - engine_rss) / 1024, 1),
                 "fds": fds,
                 "acked": len(lat),
                 "due": due,
@@ -146,6 +155,7 @@ def _report(
                 "ack_p99_ms": round(percentile(lat, 99), 1),
                 "cycle_mean_ms": round(sum(cyc) / len(cyc), 1) if cyc else None,
                 "cycle_max_ms": max(cyc) if cyc else None,
+                **{name: _worst(points, lo, hi) for name, points in stalls.items()},
                 "loadavg": load,
             }
         )
@@ -186,6 +196,32 @@ def _report(
     return 0
 
 
+def _stalls(
+    t0: float, results: list[dict[str, Any]], stats: dict[str, Any]
+) -> dict[str, list[tuple[float, float]]]:
+    """Per source, (seconds after ``t0``, ms) of each stall it reported of itself.
+
+    ``load_lag_ms``: a load process's loop ran late (its sends, and so its
+    acks' latencies, are late with it); ``edge_lag_ms`` / ``edge_gc_ms``: an
+    edge's loop lateness and collector pause, each the worst of a second
+    (its LOAD reports); ``engine_gc_ms``: a collector pause of the engine
+    process of at least ``bench.ingest.LONG_GC_MS``. A window whose acks
+    are late shows here which process stalled in it, if any did.
+    """
+    edges = stats.get("edges_load", [])
+    return {
+        "load_lag_ms": [(t - t0, ms) for r in results for t, ms in r.get("lags", [])],
+        "edge_lag_ms": [(r[0] - t0, r[2]) for r in edges],
+        "edge_gc_ms": [(r[0] - t0, r[3]) for r in edges],
+        "engine_gc_ms": [(t - t0, ms) for t, _, ms in stats.get("gc_long", [])],
+    }
+
+
+def _worst(points: list[tuple[float, float]], lo: float, hi: float) -> float:
+    """The largest value reported within [lo, hi) (0 when none was)."""
+    return max((ms for when, ms in points if lo <= when < hi), default=0.0)
+
+
 def _plot(rows: list[dict[str, Any]], path: Path, *, title: str) -> None:
     import matplotlib
 
@@ -193,9 +229,12 @@ def _plot(rows: list[dict[str, Any]], path: Path, *, title: str) -> None:
     import matplotlib.pyplot as plt
 
     minutes = [r["t_s"] / 60 for r in rows]
-    fig, axes = plt.subplots(4, 1, figsize=(8, 10), sharex=True)
-    axes[0].plot(minutes, [r["rss_mib"] for r in rows])
-    axes[0].set_ylabel("shard RSS, engine + edges (MiB)")
+    fig, axes = plt.subplots(5, 1, figsize=(8, 12), sharex=True)
+    axes[0].plot(minutes, [r["rss_mib"] for r in rows], label="engine + edges")
+    axes[0].plot(minutes, [r["engine_rss_mib"] for r in rows], label="engine")
+    axes[0].plot(minutes, [r["edges_rss_mib"] for r in rows], label="edges")
+    axes[0].set_ylabel("shard RSS (MiB)")
+    axes[0].legend()
     axes[1].plot(minutes, [r["fds"] for r in rows])
     axes[1].set_ylabel("open fds")
     axes[2].plot(minutes, [r["ack_p50_ms"] for r in rows], label="p50")
@@ -206,8 +245,17 @@ def _plot(rows: list[dict[str, Any]], path: Path, *, title: str) -> None:
     axes[3].plot(minutes, [r["cycle_mean_ms"] or float("nan") for r in rows], label="mean")
     axes[3].plot(minutes, [r["cycle_max_ms"] or float("nan") for r in rows], label="max")
     axes[3].set_ylabel("cycle wall (ms)")
-    axes[3].set_xlabel("minutes")
     axes[3].legend()
+    for name, label in (
+        ("edge_lag_ms", "edge loop late"),
+        ("edge_gc_ms", "edge collector"),
+        ("engine_gc_ms", "engine collector"),
+        ("load_lag_ms", "load loop late"),
+    ):
+        axes[4].plot(minutes, [r[name] for r in rows], label=label)
+    axes[4].set_ylabel("worst stall in window (ms)")
+    axes[4].set_xlabel("minutes")
+    axes[4].legend()
     fig.suptitle(title)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,59 @@
+"""The soak's report: each 10-s window says which process stalled in it, and whose memory grew."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from bench import soak
+
+
+def _window_rows(out: str) -> list[dict[str, object]]:
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    return [line for line in lines if line["metric"] == "window"]
+
+
+def test_a_stall_lands_in_the_window_of_the_process_that_reported_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    t0 = 1000.0
+    # Two windows, (0, 10] and (10, 20]: the engine at 300 then 310 MiB of 500 and 520.
+    samples = [
+        (10.0, 500 * 1024, 40, "1 1 1", 300 * 1024),
+        (20.0, 520 * 1024, 41, "1 1 1", 310 * 1024),
+    ]
+    # Acks of the first window are quick; those of the second are late.
+    results = [
+        {
+            "start_monotonic": t0,
+            "sent_s": [1.0, 2.0, 12.0, 13.0],
+            "latencies_ms": [2.0, 3.0, 900.0, 1200.0],
+            "scheduled_s": [1.0, 2.0, 12.0, 13.0],
+            "lags": [[t0 + 4.0, 25.0]],  # the load process ran late in the first window only
+        }
+    ]
+    stats = {
+        # [t, edge, lag max, gc max, gc total, busy]: the edge stalled in the second window.
+        "edges_load": [[t0 + 5.0, 0, 3.0, 1.0, 10.0, 0.5], [t0 + 14.0, 0, 1100.0, 40.0, 60.0, 0.9]],
+        "gc_long": [[t0 + 15.0, 2, 85.0]],  # [t, generation, ms]
+        "cycle_end_s": [t0 + 5.0, t0 + 15.0],
+        "cycle_wall_ms": [100.0, 200.0],
+    }
+    args = argparse.Namespace(minutes=20 / 60, plot="", rate=2.0, clusters=1, edges=1)
+    assert soak._report(args, 20.0, t0, samples, results, stats) == 0
+    first, second = _window_rows(capsys.readouterr().out)
+    assert (first["engine_rss_mib"], first["edges_rss_mib"]) == (300.0, 200.0)
+    assert (second["engine_rss_mib"], second["edges_rss_mib"]) == (310.0, 210.0)
+    assert first["load_lag_ms"] == 25.0 and second["load_lag_ms"] == 0.0
+    assert (first["edge_lag_ms"], second["edge_lag_ms"]) == (3.0, 1100.0)
+    assert (first["edge_gc_ms"], second["edge_gc_ms"]) == (1.0, 40.0)
+    assert (first["engine_gc_ms"], second["engine_gc_ms"]) == (0.0, 85.0)
+    assert second["ack_p50_ms"] >= 900.0 > first["ack_p99_ms"]
+
+
+def test_a_run_without_edges_or_stalls_reports_zero_stalls() -> None:
+    stalls = soak._stalls(0.0, [{"sent_s": []}], {})
+    assert stalls == {"load_lag_ms": [], "edge_lag_ms": [], "edge_gc_ms": [], "engine_gc_ms": []}
+    assert soak._worst([(5.0, 12.0), (10.0, 99.0)], 0.0, 10.0) == 12.0
