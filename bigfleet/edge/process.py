@@ -65,7 +65,7 @@ from bigfleet.shard.frames import (
     rollup_body,
 )
 from bigfleet.shard.intake import DEFERRED, STALE, Intake
-from bigfleet.shard.interpreter import GcPauses, InterpreterSettings
+from bigfleet.shard.interpreter import CollectorClock, GcPauses, InterpreterSettings
 from bigfleet.shard.server import IngestOptions, IngestServer, TimedSelector
 from bigfleet.shard.sessions import (
     ClusterElsewhere,
@@ -539,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
     # what start-up made frozen. The switch interval stays Python's: here only gRPC's
     # poller thread shares the interpreter, and 1 ms did not move the ack tail
     # (docs/benchmarks.md, "Issue 20: the edge's CPU per ack cut by a fifth").
-    interpreter = InterpreterSettings(switch_interval_s=None)
+    interpreter = InterpreterSettings(switch_interval_s=None, gc_clock=CollectorClock())
     interpreter.apply()
 
     selector = TimedSelector()
