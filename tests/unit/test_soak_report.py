@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 import pytest
 
 from bench import soak
 
 
-def _window_rows(out: str) -> list[dict[str, object]]:
+def _window_rows(out: str) -> list[dict[str, Any]]:
     lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     return [line for line in lines if line["metric"] == "window"]
 

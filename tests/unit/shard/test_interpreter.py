@@ -95,7 +95,7 @@ def test_a_cycle_frozen_with_the_survivors_is_collected_once_the_frozen_set_doub
         del a, b
         gc.collect()
         assert gone() is not None  # a frozen cycle waits ...
-        keep = [[] for _ in range(2 * freezer.baseline)]
+        keep: list[list[int]] = [[] for _ in range(2 * freezer.baseline)]
         gc.collect()  # the new objects survive and are frozen: more than twice the baseline
         assert (freezer.freezes, freezer.thaws) == (3, 0)
         gc.collect()  # ... so the frozen set is thawed
