@@ -72,6 +72,7 @@ import grpc
 
 from bench.stack import (
     Stack,
+    cpu_seconds,
     json_line,
     loadavg,
     malloc_kib,
@@ -772,17 +773,17 @@ async def _scenario(
         rss_open = _rss(pid, edge_pids)
         t0 = time.monotonic()
         results = []
-        cpu0 = _cpu_seconds(pid)
-        edges0 = sum(_cpu_seconds(p) for p in edge_pids)
-        split0 = {k: _cpu_seconds(pid, tid) for k, tid in threads.items() if tid}
+        cpu0 = cpu_seconds(pid)
+        edges0 = sum(cpu_seconds(p) for p in edge_pids)
+        split0 = {k: cpu_seconds(pid, tid) for k, tid in threads.items() if tid}
         for proc in loads:
             assert proc.stdout is not None
             results.append(await json_line(proc.stdout, seconds + 120))
             await proc.wait()
-        cpu = _cpu_seconds(pid) - cpu0
-        split = {k: _cpu_seconds(pid, threads[k]) - v for k, v in split0.items()}
+        cpu = cpu_seconds(pid) - cpu0
+        split = {k: cpu_seconds(pid, threads[k]) - v for k, v in split0.items()}
         if edge_pids:
-            split["edges"] = sum(_cpu_seconds(p) for p in edge_pids) - edges0
+            split["edges"] = sum(cpu_seconds(p) for p in edge_pids) - edges0
             cpu += split["edges"]
         elapsed = max(seconds, time.monotonic() - t0)
         rss_after = _rss(pid, edge_pids)
@@ -1107,14 +1108,6 @@ def _edges_window(reports: list[list[float]], start: float, end: float) -> dict[
 def _rss(pid: int, edge_pids: list[int]) -> int:
     """Resident memory (KiB) of the shard process and its edge processes."""
     return rss_kib(pid) + sum(rss_kib(p) for p in edge_pids)
-
-
-def _cpu_seconds(pid: int, tid: int | None = None) -> float:
-    """User + system CPU seconds of a process (or of one of its threads)."""
-    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
-    fields = Path(path).read_text().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks
 
 
 async def run(args: argparse.Namespace) -> int:

@@ -15,11 +15,14 @@ scheduled send), decision-cycle wall time and the stalls each process
 reports of itself (edge loop lateness and collector pauses, the engine's
 long collector pauses, a load process's own loop lateness) are binned
 into the same 10-s windows afterwards (every process uses the
-system-wide monotonic clock), so a window of late acks says which
-process, if any, stalled in it. Prints one JSON line per window and a
-summary; writes a PNG plot. The shard is its engine process and its edge
-processes (``--edges``, by default the product's: one per core beyond the
-engine's); memory and descriptors are theirs together. ``memory_growth`` compares the last window's
+system-wide monotonic clock), beside the cores each process group used
+in the window (engine, edges, load, the bench itself, and the rest of the
+machine: Temporal, PostgreSQL, the system), so a window of late acks says
+which process, if any, stalled in it, and where the cores went. Prints
+one JSON line per window and a summary; writes a PNG plot. The shard is
+its engine process and its edge processes (``--edges``, by default the
+product's: one per core beyond the engine's). ``memory_growth`` compares
+the last window's
 RSS with the RSS when warm-up ends (the first fifth of the run, at least
 one minute): issue 20 asks at most 5 % over an hour. ``make bench`` runs
 the 5-minute version; the hour is ``--minutes 60`` on a quiet machine.
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -39,8 +43,10 @@ from typing import Any
 
 from bench.stack import (
     Stack,
+    cpu_seconds,
     json_line,
     loadavg,
+    machine_busy_seconds,
     percentile,
     rss_kib,
     services,
@@ -68,7 +74,7 @@ def _emit(metric: str, value: Any, unit: str, **extra: Any) -> None:
 
 async def soak(args: argparse.Namespace) -> int:
     seconds = args.minutes * 60.0
-    samples: list[tuple[float, int, int, str, int]] = []
+    samples: list[tuple[float, int, int, str, int, dict[str, float]]] = []
     async with services(quota_scale=0.2) as (temporal, provider):
         shard, drop = await start_shard(Stack(temporal, provider, args.pg, edges=args.edges))
         assert shard.stdout is not None
@@ -95,11 +101,19 @@ async def soak(args: argparse.Namespace) -> int:
             await asyncio.sleep(max(0.0, t0 - time.monotonic()))
 
             async def sample() -> None:
+                groups = {
+                    "engine": [pid],
+                    "edges": pids[1:],
+                    "loads": [proc.pid for proc in loads],
+                    "bench": [os.getpid()],  # the sampler and the simulated cloud
+                }
                 while True:
                     engine_rss = rss_kib(pid)
                     rss = engine_rss + sum(rss_kib(p) for p in pids[1:])
                     fds = sum(_fds(p) for p in pids)
-                    samples.append((time.monotonic() - t0, rss, fds, loadavg(), engine_rss))
+                    cpu = {name: _cpu(group) for name, group in groups.items()}
+                    cpu["machine"] = machine_busy_seconds()
+                    samples.append((time.monotonic() - t0, rss, fds, loadavg(), engine_rss, cpu))
                     await asyncio.sleep(WINDOW_S)
 
             sampler = asyncio.create_task(sample())
@@ -118,7 +132,7 @@ def _report(
     args: argparse.Namespace,
     seconds: float,
     t0: float,
-    samples: list[tuple[float, int, int, str, int]],
+    samples: list[tuple[float, int, int, str, int, dict[str, float]]],
     results: list[dict[str, Any]],
     stats: dict[str, Any],
 ) -> int:
@@ -137,8 +151,11 @@ def _report(
     # What each process said of its own stalls, on the shared clock (see _stalls).
     stalls = _stalls(t0, results, stats)
     rows: list[dict[str, Any]] = []
-    for t, rss, fds, load, engine_rss in samples:
+    previous: dict[str, float] | None = None
+    for t, rss, fds, load, engine_rss, cpu in samples:
         lo, hi = t - WINDOW_S, t
+        cores = _cores(previous, cpu, WINDOW_S)
+        previous = cpu
         lat = [ms for when, ms in acks if lo <= when < hi]
         cyc = [ms for when, ms in cycles if lo <= when < hi]
         due = sum(1 for when in scheduled if lo <= when < hi)
@@ -156,6 +173,7 @@ def _report(
                 "cycle_mean_ms": round(sum(cyc) / len(cyc), 1) if cyc else None,
                 "cycle_max_ms": max(cyc) if cyc else None,
                 **{name: _worst(points, lo, hi) for name, points in stalls.items()},
+                **cores,
                 "loadavg": load,
             }
         )
@@ -217,6 +235,35 @@ def _stalls(
     }
 
 
+def _cpu(pids: list[int]) -> float:
+    """CPU seconds of ``pids`` together (a process that has ended counts nothing)."""
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            total += cpu_seconds(pid)
+    return total
+
+
+def _cores(
+    previous: dict[str, float] | None, now: dict[str, float], seconds: float
+) -> dict[str, float]:
+    """Cores each group used over the window, and ``other_cores``: the rest of the machine.
+
+    "Other" is every process outside the shard, its load and the bench
+    itself: the Temporal server, PostgreSQL, the system. A window of late
+    acks in which no process of the shard stalled but "other" rose says
+    the machine's cores went elsewhere.
+    """
+    names = [name for name in now if name != "machine"]
+    if previous is None:
+        return {f"{name}_cores": 0.0 for name in [*names, "other"]}
+    used = {name: (now[name] - previous[name]) / seconds for name in names}
+    machine = (now["machine"] - previous["machine"]) / seconds
+    out = {f"{name}_cores": round(value, 2) for name, value in used.items()}
+    out["other_cores"] = round(max(0.0, machine - sum(used.values())), 2)
+    return out
+
+
 def _worst(points: list[tuple[float, float]], lo: float, hi: float) -> float:
     """The largest value reported within [lo, hi) (0 when none was)."""
     return max((ms for when, ms in points if lo <= when < hi), default=0.0)
@@ -229,7 +276,7 @@ def _plot(rows: list[dict[str, Any]], path: Path, *, title: str) -> None:
     import matplotlib.pyplot as plt
 
     minutes = [r["t_s"] / 60 for r in rows]
-    fig, axes = plt.subplots(5, 1, figsize=(8, 12), sharex=True)
+    fig, axes = plt.subplots(6, 1, figsize=(8, 14), sharex=True)
     axes[0].plot(minutes, [r["rss_mib"] for r in rows], label="engine + edges")
     axes[0].plot(minutes, [r["engine_rss_mib"] for r in rows], label="engine")
     axes[0].plot(minutes, [r["edges_rss_mib"] for r in rows], label="edges")
@@ -254,8 +301,12 @@ def _plot(rows: list[dict[str, Any]], path: Path, *, title: str) -> None:
     ):
         axes[4].plot(minutes, [r[name] for r in rows], label=label)
     axes[4].set_ylabel("worst stall in window (ms)")
-    axes[4].set_xlabel("minutes")
     axes[4].legend()
+    for name in ("engine", "edges", "loads", "bench", "other"):
+        axes[5].plot(minutes, [r[f"{name}_cores"] for r in rows], label=name)
+    axes[5].set_ylabel("cores used")
+    axes[5].set_xlabel("minutes")
+    axes[5].legend()
     fig.suptitle(title)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

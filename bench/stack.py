@@ -133,6 +133,22 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[k]
 
 
+def cpu_seconds(pid: int, tid: int | None = None) -> float:
+    """User + system CPU seconds of a process (or of one of its threads)."""
+    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds every core of the machine spent busy (not idle, not waiting on I/O)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    ticks = [int(x) for x in fields]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
+    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 @contextlib.asynccontextmanager
 async def services(*, quota_scale: float) -> AsyncIterator[tuple[str, str]]:
     """A Temporal dev server and a simulated cloud: (Temporal address, provider address).

@@ -21,9 +21,13 @@ def test_a_stall_lands_in_the_window_of_the_process_that_reported_it(
 ) -> None:
     t0 = 1000.0
     # Two windows, (0, 10] and (10, 20]: the engine at 300 then 310 MiB of 500 and 520.
+    # CPU seconds so far per group, and the machine's busy seconds (all cores).
+    cpu0 = {"engine": 0.0, "edges": 0.0, "loads": 0.0, "bench": 0.0, "machine": 0.0}
+    cpu1 = {"engine": 2.0, "edges": 5.0, "loads": 4.0, "bench": 1.0, "machine": 15.0}
+    cpu2 = {"engine": 4.0, "edges": 10.0, "loads": 8.0, "bench": 2.0, "machine": 34.0}
     samples = [
-        (10.0, 500 * 1024, 40, "1 1 1", 300 * 1024),
-        (20.0, 520 * 1024, 41, "1 1 1", 310 * 1024),
+        (10.0, 500 * 1024, 40, "1 1 1", 300 * 1024, cpu1),
+        (20.0, 520 * 1024, 41, "1 1 1", 310 * 1024, cpu2),
     ]
     # Acks of the first window are quick; those of the second are late.
     results = [
@@ -52,6 +56,11 @@ def test_a_stall_lands_in_the_window_of_the_process_that_reported_it(
     assert (first["edge_gc_ms"], second["edge_gc_ms"]) == (1.0, 40.0)
     assert (first["engine_gc_ms"], second["engine_gc_ms"]) == (0.0, 85.0)
     assert second["ack_p50_ms"] >= 900.0 > first["ack_p99_ms"]
+    # The first window has no sample before it; the second says where 1.9 cores went.
+    assert first["other_cores"] == 0.0
+    assert (second["engine_cores"], second["edges_cores"], second["loads_cores"]) == (0.2, 0.5, 0.4)
+    assert (second["bench_cores"], second["other_cores"]) == (0.1, 0.7)
+    assert soak._cores(cpu0, cpu1, 10.0)["other_cores"] == 0.3
 
 
 def test_a_run_without_edges_or_stalls_reports_zero_stalls() -> None:
