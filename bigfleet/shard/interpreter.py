@@ -185,13 +185,12 @@ class CollectorPacer:
     made *less those freed* passes its threshold. An edge under load mostly
     replaces objects: each roll-up's messages and needs free the previous
     one's, which by then sit in an older generation. The count then hovers
-    near zero while the young generation fills (an edge at 2,000
-    roll-ups/s held 110,000–140,000 young objects against a threshold of
-    7,000), and the collections that do come walk them all: the middle
-    generation's took 20 ms of CPU each, every half second, and the full
-    ones 90–175 ms every five seconds, though none of them found any
-    garbage (docs/benchmarks.md, "Issue 20: the edge's collector by the
-    clock").
+    near zero while the young generation fills (an edge serving 2,000
+    sessions held 100,732 young objects, its count at 28 against a
+    threshold of 7,000), and the collections that do come walk them all:
+    its worst pause was 137–210 ms in every 10-s window of a soak, though
+    the passes found no garbage (docs/benchmarks.md, "Issue 20: the soak
+    says who stalled; the edge collects by the clock").
 
     So an edge turns the collector's own trigger off (``gc.disable``) and
     its loop collects instead: the young generation every ``young_s``
