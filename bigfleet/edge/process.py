@@ -535,8 +535,8 @@ def main(argv: list[str] | None = None) -> int:
         orphan_s=args.orphan_seconds,
     )
     edge = EdgeProcess(options, tls=tls)
-    # The shard's collector settings: young collections ten times less often, and
-    # what start-up made frozen. The switch interval stays Python's: here only gRPC's
+    # What start-up made is frozen, and the loop collects by the clock, not by
+    # Python's count (ADR 0170). The switch interval stays Python's: here only gRPC's
     # poller thread shares the interpreter, and 1 ms did not move the ack tail
     # (docs/benchmarks.md, "Issue 20: the edge's CPU per ack cut by a fifth").
     interpreter = InterpreterSettings(switch_interval_s=None, gc_clock=CollectorClock())

@@ -13,8 +13,9 @@ Two interpreter-wide pauses reach the acknowledgements:
   process, so once started the shard collects and then *freezes* them
   (``gc.freeze``): later full collections walk only what came after. The
   young generation's threshold is raised, so collections come ten times
-  less often and a full one less often still (each young collection walks
-  at most that many new objects: about a millisecond).
+  less often and a full one less often still. (The threshold counts
+  objects made *less those freed*, so it bounds a young pass only while
+  the process mostly adds objects; see the edge below.)
 
   An edge process (``bigfleet.edge``) collects by the clock instead
   (:class:`CollectorPacer`, ADR 0170): under load it mostly *replaces*
@@ -208,21 +209,24 @@ class CollectorPacer:
         self._handle: asyncio.TimerHandle | None = None
         self._clock = CollectorClock()
         self._next_full = 0.0
+        self._trigger_was_on = True
 
     def start(self, loop: asyncio.AbstractEventLoop, clock: CollectorClock) -> None:
         """Collect on ``loop`` by ``clock`` until :meth:`stop` (the trigger off meanwhile)."""
         self.stop()
         self._clock = clock
         self._next_full = loop.time() + clock.full_s
+        self._trigger_was_on = gc.isenabled()
         gc.disable()
         self._handle = loop.call_later(clock.young_s, self._tick, loop)
 
     def stop(self) -> None:
-        """No more passes; the collector's own trigger is back on."""
+        """No more passes; the collector's own trigger is as it was before :meth:`start`."""
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
-            gc.enable()
+            if self._trigger_was_on:
+                gc.enable()
 
     def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
         if loop.time() >= self._next_full:

@@ -118,3 +118,17 @@ def test_the_freezer_does_nothing_until_armed() -> None:
         assert freezer.freezes == 0 and gc.get_freeze_count() == 0
     finally:
         unhook()
+
+
+def test_the_pacer_leaves_a_trigger_that_was_off_off() -> None:
+    async def run() -> None:
+        PACER.start(asyncio.get_running_loop(), CollectorClock(young_s=0.005, full_s=10.0))
+        await asyncio.sleep(0.02)
+        PACER.stop()
+
+    gc.disable()
+    try:
+        asyncio.run(run())
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
