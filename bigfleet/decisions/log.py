@@ -84,6 +84,8 @@ class DecisionLog:
         self._deferred: deque[Iterator[Decision]] = deque()
         self.dropped_cycles = 0
         self._last_said: dict[tuple[str, str, str, str], tuple[str, float]] = {}
+        # Keys of repeatable rows the cycle being built has said so far (``build``).
+        self._seen: set[tuple[str, str, str, str]] = set()
         self.written = 0
         self.dropped = 0
         self._wake = asyncio.Event()
@@ -103,19 +105,29 @@ class DecisionLog:
         size = self.limits.build_slice_rows
         while self._deferred:
             rows = list(itertools.islice(self._deferred[0], size))
+            built += self._buffer_rows(rows, self._seen)
             if len(rows) < size:
+                # The cycle is all built: what it did not say again is news next time.
                 self._deferred.popleft()
-            built += self.record(rows)
+                self._forget_unseen(self._seen)
+                self._seen = set()
             await asyncio.sleep(0)
         return built
 
     def record(self, rows: Iterable[Decision]) -> int:
-        """Buffer a cycle's rows (repeats of ``unmet``/``held`` suppressed). Never blocks.
+        """Buffer one cycle's rows (repeats of ``unmet``/``held`` suppressed). Never blocks.
 
-        Returns how many were buffered.
+        ``rows`` must be the whole cycle: a repeat is only news again once a
+        cycle went by without it. Returns how many were buffered.
         """
-        added = 0
         seen: set[tuple[str, str, str, str]] = set()
+        added = self._buffer_rows(rows, seen)
+        self._forget_unseen(seen)
+        return added
+
+    def _buffer_rows(self, rows: Iterable[Decision], seen: set[tuple[str, str, str, str]]) -> int:
+        """Buffer part of a cycle's rows, adding the keys of its repeatable rows to ``seen``."""
+        added = 0
         limits = self.limits
         buffer = self._buffer
         for row in rows:
@@ -135,12 +147,15 @@ class DecisionLog:
                 metrics.DECISIONS_DROPPED.labels(self.shard_id).inc()
             buffer.append(row)
             added += 1
-        # A need satisfied, a hold released: the next time it appears is news again.
-        for key in [k for k in self._last_said if k not in seen]:
-            del self._last_said[key]
         if len(buffer) >= limits.batch_rows:
             self._wake.set()
         return added
+
+    def _forget_unseen(self, seen: set[tuple[str, str, str, str]]) -> None:
+        """A cycle ended: a need satisfied, a hold released, is news again when it reappears."""
+        if len(seen) < len(self._last_said):
+            for key in [k for k in self._last_said if k not in seen]:
+                del self._last_said[key]
 
     @property
     def pending(self) -> int:
