@@ -38,6 +38,7 @@ import os
 import signal
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,9 @@ async def soak(args: argparse.Namespace) -> int:
                 await json_line(proc.stdout, 300)
             t0 = time.monotonic() + max(0.0, start_at - time.time())
             await asyncio.sleep(max(0.0, t0 - time.monotonic()))
+            # The wall-clock time of t0, so a window can be matched with other logs
+            # (PostgreSQL's checkpoints, the system's journal).
+            wall0 = time.time() - (time.monotonic() - t0)
 
             async def sample() -> None:
                 groups = {
@@ -125,7 +129,7 @@ async def soak(args: argparse.Namespace) -> int:
             stats = await json_line(shard.stdout, 60)
         finally:
             await stop_shard(shard, drop)
-    return _report(args, seconds, t0, samples, results, stats)
+    return _report(args, seconds, t0, samples, results, stats, wall0=wall0)
 
 
 def _report(
@@ -135,6 +139,8 @@ def _report(
     samples: list[tuple[float, int, int, str, int, dict[str, float]]],
     results: list[dict[str, Any]],
     stats: dict[str, Any],
+    *,
+    wall0: float,
 ) -> int:
     acks = [
         (r["start_monotonic"] - t0 + sent, ms)
@@ -162,6 +168,7 @@ def _report(
         rows.append(
             {
                 "t_s": round(t, 1),
+                "at": _utc(wall0 + t),
                 "rss_mib": round(rss / 1024, 1),
                 "engine_rss_mib": round(engine_rss / 1024, 1),
                 "edges_rss_mib": round((rss - engine_rss) / 1024, 1),
@@ -233,6 +240,11 @@ def _stalls(
         "edge_gc_ms": [(r[0] - t0, r[3]) for r in edges],
         "engine_gc_ms": [(t - t0, ms) for t, _, ms in stats.get("gc_long", [])],
     }
+
+
+def _utc(wall: float) -> str:
+    """``wall`` (seconds since the epoch) as an ISO 8601 UTC time to the millisecond."""
+    return datetime.fromtimestamp(wall, UTC).isoformat(timespec="milliseconds")
 
 
 def _cpu(pids: list[int]) -> float:

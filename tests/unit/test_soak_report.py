@@ -47,8 +47,14 @@ def test_a_stall_lands_in_the_window_of_the_process_that_reported_it(
         "cycle_wall_ms": [100.0, 200.0],
     }
     args = argparse.Namespace(minutes=20 / 60, plot="", rate=2.0, clusters=1, edges=1)
-    assert soak._report(args, 20.0, t0, samples, results, stats) == 0
+    wall0 = 1_796_000_000.0  # 2026-11-30T00:53:20Z, the wall-clock time of t0
+    assert soak._report(args, 20.0, t0, samples, results, stats, wall0=wall0) == 0
     first, second = _window_rows(capsys.readouterr().out)
+    # Each window carries its end's wall-clock time, to match it with other logs.
+    assert (first["at"], second["at"]) == (
+        "2026-11-30T00:53:30.000+00:00",
+        "2026-11-30T00:53:40.000+00:00",
+    )
     assert (first["engine_rss_mib"], first["edges_rss_mib"]) == (300.0, 200.0)
     assert (second["engine_rss_mib"], second["edges_rss_mib"]) == (310.0, 210.0)
     assert first["load_lag_ms"] == 25.0 and second["load_lag_ms"] == 0.0
