@@ -142,6 +142,17 @@ class LoadResult:
     # Seconds in which this process's own loop ran late: [monotonic time, worst lag ms].
     # A soak tells a stall of the shard from one of its load (bench soak).
     lags: list[list[float]] = field(default_factory=list)
+    # Per whole monotonic second: the longest a roll-up waited, from its scheduled time,
+    # for its session's write to be taken (open and cadence). A writer held back by the
+    # transport (HTTP/2 flow control) shows here while the loop itself is on time.
+    write_wait: dict[int, float] = field(default_factory=dict)
+
+    def wrote(self, scheduled: float, now: float) -> None:
+        """One scheduled roll-up's write was taken at ``now``."""
+        second = int(now)
+        waited = (now - scheduled) * 1000
+        if waited > self.write_wait.get(second, 0.0):
+            self.write_wait[second] = waited
 
 
 _PLACEHOLDER_TS = 1 << 62  # encodes in 9 varint bytes, as every time.time_ns() until 2262
@@ -244,12 +255,13 @@ class Session:
                 if frame.WhichOneof("payload") == "ack" and frame.ack.echo.startswith("rollup"):
                     return
 
-    async def writer(self, queue: asyncio.Queue[float]) -> None:
+    async def writer(self, queue: asyncio.Queue[float], result: LoadResult) -> None:
         """Write each scheduled roll-up in turn (the schedule never waits for a write)."""
         while True:
             scheduled = await queue.get()
             if self.open:
                 await self.send(scheduled)
+                result.wrote(scheduled, time.monotonic())
 
     async def send(self, scheduled: float) -> None:
         assert self.frames is not None
@@ -366,7 +378,9 @@ async def run_load(args: argparse.Namespace) -> LoadResult:
         schedule = sorted((start + period * (i / max(1, len(live))), i) for i in range(len(live)))
         pending = [(t, i) for t, i in schedule]
         queues: list[asyncio.Queue[float]] = [asyncio.Queue() for _ in live]
-        writers = [asyncio.create_task(s.writer(q)) for s, q in zip(live, queues, strict=True)]
+        writers = [
+            asyncio.create_task(s.writer(q, result)) for s, q in zip(live, queues, strict=True)
+        ]
         while pending:
             due, i = pending[0]
             now = time.monotonic()
@@ -489,6 +503,12 @@ def load_main(args: argparse.Namespace) -> int:
                 "start_monotonic": result.start,
                 "reconnected": result.reconnected,
                 "lags": result.lags,
+                # Seconds whose longest write wait passed LATE_MS: [end of the second, ms].
+                "write_waits": [
+                    [second + 1, round(ms, 1)]
+                    for second, ms in sorted(result.write_wait.items())
+                    if ms > LATE_MS
+                ],
             }
         ),
         flush=True,

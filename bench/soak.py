@@ -13,7 +13,8 @@ Every 10 s the shard's resident memory (engine process and edges apart)
 and open descriptors are sampled; ack latency (p50, p99, from the
 scheduled send), decision-cycle wall time and the stalls each process
 reports of itself (edge loop lateness and collector pauses, the engine's
-long collector pauses, a load process's own loop lateness) are binned
+long collector pauses, a load process's own loop lateness and how long
+its writes waited) are binned
 into the same 10-s windows afterwards (every process uses the
 system-wide monotonic clock), beside the cores each process group used
 in the window (engine, edges, load, the bench itself, and the rest of the
@@ -227,7 +228,11 @@ def _stalls(
     """Per source, (seconds after ``t0``, ms) of each stall it reported of itself.
 
     ``load_lag_ms``: a load process's loop ran late (its sends, and so its
-    acks' latencies, are late with it); ``edge_lag_ms`` / ``edge_gc_ms``: an
+    acks' latencies, are late with it); ``load_write_ms``: the longest a
+    load process's roll-up waited, from its scheduled time, for its
+    session's write to be taken while the loop was on time (a writer held
+    back by the transport: the shard not reading, HTTP/2 flow control);
+    ``edge_lag_ms`` / ``edge_gc_ms``: an
     edge's loop lateness and collector pause, each the worst of a second
     (its LOAD reports); ``engine_gc_ms``: a collector pause of the engine
     process of at least ``bench.ingest.LONG_GC_MS``. A window whose acks
@@ -236,6 +241,7 @@ def _stalls(
     edges = stats.get("edges_load", [])
     return {
         "load_lag_ms": [(t - t0, ms) for r in results for t, ms in r.get("lags", [])],
+        "load_write_ms": [(t - t0, ms) for r in results for t, ms in r.get("write_waits", [])],
         "edge_lag_ms": [(r[0] - t0, r[2]) for r in edges],
         "edge_gc_ms": [(r[0] - t0, r[3]) for r in edges],
         "engine_gc_ms": [(t - t0, ms) for t, _, ms in stats.get("gc_long", [])],
@@ -310,6 +316,7 @@ def _plot(rows: list[dict[str, Any]], path: Path, *, title: str) -> None:
         ("edge_gc_ms", "edge collector"),
         ("engine_gc_ms", "engine collector"),
         ("load_lag_ms", "load loop late"),
+        ("load_write_ms", "load write waited"),
     ):
         axes[4].plot(minutes, [r[name] for r in rows], label=label)
     axes[4].set_ylabel("worst stall in window (ms)")

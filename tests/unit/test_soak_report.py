@@ -37,6 +37,8 @@ def test_a_stall_lands_in_the_window_of_the_process_that_reported_it(
             "latencies_ms": [2.0, 3.0, 900.0, 1200.0],
             "scheduled_s": [1.0, 2.0, 12.0, 13.0],
             "lags": [[t0 + 4.0, 25.0]],  # the load process ran late in the first window only
+            # Its writes waited in the second window, its loop on time: the transport held them.
+            "write_waits": [[t0 + 13.0, 640.0]],
         }
     ]
     stats = {
@@ -58,6 +60,7 @@ def test_a_stall_lands_in_the_window_of_the_process_that_reported_it(
     assert (first["engine_rss_mib"], first["edges_rss_mib"]) == (300.0, 200.0)
     assert (second["engine_rss_mib"], second["edges_rss_mib"]) == (310.0, 210.0)
     assert first["load_lag_ms"] == 25.0 and second["load_lag_ms"] == 0.0
+    assert (first["load_write_ms"], second["load_write_ms"]) == (0.0, 640.0)
     assert (first["edge_lag_ms"], second["edge_lag_ms"]) == (3.0, 1100.0)
     assert (first["edge_gc_ms"], second["edge_gc_ms"]) == (1.0, 40.0)
     assert (first["engine_gc_ms"], second["engine_gc_ms"]) == (0.0, 85.0)
@@ -71,5 +74,11 @@ def test_a_stall_lands_in_the_window_of_the_process_that_reported_it(
 
 def test_a_run_without_edges_or_stalls_reports_zero_stalls() -> None:
     stalls = soak._stalls(0.0, [{"sent_s": []}], {})
-    assert stalls == {"load_lag_ms": [], "edge_lag_ms": [], "edge_gc_ms": [], "engine_gc_ms": []}
+    assert stalls == {
+        "load_lag_ms": [],
+        "load_write_ms": [],
+        "edge_lag_ms": [],
+        "edge_gc_ms": [],
+        "engine_gc_ms": [],
+    }
     assert soak._worst([(5.0, 12.0), (10.0, 99.0)], 0.0, 10.0) == 12.0
