@@ -230,7 +230,7 @@ def _stalls(
     ``load_lag_ms``: a load process's loop ran late (its sends, and so its
     acks' latencies, are late with it); ``load_write_ms``: the longest a
     load process's roll-up waited, from its scheduled time, for its
-    session's write to be taken while the loop was on time (a writer held
+    session's write to be taken (well past ``load_lag_ms``, a writer held
     back by the transport: the shard not reading, HTTP/2 flow control);
     ``edge_lag_ms`` / ``edge_gc_ms``: an
     edge's loop lateness and collector pause, each the worst of a second

@@ -94,6 +94,7 @@ class DecisionLog:
         """Queue a cycle's rows to be built and buffered by the writer task. O(1)."""
         if len(self._deferred) >= self.limits.pending_cycles:
             self._deferred.popleft()
+            self._seen = set()  # what a dropped cycle said so far does not count
             self.dropped_cycles += 1
             log.warning("shard %s: decision log behind; a cycle's rows dropped", self.shard_id)
         self._deferred.append(iter(rows))
