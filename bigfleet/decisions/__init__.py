@@ -1,7 +1,7 @@
 """The decision log: what each cycle did or would have done, and why, kept to answer "why" later.
 
     cycle -> Plan + engine.holds --entries.decisions_of--> rows
-          --DecisionLog.record (bounded buffer, repeats suppressed)-->
+          --DecisionLog.defer, then .build off the cycle (bounded buffer, repeats suppressed)-->
           --DecisionLog.run (batches, off the cycle)--> PostgreSQL decision_log
     bigfleet why machine M / why need C/N --> bigfleet.store.decisions.DecisionStore
 

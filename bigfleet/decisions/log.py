@@ -3,7 +3,7 @@
 Writing must never slow the cycle (issue 19): the cycle loop only hands
 over the cycle's rows, not yet built (``defer``: a lazy iterator over the
 immutable plan); a separate task (``run``) builds them a few hundred at a
-time between other work on the loop, buffers them (``record``), writes
+time between other work on the loop, buffers them, writes
 batches with one statement each and prunes the shard's rows past
 retention. At most ``pending_cycles`` cycles wait to be built; beyond
 that the oldest is dropped whole and counted. If PostgreSQL is slow or down, the buffer
@@ -115,19 +115,9 @@ class DecisionLog:
             await asyncio.sleep(0)
         return built
 
-    def record(self, rows: Iterable[Decision]) -> int:
-        """Buffer one cycle's rows (repeats of ``unmet``/``held`` suppressed). Never blocks.
-
-        ``rows`` must be the whole cycle: a repeat is only news again once a
-        cycle went by without it. Returns how many were buffered.
-        """
-        seen: set[tuple[str, str, str, str]] = set()
-        added = self._buffer_rows(rows, seen)
-        self._forget_unseen(seen)
-        return added
-
     def _buffer_rows(self, rows: Iterable[Decision], seen: set[tuple[str, str, str, str]]) -> int:
-        """Buffer part of a cycle's rows, adding the keys of its repeatable rows to ``seen``."""
+        """Buffer part of a cycle's rows (repeats of ``unmet``/``held`` suppressed), adding
+        the keys of its repeatable rows to ``seen``. Never blocks."""
         added = 0
         limits = self.limits
         buffer = self._buffer

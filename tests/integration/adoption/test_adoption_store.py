@@ -142,9 +142,9 @@ async def test_the_writer_suppresses_repeats_and_flushes_in_batches(database: Da
         "shard-0", store, limits=LogLimits(batch_rows=2, repeat_seconds=60), clock=lambda: T0
     )
     for cycle in range(5):  # the same need short in five consecutive cycles
-        writer.record([row(T0 + cycle, "unmet", cluster_id="c1", need_key="k", reason="starved")])
-    writer.record([row(T0 + 5, "unmet", cluster_id="c1", need_key="k", reason="no supply")])
-    writer.record([row(T0 + 70, "unmet", cluster_id="c1", need_key="k", reason="no supply")])
+        writer.defer([row(T0 + cycle, "unmet", cluster_id="c1", need_key="k", reason="starved")])
+    writer.defer([row(T0 + 5, "unmet", cluster_id="c1", need_key="k", reason="no supply")])
+    writer.defer([row(T0 + 70, "unmet", cluster_id="c1", need_key="k", reason="no supply")])
 
     written = await writer.flush()
 
@@ -164,7 +164,8 @@ async def test_a_full_buffer_drops_the_oldest_rows_and_counts_them(database: Dat
         clock=lambda: T0,
     )
 
-    writer.record([row(T0 + i, "release", f"m-{i}") for i in range(5)])
+    writer.defer([row(T0 + i, "release", f"m-{i}") for i in range(5)])
+    await writer.build()
 
     assert writer.dropped == 2
     assert writer.pending == 3
@@ -184,7 +185,8 @@ async def test_a_failed_write_keeps_the_rows_for_the_next_flush(database: Databa
             return 0
 
     writer = DecisionLog("shard-0", Down(), clock=lambda: T0)
-    writer.record([row(T0, "release", "m-1")])
+    writer.defer([row(T0, "release", "m-1")])
+    await writer.build()
 
     with pytest.raises(ConnectionError):
         await writer.flush()
