@@ -14,19 +14,18 @@ and open descriptors are sampled; ack latency (p50, p99, from the
 scheduled send), decision-cycle wall time and the stalls each process
 reports of itself (edge loop lateness and collector pauses, the engine's
 long collector pauses, a load process's own loop lateness and how long
-its writes waited) are binned
-into the same 10-s windows afterwards (every process uses the
-system-wide monotonic clock), beside the cores each process group used
-in the window (engine, edges, load, the bench itself, and the rest of the
-machine: Temporal, PostgreSQL, the system), so a window of late acks says
-which process, if any, stalled in it, and where the cores went. Prints
-one JSON line per window and a summary; writes a PNG plot. The shard is
-its engine process and its edge processes (``--edges``, by default the
-product's: one per core beyond the engine's). ``memory_growth`` compares
-the last window's
-RSS with the RSS when warm-up ends (the first fifth of the run, at least
-one minute): issue 20 asks at most 5 % over an hour. ``make bench`` runs
-the 5-minute version; the hour is ``--minutes 60`` on a quiet machine.
+its writes waited) are binned into the same 10-s windows afterwards
+(every process uses the system-wide monotonic clock), beside the cores
+each process group used in the window (engine, edges, load, the bench
+itself, and the rest of the machine: Temporal, PostgreSQL, the system),
+so a window of late acks says which process, if any, stalled in it, and
+where the cores went. Prints one JSON line per window and a summary;
+writes a PNG plot. The shard is its engine process and its edge
+processes (``--edges``, by default the product's: one per core beyond
+the engine's). ``memory_growth`` compares the last window's RSS with the
+RSS when warm-up ends (the first fifth of the run, at least one minute):
+issue 20 asks at most 5 % over an hour. ``make bench`` runs the 5-minute
+version; the hour is ``--minutes 60`` on a quiet machine.
 """
 
 from __future__ import annotations
