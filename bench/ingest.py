@@ -78,10 +78,12 @@ from bench.stack import (
     malloc_kib,
     percentile,
     rss_kib,
+    runqueue_seconds,
     services,
     split_load,
     start_load,
     start_shard,
+    stop_loads,
     stop_shard,
 )
 from bigfleet.config import auto_edges
@@ -741,6 +743,21 @@ def _emit(scenario: str, metric: str, value: float, unit: str, **extra: Any) -> 
     print(json.dumps(line), flush=True)
 
 
+async def _cpu_wait(groups: dict[str, list[int]], seconds: float) -> dict[str, float]:
+    """Per group of processes, the mean number of its threads waiting for a core over
+    the next ``seconds`` (``runqueue_seconds``); empty where the kernel does not say."""
+    if seconds <= 0:
+        return {}
+    before = {g: runqueue_seconds(pids) for g, pids in groups.items() if pids}
+    await asyncio.sleep(seconds)
+    after = {g: runqueue_seconds(pids) for g, pids in groups.items() if pids}
+    return {
+        g: (end - start) / seconds
+        for g, start in before.items()
+        if start is not None and (end := after.get(g)) is not None
+    }
+
+
 async def _scenario(
     stack: Stack,
     name: str,
@@ -758,6 +775,7 @@ async def _scenario(
 ) -> None:
     shard, drop = await start_shard(stack, child)
     assert shard.stdout is not None
+    loads: list[Any] = []
     try:
         ready = await json_line(shard.stdout, 120)
         address, pid = ready["address"], int(ready["pid"])
@@ -770,22 +788,22 @@ async def _scenario(
         rss_before = _rss(pid, edge_pids)
         per = [sessions // loaders + (1 if i < sessions % loaders else 0) for i in range(loaders)]
         delay = 3.0 + sessions / 4000  # every loader opens its sessions before the clock starts
-        loads = [
-            await start_load(
-                address,
-                f"{name}-{i}",
-                sessions=n,
-                mode=mode,
-                seconds=seconds,
-                connections=max(1, connections // loaders),
-                needs=needs,
-                rate=rate / loaders,
-                period=period,
-                delay=delay,
-                unmet=unmet,
+        for i, n in enumerate(per):
+            loads.append(
+                await start_load(
+                    address,
+                    f"{name}-{i}",
+                    sessions=n,
+                    mode=mode,
+                    seconds=seconds,
+                    connections=max(1, connections // loaders),
+                    needs=needs,
+                    rate=rate / loaders,
+                    period=period,
+                    delay=delay,
+                    unmet=unmet,
+                )
             )
-            for i, n in enumerate(per)
-        ]
         opened = 0
         for proc in loads:
             assert proc.stdout is not None
@@ -796,6 +814,9 @@ async def _scenario(
         cpu0 = cpu_seconds(pid)
         edges0 = sum(cpu_seconds(p) for p in edge_pids)
         split0 = {k: cpu_seconds(pid, tid) for k, tid in threads.items() if tid}
+        groups = {"engine": [pid], "edges": edge_pids, "load": [proc.pid for proc in loads]}
+        # Read before the load processes end (they exit as they report).
+        waiting = asyncio.create_task(_cpu_wait(groups, seconds * 0.9 if mode != "idle" else 0))
         for proc in loads:
             assert proc.stdout is not None
             results.append(await json_line(proc.stdout, seconds + 120))
@@ -810,6 +831,7 @@ async def _scenario(
         shard.send_signal(signal.SIGTERM)
         stats = await json_line(shard.stdout, 60)
     finally:
+        await stop_loads(loads)
         await stop_shard(shard, drop)
     latencies = [x for r in results for x in r["latencies_ms"]]
     refused: dict[str, int] = {}
@@ -853,6 +875,19 @@ async def _scenario(
         parts = {f"{k}_us": round(v * per, 1) for k, v in split.items()}
         parts["other_us"] = round((cpu - sum(split.values())) * per, 1)
         _emit(name, "cpu_per_rollup", cpu * per, "us", **parts, **common)
+        wait = await waiting
+        if wait:
+            # Threads runnable but given no core, on average: the shard's (engine and
+            # edges) as the value, each group beside it. A tail with the shard waiting
+            # here is the machine's cores, shared with the load generators, not its code.
+            _emit(
+                name,
+                "cpu_wait",
+                wait.get("engine", 0.0) + wait.get("edges", 0.0),
+                "threads",
+                **{f"{k}_threads": round(v, 3) for k, v in wait.items()},
+                **common,
+            )
     _emit(
         name,
         "bytes_per_session",
@@ -929,6 +964,7 @@ async def _recovery(stack: Stack, args: argparse.Namespace) -> None:
         "connections": 200,
         "needs": 20,
     }
+    started: list[Any] = []  # every load process, stopped if the run is cut short
     try:
         ready = await json_line(shard.stdout, 120)
         address = ready["address"]
@@ -945,8 +981,10 @@ async def _recovery(stack: Stack, args: argparse.Namespace) -> None:
             start_at=start_at,
             reconnect=True,
         )
+        started += steady
         # The burst's clusters, known to the shard before the cadence starts.
         primer = await start_load(address, mode="idle", seconds=0, prime=True, **burst_clusters)
+        started.append(primer)
         for proc in (*steady, primer):
             await json_line(proc.stdout, 300)  # sessions opened
         await json_line(primer.stdout, 300)  # primed
@@ -966,6 +1004,7 @@ async def _recovery(stack: Stack, args: argparse.Namespace) -> None:
                 reconnect=True,
                 **burst_clusters,
             )
+            started.append(proc)
             await json_line(proc.stdout, 300)  # sessions opened
             result = await json_line(proc.stdout, total + 300)
             await proc.wait()
@@ -978,6 +1017,7 @@ async def _recovery(stack: Stack, args: argparse.Namespace) -> None:
         shard.send_signal(signal.SIGTERM)
         stats = await json_line(shard.stdout, 60)
     finally:
+        await stop_loads(started)
         await stop_shard(shard, drop)
     pairs = [
         (sent, ms) for r in results for sent, ms in zip(r["sent_s"], r["latencies_ms"], strict=True)

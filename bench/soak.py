@@ -50,14 +50,18 @@ from bench.stack import (
     machine_busy_seconds,
     percentile,
     rss_kib,
+    runqueue_seconds,
     services,
     split_load,
     start_shard,
+    stop_loads,
     stop_shard,
 )
 from bigfleet.config import auto_edges
 
 WINDOW_S = 10.0
+# A group's key in a CPU sample for the seconds its threads waited for a core.
+WAIT = ".wait"
 
 
 def _fds(pid: int) -> int:
@@ -79,6 +83,7 @@ async def soak(args: argparse.Namespace) -> int:
     async with services(quota_scale=0.2) as (temporal, provider):
         shard, drop = await start_shard(Stack(temporal, provider, args.pg, edges=args.edges))
         assert shard.stdout is not None
+        loads: list[Any] = []
         try:
             ready = await json_line(shard.stdout, 120)
             address, pid = ready["address"], int(ready["pid"])
@@ -116,6 +121,10 @@ async def soak(args: argparse.Namespace) -> int:
                     rss = engine_rss + sum(rss_kib(p) for p in pids[1:])
                     fds = sum(_fds(p) for p in pids)
                     cpu = {name: _cpu(group) for name, group in groups.items()}
+                    for name, group in groups.items():
+                        waited = runqueue_seconds(group)
+                        if waited is not None:
+                            cpu[f"{name}{WAIT}"] = waited
                     cpu["machine"] = machine_busy_seconds()
                     samples.append((time.monotonic() - t0, rss, fds, loadavg(), engine_rss, cpu))
                     await asyncio.sleep(WINDOW_S)
@@ -128,6 +137,7 @@ async def soak(args: argparse.Namespace) -> int:
             shard.send_signal(signal.SIGTERM)
             stats = await json_line(shard.stdout, 60)
         finally:
+            await stop_loads(loads)
             await stop_shard(shard, drop)
     return _report(args, seconds, t0, samples, results, stats, wall0=wall0)
 
@@ -269,15 +279,26 @@ def _cores(
     "Other" is every process outside the shard, its load and the bench
     itself: the Temporal server, PostgreSQL, the system. A window of late
     acks in which no process of the shard stalled but "other" rose says
-    the machine's cores went elsewhere.
+    the machine's cores went elsewhere. ``<group>_waiting`` (where the kernel
+    keeps scheduler statistics) is how many of the group's threads were,
+    on average, runnable but given no core: a late window whose processes
+    waited here was short of CPU, one whose processes did not was held by
+    something else.
     """
-    names = [name for name in now if name != "machine"]
+    names = [name for name in now if name != "machine" and not name.endswith(WAIT)]
+    waits = [name.removesuffix(WAIT) for name in now if name.endswith(WAIT)]
     if previous is None:
-        return {f"{name}_cores": 0.0 for name in [*names, "other"]}
+        return {f"{name}_cores": 0.0 for name in [*names, "other"]} | {
+            f"{name}_waiting": 0.0 for name in waits
+        }
     used = {name: (now[name] - previous[name]) / seconds for name in names}
     machine = (now["machine"] - previous["machine"]) / seconds
     out = {f"{name}_cores": round(value, 2) for name, value in used.items()}
     out["other_cores"] = round(max(0.0, machine - sum(used.values())), 2)
+    for name in waits:
+        before = previous.get(name + WAIT)
+        if before is not None:
+            out[f"{name}_waiting"] = round((now[name + WAIT] - before) / seconds, 2)
     return out
 
 
@@ -322,7 +343,12 @@ def _plot(rows: list[dict[str, Any]], path: Path, *, title: str) -> None:
     axes[4].legend()
     for name in ("engine", "edges", "loads", "bench", "other"):
         axes[5].plot(minutes, [r[f"{name}_cores"] for r in rows], label=name)
-    axes[5].set_ylabel("cores used")
+    for name in ("engine", "edges", "loads"):
+        key = f"{name}_waiting"
+        if any(key in r for r in rows):
+            values = [r.get(key, float("nan")) for r in rows]
+            axes[5].plot(minutes, values, linestyle="--", label=f"{name} waiting")
+    axes[5].set_ylabel("cores used; threads waiting for one (dashed)")
     axes[5].set_xlabel("minutes")
     axes[5].legend()
     fig.suptitle(title)

@@ -141,6 +141,31 @@ def cpu_seconds(pid: int, tid: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / ticks
 
 
+def runqueue_seconds(pids: Sequence[int]) -> float | None:
+    """Seconds the threads of ``pids`` spent runnable but waiting for a core, summed.
+
+    The second field of Linux's ``/proc/PID/task/TID/schedstat``. A process
+    that waits here is short of CPU, not slow: on a machine whose cores the
+    load generators share with the shard, this is what separates the two.
+    None where the kernel keeps no such statistics; a process that has
+    ended counts for nothing.
+    """
+    total = 0
+    found = False
+    for pid in pids:
+        try:
+            tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                total += int((task / "schedstat").read_text().split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            found = True
+    return total / 1e9 if found else None
+
+
 def machine_busy_seconds() -> float:
     """CPU seconds every core of the machine spent busy (not idle, not waiting on I/O)."""
     fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
@@ -292,6 +317,15 @@ async def stop_shard(shard: Any, drop: Drop) -> None:
         except TimeoutError:
             shard.kill()
     await drop()
+
+
+async def stop_loads(loads: Sequence[Any]) -> None:
+    """Kill every load process still running (a run cut short must not leave its load on)."""
+    for proc in loads:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
 
 
 async def start_load(

@@ -25,6 +25,10 @@ def test_a_stall_lands_in_the_window_of_the_process_that_reported_it(
     cpu0 = {"engine": 0.0, "edges": 0.0, "loads": 0.0, "bench": 0.0, "machine": 0.0}
     cpu1 = {"engine": 2.0, "edges": 5.0, "loads": 4.0, "bench": 1.0, "machine": 15.0}
     cpu2 = {"engine": 4.0, "edges": 10.0, "loads": 8.0, "bench": 2.0, "machine": 34.0}
+    # Seconds each group's threads waited for a core so far: the edge 7 s in the second
+    # window (0.7 threads on average), the engine none.
+    cpu1 |= {"engine.wait": 1.0, "edges.wait": 2.0, "loads.wait": 1.0}
+    cpu2 |= {"engine.wait": 1.0, "edges.wait": 9.0, "loads.wait": 3.0}
     samples = [
         (10.0, 500 * 1024, 40, "1 1 1", 300 * 1024, cpu1),
         (20.0, 520 * 1024, 41, "1 1 1", 310 * 1024, cpu2),
@@ -70,6 +74,13 @@ def test_a_stall_lands_in_the_window_of_the_process_that_reported_it(
     assert (second["engine_cores"], second["edges_cores"], second["loads_cores"]) == (0.2, 0.5, 0.4)
     assert (second["bench_cores"], second["other_cores"]) == (0.1, 0.7)
     assert soak._cores(cpu0, cpu1, 10.0)["other_cores"] == 0.3
+    # Waiting for a core, per group: none before the first sample, then what each waited.
+    assert first["edges_waiting"] == 0.0
+    waiting = (second["engine_waiting"], second["edges_waiting"], second["loads_waiting"])
+    assert waiting == (0.0, 0.7, 0.2)
+    # A kernel that keeps no scheduler statistics leaves the figure out, not zero.
+    plain = {k: v for k, v in cpu1.items() if not k.endswith(".wait")}
+    assert not [k for k in soak._cores(cpu0, plain, 10.0) if k.endswith("_waiting")]
 
 
 def test_a_run_without_edges_or_stalls_reports_zero_stalls() -> None:
