@@ -17,9 +17,10 @@ long collector pauses, a load process's own loop lateness and how long
 its writes waited) are binned into the same 10-s windows afterwards
 (every process uses the system-wide monotonic clock), beside the cores
 each process group used in the window (engine, edges, load, the bench
-itself, and the rest of the machine: Temporal, PostgreSQL, the system),
-so a window of late acks says which process, if any, stalled in it, and
-where the cores went. Prints one JSON line per window and a summary;
+itself, and the rest of the machine: Temporal, PostgreSQL, the system)
+and how many of each group's threads waited for a core, so a window of
+late acks says which process, if any, stalled in it, where the cores
+went, and whether anyone was short of one. Prints one JSON line per window and a summary;
 writes a PNG plot. The shard is its engine process and its edge
 processes (``--edges``, by default the product's: one per core beyond
 the engine's). ``memory_growth`` compares the last window's RSS with the
