@@ -298,7 +298,8 @@ def _cores(
     out["other_cores"] = round(max(0.0, machine - sum(used.values())), 2)
     for name in waits:
         before = previous.get(name + WAIT)
-        if before is not None:
+        # Less than before: a process of the group ended and took its count with it.
+        if before is not None and now[name + WAIT] >= before:
             out[f"{name}_waiting"] = round((now[name + WAIT] - before) / seconds, 2)
     return out
 
@@ -349,7 +350,7 @@ def _plot(rows: list[dict[str, Any]], path: Path, *, title: str) -> None:
         if any(key in r for r in rows):
             values = [r.get(key, float("nan")) for r in rows]
             axes[5].plot(minutes, values, linestyle="--", label=f"{name} waiting")
-    axes[5].set_ylabel("cores used; threads waiting for one (dashed)")
+    axes[5].set_ylabel("cores used;\nthreads waiting (dashed)")
     axes[5].set_xlabel("minutes")
     axes[5].legend()
     fig.suptitle(title)
