@@ -746,8 +746,6 @@ def _emit(scenario: str, metric: str, value: float, unit: str, **extra: Any) -> 
 async def _cpu_wait(groups: dict[str, list[int]], seconds: float) -> dict[str, float]:
     """Per group of processes, the mean number of its threads waiting for a core over
     the next ``seconds`` (``runqueue_seconds``); empty where the kernel does not say."""
-    if seconds <= 0:
-        return {}
     before = {g: runqueue_seconds(pids) for g, pids in groups.items() if pids}
     await asyncio.sleep(seconds)
     after = {g: runqueue_seconds(pids) for g, pids in groups.items() if pids}
@@ -776,6 +774,7 @@ async def _scenario(
     shard, drop = await start_shard(stack, child)
     assert shard.stdout is not None
     loads: list[Any] = []
+    waiting: asyncio.Task[dict[str, float]] | None = None
     try:
         ready = await json_line(shard.stdout, 120)
         address, pid = ready["address"], int(ready["pid"])
@@ -814,9 +813,10 @@ async def _scenario(
         cpu0 = cpu_seconds(pid)
         edges0 = sum(cpu_seconds(p) for p in edge_pids)
         split0 = {k: cpu_seconds(pid, tid) for k, tid in threads.items() if tid}
-        groups = {"engine": [pid], "edges": edge_pids, "load": [proc.pid for proc in loads]}
-        # Read before the load processes end (they exit as they report).
-        waiting = asyncio.create_task(_cpu_wait(groups, seconds * 0.9 if mode != "idle" else 0))
+        if mode != "idle":
+            groups = {"engine": [pid], "edges": edge_pids, "load": [proc.pid for proc in loads]}
+            # Read before the load processes end (they exit as they report).
+            waiting = asyncio.create_task(_cpu_wait(groups, seconds * 0.9))
         for proc in loads:
             assert proc.stdout is not None
             results.append(await json_line(proc.stdout, seconds + 120))
@@ -830,6 +830,10 @@ async def _scenario(
         rss_after = _rss(pid, edge_pids)
         shard.send_signal(signal.SIGTERM)
         stats = await json_line(shard.stdout, 60)
+    except BaseException:
+        if waiting is not None:
+            waiting.cancel()
+        raise
     finally:
         await stop_loads(loads)
         await stop_shard(shard, drop)
@@ -875,7 +879,7 @@ async def _scenario(
         parts = {f"{k}_us": round(v * per, 1) for k, v in split.items()}
         parts["other_us"] = round((cpu - sum(split.values())) * per, 1)
         _emit(name, "cpu_per_rollup", cpu * per, "us", **parts, **common)
-        wait = await waiting
+        wait = await waiting if waiting is not None else {}
         if wait:
             # Threads runnable but given no core, on average: the shard's (engine and
             # edges) as the value, each group beside it. A tail with the shard waiting

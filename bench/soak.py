@@ -20,13 +20,13 @@ each process group used in the window (engine, edges, load, the bench
 itself, and the rest of the machine: Temporal, PostgreSQL, the system)
 and how many of each group's threads waited for a core, so a window of
 late acks says which process, if any, stalled in it, where the cores
-went, and whether anyone was short of one. Prints one JSON line per window and a summary;
-writes a PNG plot. The shard is its engine process and its edge
-processes (``--edges``, by default the product's: one per core beyond
-the engine's). ``memory_growth`` compares the last window's RSS with the
-RSS when warm-up ends (the first fifth of the run, at least one minute):
-issue 20 asks at most 5 % over an hour. ``make bench`` runs the 5-minute
-version; the hour is ``--minutes 60`` on a quiet machine.
+went, and whether anyone was short of one. Prints one JSON line per
+window and a summary; writes a PNG plot. The shard is its engine process
+and its edge processes (``--edges``, by default the product's: one per
+core beyond the engine's). ``memory_growth`` compares the last window's
+RSS with the RSS when warm-up ends (the first fifth of the run, at least
+one minute): issue 20 asks at most 5 % over an hour. ``make bench`` runs
+the 5-minute version; the hour is ``--minutes 60`` on a quiet machine.
 """
 
 from __future__ import annotations

@@ -78,10 +78,10 @@ def test_a_stall_lands_in_the_window_of_the_process_that_reported_it(
     assert first["edges_waiting"] == 0.0
     waiting = (second["engine_waiting"], second["edges_waiting"], second["loads_waiting"])
     assert waiting == (0.0, 0.7, 0.2)
-    # A kernel that keeps no scheduler statistics leaves the figure out, not zero.
     # A group whose process ended (the load, as the run stops) says nothing of its wait.
     ended = soak._cores(cpu2, cpu2 | {"loads.wait": 0.5}, 10.0)
     assert "loads_waiting" not in ended and ended["edges_waiting"] == 0.0
+    # A kernel that keeps no scheduler statistics leaves the figure out, not zero.
     plain = {k: v for k, v in cpu1.items() if not k.endswith(".wait")}
     assert not [k for k in soak._cores(cpu0, plain, 10.0) if k.endswith("_waiting")]
 
