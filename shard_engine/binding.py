@@ -31,6 +31,7 @@ does not make the cluster's claims be computed again (``holds``).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import accumulate
 
 import numpy as np
 import numpy.typing as npt
@@ -251,8 +252,7 @@ class PoolCodes:
 
         # All stale pools in one compiled pass, their members laid end to end.
         parts = [pools.members(pool) for pool in stale.tolist()]
-        offsets = np.zeros(len(parts) + 1, dtype=np.int64)
-        np.cumsum([len(part) for part in parts], out=offsets[1:])
+        offsets = np.array([0, *accumulate(len(part) for part in parts)], dtype=np.int64)
         found, many, widths = kernels.member_codes_many(np.concatenate(parts), offsets, codes)
         top = found.shape[1]
         if top > self.code.shape[1]:

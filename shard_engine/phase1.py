@@ -69,7 +69,7 @@ def demand_supply(demand: Demand, supply: npt.NDArray[np.int64], alloc: FloatArr
     A machine counts for what it holds of the need in whole units
     (``shard_engine.usable``), not for its allocatable.
     """
-    held = np.flatnonzero(supply)
+    held = supply.nonzero()[0]
     if len(held) == 0:
         return np.zeros_like(demand.aggregate)
     weights = demand.matrix[:, held] * supply[held]
@@ -126,7 +126,7 @@ def cluster_have(
             sheet.rebinds.pop(cluster, None)
     deficit = demand.aggregate - have
     slack = demand.slack(tolerance)
-    short: list[int] = np.flatnonzero((deficit > slack).any(axis=1)).tolist()
+    short: list[int] = np.logical_or.reduce(deficit > slack, axis=1).nonzero()[0].tolist()
     if not touched:
         sheet.memo.have[cluster] = (key, have, short)
     return have, short
@@ -235,7 +235,7 @@ def _need_have(
     row: FloatArray | None = None,
 ) -> FloatArray:
     supply: FloatArray = sheet.supply_row(demand.cluster).astype(np.float64) if row is None else row
-    held = np.flatnonzero(supply * mask)
+    held = (supply * mask).nonzero()[0]
     usable = usable_shapes(alloc[held], demand.min_unit[index : index + 1])[0]
     result = combine(supply[held], usable)
     return result
@@ -316,7 +316,7 @@ def assign(
             have = _need_have(demand, index, mask, sheet, alloc, own)
         deficit = aggregate - have
         deficit = np.where(deficit > demand.slack(tolerance)[index], deficit, 0.0)
-        if block and deficit.any():
+        if block and np.count_nonzero(deficit):
             # A gang no domain can hold is short of a whole domain, not of the sum of
             # what several domains lack: it asks the coordinator for all of it, which
             # one donor's rack can then give whole (ADR 0126). A pinned gang (its
@@ -331,9 +331,9 @@ def assign(
                     before, arrivals, deficit.copy(), mask, block, scope
                 )
             continue
-        if block or not deficit.any():
+        if block or not np.count_nonzero(deficit):
             sheet.memo.starved.pop(starved_key, None)
-            if fleet is not None and not deficit.any():
+            if fleet is not None and not np.count_nonzero(deficit):
                 fleet.met(demand.cluster, demand.keys[index])
             continue
         spread = None
@@ -348,9 +348,9 @@ def assign(
             )
         if spread is None:
             # A need with a unit is covered by units hosted (shape per pod, ADR 0127).
-            unit = demand.min_unit[index] if demand.min_unit[index].any() else None
+            unit = demand.min_unit[index] if np.count_nonzero(demand.min_unit[index]) else None
             for tier in (TIER_IDLE, TIER_SPECULATIVE):
-                if not deficit.any():
+                if not np.count_nonzero(deficit):
                     break
                 if (
                     tier == TIER_SPECULATIVE
@@ -365,7 +365,7 @@ def assign(
                 ):
                     awaiting = True
                     break
-                candidates = np.flatnonzero(mask & (sheet.free[tier] > 0))
+                candidates = (mask & (sheet.free[tier] > 0)).nonzero()[0]
                 if len(candidates) == 0:
                     continue
                 cost = effective_cost(
@@ -397,13 +397,13 @@ def assign(
             deficit, blocked, took = _fill_spread(
                 sheet, demand, index, mask, deficit, spread, catalog, tolerance, max_spread_steps
             )
-            if blocked and deficit.any():
+            if blocked and np.count_nonzero(deficit):
                 block = "hard topology spread leaves no allowed domain with free capacity"
-        if deficit.any():
+        if np.count_nonzero(deficit):
             pending.append(
                 PendingNeed(demand, index, deficit, mask, block, awaiting_transfer=awaiting)
             )
-        if untouched and not took and deficit.any() and not awaiting:
+        if untouched and not took and np.count_nonzero(deficit) and not awaiting:
             sheet.memo.starved[starved_key] = Starved(
                 before, arrivals, deficit.copy(), mask, block, scope
             )

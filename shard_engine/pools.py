@@ -133,8 +133,10 @@ class Pools:
         size = int(self.counts[pool])
         stack = self._stacks[pool]
         if size == len(stack):
-            stack = np.resize(stack, max(8, size + size // 4))
-            self._stacks[pool] = stack
+            # Doubling keeps growth amortised; np.resize would also cost ~5x a plain copy.
+            grown = np.empty(max(8, 2 * size), dtype=stack.dtype)
+            grown[:size] = stack
+            self._stacks[pool] = stack = grown
         stack[size] = row
         self._pos[row] = size
         self.counts[pool] = size + 1

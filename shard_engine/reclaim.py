@@ -171,7 +171,7 @@ def _settled_have(
     In whole units where the need has one (``shard_engine.usable``), so what a
     machine strands for a need is never excess the need could give up.
     """
-    held = np.flatnonzero(settled[: matrix.shape[1]])
+    held = settled[: matrix.shape[1]].nonzero()[0]
     if len(held) == 0:
         return np.zeros((matrix.shape[0], alloc.shape[1]))
     return have_rows(matrix[:, held] * settled[held], usable_shapes(alloc[held], units))
@@ -270,7 +270,7 @@ def reclaim_excess(
             else counts.copy()
         )
         live = available > 0
-        if not live.any():
+        if not np.count_nonzero(live):
             if record:
                 memory.streaks.pop(cluster, None)
             _mark_quiet(sheet, memory, demand, touched=touched, until=math.inf)
@@ -305,7 +305,7 @@ def reclaim_excess(
         surplus = have - peaks.aggregate
         surplus -= config.reclaim_swing_margin * peaks.swing
         surplus += tolerance * np.maximum(peaks.aggregate, 1.0)
-        moving = np.flatnonzero(supply - settled > 0)
+        moving = (supply - settled > 0).nonzero()[0]
         moving = moving[moving < peaks.matrix.shape[1]]
         if len(moving) and peaks.matrix.shape[0]:
             arriving = peaks.matrix[:, moving].any(axis=1)
@@ -321,7 +321,7 @@ def reclaim_excess(
         # it, so a machine leaves the surplus at it too (not at its allocatable).
         usable = usable_shapes(alloc[profiles], units)
         bound = excess_groups(peaks.matrix, surplus, profiles, usable)
-        if not (bound > 0).any():
+        if not np.count_nonzero(bound > 0):
             if record:
                 memory.streaks.pop(cluster, None)
             if not explicit:  # a new list with the same needs must be looked at again
@@ -353,7 +353,7 @@ def reclaim_excess(
         )
         if record:
             memory.streaks[cluster] = streaks
-        if not (ready > 0).any():
+        if not np.count_nonzero(ready > 0):
             continue  # examined again next cycle, to count the streak
 
         configured = int(counts.sum())
@@ -420,7 +420,7 @@ def reclaim_excess(
             if peaks.matrix.shape[0] and profile < width:
                 matches = peaks.matrix[:, profile]
                 surplus[matches] -= len(rows) * usable[matches, position]
-                shrunk.update(np.flatnonzero(matches).tolist())
+                shrunk.update(matches.nonzero()[0].tolist())
             if record and profile in streaks:
                 # What went is no longer excess; a streak used up ends, so the next
                 # scale-down starts a streak of its own instead of inheriting zero.
@@ -511,7 +511,7 @@ def _take_old_enough(
     skip = sheet.consumed.get(pool, 0)
     if named is None:
         tail = pools.tail(pool, skip, machines)
-        if len(tail) and (inventory.since[tail] <= oldest_since).all():
+        if len(tail) and np.count_nonzero(inventory.since[tail] <= oldest_since) == len(tail):
             sheet.take_tail(key, pool, tail)  # what ``sheet.take`` would read again
             return tail, pool, True
     members = pools.members(pool)[: pools.count(pool) - skip]
@@ -523,7 +523,7 @@ def _take_old_enough(
         return _NO_ROWS, pool, False
     since = inventory.since[offered]
     old = since <= oldest_since
-    if not old.any():
+    if not np.count_nonzero(old):
         return float(since.min() - oldest_since)
     rows = sheet.take_named(key, set(offered[old].tolist()), machines)
     return rows, pool, False

@@ -160,8 +160,8 @@ def cover_by_units(
     hosted = units_hosted(alloc, unit)
     units = units_wanted(deficit, unit)
     picks: list[Pick] = []
-    while units > 0 or deficit.any():
-        live = np.flatnonzero((left > 0) & (hosted > 0))
+    while units > 0 or np.count_nonzero(deficit):
+        live = ((left > 0) & (hosted > 0)).nonzero()[0]
         if len(live) == 0:
             break
         per = hosted[live]
@@ -200,7 +200,7 @@ def cover_in_order(
     deficit = settle_deficit(deficit.copy(), aggregate, tolerance)
     picks: list[Pick] = []
     for group in order.tolist():
-        if not deficit.any():
+        if not np.count_nonzero(deficit):
             break
         have = int(available[group])
         if have <= 0:

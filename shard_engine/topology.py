@@ -71,8 +71,8 @@ def _distinct(codes: CodeArray) -> tuple[CodeArray, CodeArray]:
         return uniq, dense.reshape(-1)
     present = np.zeros(size, dtype=np.bool_)
     present[codes] = True
-    rank = np.cumsum(present) - 1
-    return np.flatnonzero(present).astype(np.int64), rank[codes].astype(np.int64)
+    rank = present.cumsum() - 1
+    return present.nonzero()[0].astype(np.int64), rank[codes].astype(np.int64)
 
 
 def distinct_rows(table: CodeArray) -> tuple[CodeArray, CodeArray]:

@@ -172,7 +172,7 @@ class Worksheet:
         from shard_engine import kernels  # numba loads with the first count, not with the CLI
 
         placed: npt.NDArray[np.float64] = kernels.columns_of(found[0], found[1], columns)
-        return placed if placed.any() else None
+        return placed if np.count_nonzero(placed) else None
 
     def _counted(self, cluster: int, keys: Sequence[str], *, settled_only: bool) -> Counted | None:
         """:meth:`bound` per profile counted (``kernels.bound_tally``), kept while it holds."""
