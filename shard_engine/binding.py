@@ -248,7 +248,7 @@ class PoolCodes:
         stale = mine[self.generation[mine] != now]
         if len(stale) == 0:
             return
-        from shard_engine import kernels  # numba loads with the first count, not with the CLI
+        import shard_engine.kernels as kernels  # numba loads with the first count, not with the CLI
 
         # All stale pools in one compiled pass, their members laid end to end.
         parts = [pools.members(pool) for pool in stale.tolist()]

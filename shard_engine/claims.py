@@ -110,7 +110,7 @@ def claim(
     width = min(len(supply), matrix.shape[1])
     if matrix.shape[0] < 2:
         return None
-    from shard_engine import kernels  # numba loads with the first claim, not with the CLI
+    import shard_engine.kernels as kernels  # numba loads with the first claim, not with the CLI
 
     held, sub, shapes, counts, several = kernels.gather(
         np.ascontiguousarray(matrix, dtype=np.bool_),

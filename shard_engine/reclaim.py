@@ -136,7 +136,7 @@ def excess_groups(
     need; a profile no need matches is unbounded (``2**62``). Compiled
     (``kernels.excess``).
     """
-    from shard_engine import kernels  # numba loads with the first cycle, not with the CLI
+    import shard_engine.kernels as kernels  # numba loads with the first cycle, not with the CLI
 
     return kernels.excess(
         np.ascontiguousarray(matrix),
@@ -150,7 +150,7 @@ def _excess_of(
     matrix: BoolArray, surplus: FloatArray, profile: int, usable: FloatArray, position: int
 ) -> int:
     """:func:`excess_groups` for one profile (Phase 3 asks again as it takes)."""
-    from shard_engine import kernels  # numba loads with the first cycle, not with the CLI
+    import shard_engine.kernels as kernels  # numba loads with the first cycle, not with the CLI
 
     return int(
         kernels.excess_one(
@@ -418,9 +418,9 @@ def reclaim_excess(
             changed = True
             sheet.move_supply(cluster, profile, -len(rows))
             if peaks.matrix.shape[0] and profile < width:
-                matches = peaks.matrix[:, profile]
+                matches = peaks.matrix[:, profile].nonzero()[0]
                 surplus[matches] -= len(rows) * usable[matches, position]
-                shrunk.update(matches.nonzero()[0].tolist())
+                shrunk.update(matches.tolist())
             if record and profile in streaks:
                 # What went is no longer excess; a streak used up ends, so the next
                 # scale-down starts a streak of its own instead of inheriting zero.

@@ -55,8 +55,8 @@ def _settled(
     deficit: FloatArray, aggregate: FloatArray, tolerance: float
 ) -> tuple[FloatArray, FloatArray]:
     """:func:`settle_deficit` and the slack it used (what the compiled covers take)."""
-    slack = (tolerance * np.maximum(aggregate, 1.0)).astype(np.float64)
-    return np.where(deficit > slack, deficit, 0.0).astype(np.float64), slack
+    slack = (tolerance * np.maximum(aggregate, 1.0)).astype(np.float64, copy=False)
+    return np.where(deficit > slack, deficit, 0.0).astype(np.float64, copy=False), slack
 
 
 def cover_by_cost(
@@ -83,7 +83,7 @@ def cover_by_cost(
     a thousand, with the same arithmetic and tie-breaks (the numpy and the
     plain-Python formulations are the tests' oracles).
     """
-    from shard_engine import kernels  # numba loads with the first cycle, not with the CLI
+    import shard_engine.kernels as kernels  # numba loads with the first cycle, not with the CLI
 
     dims = len(deficit)
     picks, need = kernels.cover(
@@ -245,7 +245,7 @@ def cover_with_spread(
     call, because the deficit only shrinks. ``spread`` is updated with the
     picks, as one machine at a time would.
     """
-    from shard_engine import kernels  # numba loads with the first cycle, not with the CLI
+    import shard_engine.kernels as kernels  # numba loads with the first cycle, not with the CLI
 
     count = len(available)
     kinds = len(spread.codes)

@@ -47,7 +47,7 @@ def usable_shapes(shapes: FloatArray, units: FloatArray) -> FloatArray:
     fewest counts ``hosted × unit`` (at most the allocatable). A loop per
     need and profile, compiled (``kernels.usable``, ADR 0162).
     """
-    from shard_engine import kernels  # numba loads with the first cycle, not with the CLI
+    import shard_engine.kernels as kernels  # numba loads with the first cycle, not with the CLI
 
     result: FloatArray = kernels.usable(
         np.ascontiguousarray(shapes, dtype=np.float64),
@@ -62,7 +62,7 @@ def have_rows(weights: npt.ArrayLike, usable: FloatArray) -> FloatArray:
     The same order of additions as :func:`shard_engine.linear.combine`, so a
     need without a unit gets bit-for-bit what ``combine`` gives.
     """
-    from shard_engine import kernels
+    import shard_engine.kernels as kernels
 
     result: FloatArray = kernels.have_rows(
         np.ascontiguousarray(weights, dtype=np.float64),

@@ -169,7 +169,7 @@ class Worksheet:
         found = self._counted(cluster, keys, settled_only=settled_only)
         if found is None:
             return None
-        from shard_engine import kernels  # numba loads with the first count, not with the CLI
+        import shard_engine.kernels as kernels  # numba loads with the first count, not with the CLI
 
         placed: npt.NDArray[np.float64] = kernels.columns_of(found[0], found[1], columns)
         return placed if np.count_nonzero(placed) else None
@@ -220,7 +220,7 @@ class Worksheet:
         if cluster not in self._refreshed:  # nothing moves between pools within a cycle
             kept.refresh(pools, mine, codes)
             self._refreshed.add(cluster)
-        from shard_engine import kernels  # numba loads with the first count, not with the CLI
+        import shard_engine.kernels as kernels  # numba loads with the first count, not with the CLI
 
         minus = self._not_counted(cluster, mine)
         # Compiled for writeable arrays: an empty one is the kernels' own.
