@@ -121,6 +121,9 @@ class Worksheet:
     _named: dict[int, tuple[int, int]] = field(default_factory=dict)
     # Clusters whose pools' counts per binding code were brought up to date.
     _refreshed: set[int] = field(default_factory=set)
+    # Per cluster no move touched yet, its supply row as the inventory holds it, read
+    # once a cycle (the inventory does not change until the commit); never written to.
+    _unmoved: dict[int, npt.NDArray[np.int64]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.free[TIER_IDLE] = self.inventory.free_idle.astype(np.int64)
@@ -132,7 +135,10 @@ class Worksheet:
         row = self.supply.get(cluster)
         if row is not None:
             return row
-        return self.inventory.supply_row(cluster).astype(np.int64)
+        row = self._unmoved.get(cluster)
+        if row is None:
+            row = self._unmoved[cluster] = self.inventory.supply_row(cluster).astype(np.int64)
+        return row
 
     def touched(self, cluster: int) -> bool:
         """True when this cycle moved supply toward or away from ``cluster``."""
