@@ -105,7 +105,7 @@ class Bindings:
             self.unbind(index)
             return
         self._fit(int(index.max()))
-        self._changed(index)
+        self._changed(index, bumped={cluster})
         self._rows[index] = self._code(cluster, key)
         self._changes[cluster] = self._changes.get(cluster, 0) + 1
         if self.on_change is not None:
@@ -131,7 +131,7 @@ class Bindings:
             [len(rows) for rows, _, _ in placing],
         )
         self._fit(int(index.max()))
-        self._changed(index)
+        self._changed(index, bumped={c for _, c, _ in placing})
         self._rows[index] = codes
         for _, cluster, _ in placing:
             self._changes[cluster] = self._changes.get(cluster, 0) + 1
@@ -147,15 +147,25 @@ class Bindings:
         if self.on_change is not None and len(index):
             self.on_change(index)
 
-    def _changed(self, index: IntArray) -> None:
-        """Count a change for every cluster some of ``index`` are bound to now and count for."""
+    def _changed(self, index: IntArray, bumped: set[int] | None = None) -> None:
+        """Count a change for every cluster some of ``index`` are bound to now and count for.
+
+        ``bumped`` are clusters the caller counts a change for anyway (the
+        clusters it binds to): a version is only compared for equality, so
+        rows bound to them need no ``holds`` check. A rebind moves rows within
+        one cluster, so it checks none.
+        """
         codes = self._rows[index]
         bound = codes >= 0
-        if not bound.any():  # the usual case: new machines, bound for the first time
+        if not np.count_nonzero(bound):  # the usual case: new machines, bound for the first time
             return
+        rows = index[bound]
         clusters = self._cluster[codes[bound]].astype(np.int64)
-        if self.holds is not None:
-            clusters = clusters[self.holds(index[bound], clusters)]
+        if bumped:
+            other = ~np.isin(clusters, np.fromiter(bumped, np.int64, len(bumped)))
+            rows, clusters = rows[other], clusters[other]
+        if self.holds is not None and len(rows):
+            clusters = clusters[self.holds(rows, clusters)]
         for cluster in np.unique(clusters).tolist():
             self._changes[cluster] = self._changes.get(cluster, 0) + 1
 
