@@ -162,12 +162,9 @@ class Bindings:
         rows = index[bound]
         clusters = self._cluster[codes[bound]].astype(np.int64)
         if bumped:  # clusters are never negative here
-            if len(bumped) == 1:
-                other = clusters != next(iter(bumped))
-            else:
-                known = np.zeros(max(int(clusters.max()), *bumped) + 1, dtype=np.bool_)
-                known[list(bumped)] = True
-                other = ~known[clusters]
+            known = np.zeros(max(int(clusters.max()), *bumped) + 1, dtype=np.bool_)
+            known[list(bumped)] = True
+            other = ~known[clusters]
             rows, clusters = rows[other], clusters[other]
         if self.holds is not None and len(rows):
             clusters = clusters[self.holds(rows, clusters)]
