@@ -31,7 +31,6 @@ does not make the cluster's claims be computed again (``holds``).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from itertools import accumulate
 
 import numpy as np
 import numpy.typing as npt
@@ -256,24 +255,26 @@ class PoolCodes:
             self.width = np.resize(self.width, size)
             self.code = _grown(self.code, size, self.code.shape[1])
             self.count = _grown(self.count, size, self.count.shape[1])
-        now = pools.generation[mine]
-        stale = mine[self.generation[mine] != now]
-        if len(stale) == 0:
-            return
         import shard_engine.kernels as kernels  # numba loads with the first count, not with the CLI
 
-        # All stale pools in one compiled pass, their members laid end to end.
-        parts = [pools.members(pool) for pool in stale.tolist()]
-        offsets = np.array([0, *accumulate(len(part) for part in parts)], dtype=np.int64)
-        found, many, widths = kernels.member_codes_many(np.concatenate(parts), offsets, codes)
-        top = found.shape[1]
-        if top > self.code.shape[1]:
-            self.code = _grown(self.code, len(self.code), top)
-            self.count = _grown(self.count, len(self.count), top)
-        self.code[stale, :top] = found
-        self.count[stale, :top] = many
-        self.width[stale] = widths
-        self.generation[stale] = pools.generation[stale]
+        # The stale pools counted in one compiled pass over the pools' arena, in place.
+        while True:
+            wider = kernels.refresh_codes(
+                mine,
+                pools.generation,
+                pools.arena,
+                pools.begin,
+                pools.counts,
+                codes,
+                self.generation,
+                self.width,
+                self.code,
+                self.count,
+            )
+            if not wider:
+                return
+            self.code = _grown(self.code, len(self.code), wider)
+            self.count = _grown(self.count, len(self.count), wider)
 
 
 def _grown(table: IntArray, rows: int, columns: int) -> IntArray:

@@ -92,6 +92,8 @@ def claim(
     alloc: FloatArray,
     bound: Callable[[IntArray], FloatArray | None] | None = None,
     priority: IntArray | None = None,
+    *,
+    counted: Callable[[], tuple[IntArray, FloatArray] | None] | None = None,
 ) -> Claims | None:
     """The needs' claims on the cluster's ``supply``, or None when no held machine is shared.
 
@@ -106,11 +108,20 @@ def claim(
     what strictly lower-priority needs claimed, the lowest first: the
     cluster's scheduler puts its higher-priority pods first, so the lowest
     need is the one shown short (``Claims.displaced`` says what moved).
+
+    ``counted``, given instead of ``bound``, reads the bound machines per
+    (need, profile) over every profile they are on, without the held
+    profiles (``Worksheet.counted``: sorted profiles, one column each): the
+    claim is then one compiled call (``kernels.claim_all``), the same
+    result as with the equivalent ``bound``.
     """
     width = min(len(supply), matrix.shape[1])
     if matrix.shape[0] < 2:
         return None
     import shard_engine.kernels as kernels  # numba loads with the first claim, not with the CLI
+
+    if counted is not None:
+        return _claim_at_once(matrix, aggregate, supply, alloc, width, counted(), priority)
 
     held, sub, shapes, counts, several = kernels.gather(
         np.ascontiguousarray(matrix, dtype=np.bool_),
@@ -133,5 +144,37 @@ def claim(
         np.ascontiguousarray(priority, dtype=np.int64) if ranked else kernels.NO_PRIORITY,
         ranked,
     )
+    displaced = tuple((int(j), int(i), int(p), m) for j, i, p, m in moves.tolist())
+    return Claims(held, own, sub, shapes, displaced)
+
+
+def _claim_at_once(
+    matrix: BoolArray,
+    aggregate: FloatArray,
+    supply: IntArray,
+    alloc: FloatArray,
+    width: int,
+    found: tuple[IntArray, FloatArray] | None,
+    priority: IntArray | None,
+) -> Claims | None:
+    """:func:`claim` with its bound machines already read, as one compiled call."""
+    import shard_engine.kernels as kernels
+
+    needs = matrix.shape[0]
+    ranked = priority is not None and len(priority) >= needs
+    shared, held, sub, shapes, own, moves = kernels.claim_all(
+        np.ascontiguousarray(matrix, dtype=np.bool_),
+        np.ascontiguousarray(supply, dtype=np.int64),
+        np.asarray(alloc, dtype=np.float64),  # the catalog's columns: a view, not copied
+        width,
+        np.ascontiguousarray(aggregate[:needs], dtype=np.float64),
+        kernels.NOTHING if found is None else found[0],
+        kernels.NO_PLACED if found is None else found[1],
+        found is not None,
+        np.ascontiguousarray(priority, dtype=np.int64) if ranked else kernels.NO_PRIORITY,
+        ranked,
+    )
+    if not shared:
+        return None
     displaced = tuple((int(j), int(i), int(p), m) for j, i, p, m in moves.tolist())
     return Claims(held, own, sub, shapes, displaced)

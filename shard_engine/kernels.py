@@ -38,6 +38,7 @@ __all__ = [
     "NO_PRIORITY",
     "UNBOUNDED",
     "bound_tally",
+    "claim_all",
     "columns_of",
     "cover",
     "divide",
@@ -46,6 +47,7 @@ __all__ = [
     "gather",
     "have_rows",
     "member_codes",
+    "refresh_codes",
     "spread_fill",
     "usable",
     "warm",
@@ -103,6 +105,45 @@ def gather(
             shapes[k, d] = alloc[p, d]
         counts[k] = supply[p]
     return held, sub, shapes, counts, several
+
+
+@njit(cache=True)
+def claim_all(
+    matrix: BoolArray,
+    supply: IntArray,
+    alloc: FloatArray,
+    width: int,
+    aggregate: FloatArray,
+    present: IntArray,
+    bound: FloatArray,
+    has_bound: bool,
+    priority: IntArray,
+    ranked: bool,
+) -> tuple[bool, IntArray, BoolArray, FloatArray, FloatArray, FloatArray]:
+    """A whole claim in one call: :func:`gather`, the bound columns, then :func:`divide`.
+
+    ``present`` and ``bound`` are the cluster's bound machines per (need,
+    profile) as ``Worksheet.counted`` keeps them (one column per profile of
+    ``present``), read before the held profiles are known. Returns whether
+    some held machine is shared (when not, the claim is None and the rest is
+    empty), then the held profiles, the matrix and shapes over them, ``own``
+    and what moved. Each step is the separate kernel's own code, so the
+    result is theirs bit for bit; one call instead of three saves a claim
+    the boxing of a dozen arrays between them.
+    """
+    held, sub, shapes, counts, several = gather(matrix, supply, alloc, width)
+    if len(held) == 0 or not several:
+        return False, held, sub, shapes, np.zeros((0, 0)), np.zeros((0, 4))
+    placed = np.zeros((0, 0))
+    has_placed = False
+    if has_bound:
+        placed = columns_of(present, bound, held)
+        for v in placed.ravel():
+            if v != 0.0:
+                has_placed = True
+                break
+    own, moves = divide(sub, counts, shapes, aggregate, placed, has_placed, held, priority, ranked)
+    return True, held, sub, shapes, own, moves
 
 
 @njit(cache=True)
@@ -429,33 +470,42 @@ def member_codes(
 
 
 @njit(cache=True)
-def member_codes_many(
-    members: npt.NDArray[np.int32], offsets: IntArray, codes: npt.NDArray[np.int32]
-) -> tuple[IntArray, IntArray, IntArray]:
-    """:func:`member_codes` for many pools at once, their members laid end to end.
+def refresh_codes(
+    mine: IntArray,
+    generation: IntArray,
+    arena: npt.NDArray[np.int32],
+    begin: IntArray,
+    counts: IntArray,
+    codes: npt.NDArray[np.int32],
+    seen: IntArray,
+    width: IntArray,
+    code: IntArray,
+    count: IntArray,
+) -> int:
+    """Count again, in place, those of pools ``mine`` whose generation moved since ``seen``.
 
-    Pool ``k``'s members are ``members[offsets[k]:offsets[k + 1]]``. Returns
-    tables with a row per pool (its codes, sorted, then zeros; how many rows
-    hold each) and each pool's number of codes.
+    A pool's rows are ``arena[begin[p] : begin[p] + counts[p]]`` (``Pools``);
+    its codes (sorted) and how many rows hold each go to ``code[p]`` and
+    ``count[p]``, how many codes to ``width[p]``, and ``seen[p]`` takes its
+    generation: :func:`member_codes` per pool, the tables ``PoolCodes``
+    keeps. Returns 0, or, when a pool holds more codes than the tables
+    have columns, that many (the pools counted before it are done; the
+    caller widens the tables and calls again for the rest).
     """
-    pools = len(offsets) - 1
-    found = np.zeros((pools, 1), dtype=np.int64)
-    many = np.zeros((pools, 1), dtype=np.int64)
-    widths = np.zeros(pools, dtype=np.int64)
-    for k in range(pools):
-        distinct, counts = member_codes(members[offsets[k] : offsets[k + 1]], codes)
-        width = len(distinct)
-        if width > found.shape[1]:
-            grown = np.zeros((pools, width), dtype=np.int64)
-            grown[:, : found.shape[1]] = found
-            found = grown
-            grown = np.zeros((pools, width), dtype=np.int64)
-            grown[:, : many.shape[1]] = many
-            many = grown
-        found[k, :width] = distinct
-        many[k, :width] = counts
-        widths[k] = width
-    return found, many, widths
+    for k in range(len(mine)):
+        pool = mine[k]
+        if seen[pool] == generation[pool]:
+            continue
+        start = begin[pool]
+        distinct, many = member_codes(arena[start : start + counts[pool]], codes)
+        if len(distinct) > code.shape[1]:
+            return len(distinct)
+        for j in range(len(distinct)):
+            code[pool, j] = distinct[j]
+            count[pool, j] = many[j]
+        width[pool] = len(distinct)
+        seen[pool] = generation[pool]
+    return 0
 
 
 @njit(cache=True)
@@ -907,13 +957,27 @@ def warm() -> None:
         )
     for placed, priority in ((NO_PLACED, NO_PRIORITY), (np.ones((2, 3)), np.array([2, 1]))):
         divide(sub, counts, shapes, np.ones((2, 2)), placed, True, held, priority, True)
+        for alloc in (np.ones((3, 2)), np.ones((3, 4))[:, :2]):
+            claim_all(
+                np.ones((2, 3), dtype=np.bool_),
+                np.ones(3, dtype=np.int64),
+                alloc,
+                3,
+                np.ones((2, 2)),
+                held,
+                placed,
+                True,
+                priority,
+                True,
+            )
     codes = np.zeros(3, dtype=np.int32)
     lookup = np.zeros(1, dtype=np.int64)
     have_rows(np.ones((2, 3)), usable(shapes, np.ones((2, 2))))
     found, many = member_codes(np.arange(3, dtype=np.int32), codes)
-    member_codes_many(np.arange(3, dtype=np.int32), np.array([0, 1, 3], dtype=np.int64), codes)
     rows = np.arange(3, dtype=np.int64)
     table = np.zeros((3, 1), dtype=np.int64)
+    arena = np.arange(3, dtype=np.int32)
+    refresh_codes(rows, rows, arena, rows, rows, codes, rows, rows, table, table)
     for column in (np.zeros(3, dtype=np.int16), np.zeros(3, dtype=np.int32)):
         present, counted = bound_tally(
             found, codes, many, table, table, rows, rows, rows, column, codes, lookup, 1

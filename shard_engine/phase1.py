@@ -28,6 +28,7 @@ one need become one batched :class:`Provision` (recorded as segments of an
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 import numpy.typing as npt
@@ -165,6 +166,15 @@ def claims_now(
 def _claim(
     sheet: Worksheet, demand: Demand, supply: npt.NDArray[np.int64], alloc: FloatArray
 ) -> Claims | None:
+    if not any(demand.pinned):  # the bindings as counted: the claim is one compiled call
+        return claim(
+            demand.matrix,
+            demand.aggregate,
+            supply,
+            alloc,
+            priority=demand.priority,
+            counted=partial(sheet.counted, demand.cluster, demand.keys),
+        )
     return claim(
         demand.matrix,
         demand.aggregate,

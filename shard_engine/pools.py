@@ -2,7 +2,8 @@
 
 A phase never scans half a million rows. It asks for "idle machines of
 profile 17" or "configured machines of cluster 4, profile 17" and takes some
-from the end of that pool. Each pool is a growable ``int32`` array of rows;
+from the end of that pool. Each pool is a growable stack of ``int32`` rows
+(all of them in one arena, so a compiled pass can read many pools at once);
 each row remembers its position, and the inventory can always say which
 pool a row is in (it is a function of the row's columns), so removing a
 machine is a swap with the pool's last element. Every machine is in at most
@@ -46,7 +47,17 @@ class Pools:
     def __init__(self) -> None:
         self._keys: list[PoolKey] = []
         self._id_of: dict[PoolKey, int] = {}
-        self._stacks: list[IntArray] = []
+        # Every pool's stack lives in one arena: pool ``p``'s rows are
+        # ``arena[begin[p] : begin[p] + counts[p]]``, with room for ``_room[p]``.
+        # A compiled pass can then read any pool's rows (``PoolCodes``). A stack
+        # that outgrows its room moves to the arena's end with twice the room;
+        # the room it left is not reused (a pool's room only grows, so what is
+        # left behind is at most what the pools hold room for).
+        self._arena: IntArray = np.empty(1024, dtype=np.int32)
+        self._used = 0
+        self.begin: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
+        self._begin: list[int] = []
+        self._room: list[int] = []
         self.counts: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
         self.tier: npt.NDArray[np.int8] = np.zeros(0, dtype=np.int8)
         self.cluster: IntArray = np.zeros(0, dtype=np.int32)
@@ -75,15 +86,18 @@ class Pools:
             found = len(self._keys)
             self._keys.append(key)
             self._id_of[key] = found
-            self._stacks.append(np.empty(4, dtype=np.int32))
+            self._begin.append(0)
+            self._room.append(0)
             if found >= len(self.counts):
                 capacity = max(16, 2 * len(self.counts))
+                self.begin = np.resize(self.begin, capacity)
                 self.counts = np.resize(self.counts, capacity)
                 self.tier = np.resize(self.tier, capacity)
                 self.cluster = np.resize(self.cluster, capacity)
                 self.profile = np.resize(self.profile, capacity)
                 self.generation = np.resize(self.generation, capacity)
             self.counts[found] = 0
+            self._move(found, 0, 4)
             self.generation[found] = 0
             self.tier[found] = key.tier
             self.cluster[found] = key.cluster
@@ -119,25 +133,48 @@ class Pools:
 
     def members(self, pool: int) -> IntArray:
         """Rows in the pool (a view; do not keep across mutations)."""
-        return self._stacks[pool][: int(self.counts[pool])]
+        begin = self._begin[pool]
+        return self._arena[begin : begin + int(self.counts[pool])]
+
+    @property
+    def arena(self) -> IntArray:
+        """Every pool's rows: pool ``p``'s are ``arena[begin[p] : begin[p] + counts[p]]``.
+
+        For compiled passes over many pools; do not keep across mutations.
+        """
+        return self._arena
 
     def tail(self, pool: int, skip: int, take: int) -> npt.NDArray[np.int64]:
         """``take`` rows from the end of the pool after skipping ``skip`` already taken."""
+        begin = self._begin[pool]
         end = int(self.counts[pool]) - skip
         start = max(0, end - take)
-        return self._stacks[pool][start:end][::-1].astype(np.int64)
+        return self._arena[begin + start : begin + end][::-1].astype(np.int64)
+
+    def _move(self, pool: int, size: int, room: int) -> int:
+        """Give ``pool`` room for ``room`` rows at the arena's end, its ``size`` rows with it."""
+        begin = self._used
+        if begin + room > len(self._arena):
+            # Doubling keeps growth amortised; np.resize would also cost ~5x a plain copy.
+            grown = np.empty(max(2 * len(self._arena), begin + room), dtype=np.int32)
+            grown[:begin] = self._arena[:begin]
+            self._arena = grown
+        old = self._begin[pool]
+        self._arena[begin : begin + size] = self._arena[old : old + size]
+        self._begin[pool] = begin
+        self.begin[pool] = begin
+        self._room[pool] = room
+        self._used = begin + room
+        return begin
 
     # -- membership ---------------------------------------------------------------
     def add(self, row: int, pool: int) -> None:
         """Put ``row`` into ``pool`` (it must not be in any pool)."""
         size = int(self.counts[pool])
-        stack = self._stacks[pool]
-        if size == len(stack):
-            # Doubling keeps growth amortised; np.resize would also cost ~5x a plain copy.
-            grown = np.empty(max(8, 2 * size), dtype=stack.dtype)
-            grown[:size] = stack
-            self._stacks[pool] = stack = grown
-        stack[size] = row
+        begin = self._begin[pool]
+        if size == self._room[pool]:
+            begin = self._move(pool, size, max(8, 2 * size))
+        self._arena[begin + size] = row
         self._pos[row] = size
         self.counts[pool] = size + 1
         self.generation[pool] += 1
@@ -152,7 +189,8 @@ class Pools:
         count = len(rows)
         if count > size:
             return False
-        tail = self._stacks[pool][size - count : size]
+        begin = self._begin[pool]
+        tail = self._arena[begin + size - count : begin + size]
         if not np.array_equal(np.sort(tail), np.sort(np.asarray(rows, dtype=np.int32))):
             return False
         self.counts[pool] = size - count
@@ -174,11 +212,11 @@ class Pools:
 
     def remove(self, row: int, pool: int) -> None:
         """Take ``row`` out of ``pool`` (the pool the inventory says it is in)."""
-        stack = self._stacks[pool]
+        begin = self._begin[pool]
         last = int(self.counts[pool]) - 1
         at = int(self._pos[row])
-        moved = int(stack[last])
-        stack[at] = moved
+        moved = int(self._arena[begin + last])
+        self._arena[begin + at] = moved
         self._pos[moved] = at
         self.counts[pool] = last
         self.generation[pool] += 1

@@ -62,6 +62,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import numpy.typing as npt
@@ -284,20 +285,24 @@ def reclaim_excess(
         settled = np.zeros(len(supply), dtype=np.int64)
         settled[profiles] = available
         units = _units(peaks, demand)
-        claims = claim(
-            peaks.matrix,
-            peaks.aggregate,
-            settled,
-            alloc,
-            bound_reader(
-                sheet,
-                demand,
-                alloc,
+        if any(demand.pinned):
+            claims = claim(
                 peaks.matrix,
                 peaks.aggregate,
-                settled_only=True,
-            ),
-        )
+                settled,
+                alloc,
+                bound_reader(
+                    sheet, demand, alloc, peaks.matrix, peaks.aggregate, settled_only=True
+                ),
+            )
+        else:  # the bindings as counted: the claim is one compiled call
+            claims = claim(
+                peaks.matrix,
+                peaks.aggregate,
+                settled,
+                alloc,
+                counted=partial(sheet.counted, demand.cluster, demand.keys, settled_only=True),
+            )
         if claims is None:
             have = _settled_have(peaks.matrix, settled, alloc, units)
         else:  # machines shared by several needs count for one each

@@ -180,6 +180,18 @@ class Worksheet:
         placed: npt.NDArray[np.float64] = kernels.columns_of(found[0], found[1], columns)
         return placed if np.count_nonzero(placed) else None
 
+    def counted(
+        self, cluster: int, keys: Sequence[str], *, settled_only: bool = False
+    ) -> Counted | None:
+        """:meth:`bound` over every profile with a bound machine: (profiles, counts), or None.
+
+        The profiles are sorted, one column of ``counts`` each, a row per key;
+        what :func:`~shard_engine.claims.claim` reads as ``counted``.
+        """
+        if self.bindings is None:
+            return None
+        return self._counted(cluster, keys, settled_only=settled_only)
+
     def _counted(self, cluster: int, keys: Sequence[str], *, settled_only: bool) -> Counted | None:
         """:meth:`bound` per profile counted (``kernels.bound_tally``), kept while it holds."""
         assert self.bindings is not None

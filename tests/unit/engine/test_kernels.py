@@ -24,12 +24,13 @@ import pytest
 
 from bench.cycle import build, carry, churn
 from shard_engine import kernels, selection
-from shard_engine.binding import Bindings
+from shard_engine.binding import Bindings, PoolCodes
 from shard_engine.claims import Claims, claim
 from shard_engine.engine import ShardEngine
 from shard_engine.inventory import _widened
 from shard_engine.linear import combine
 from shard_engine.model import MachineState
+from shard_engine.pools import TIER_BOUND, PoolKey, Pools
 from shard_engine.resources import is_accelerator
 from shard_engine.usable import have_rows, usable_shapes
 from tests.rollups import apply
@@ -217,6 +218,37 @@ def test_a_compiled_claim_is_the_numpy_claim_bit_for_bit(seed: int) -> None:
     assert got.displaced == displaced
 
 
+@pytest.mark.parametrize("seed", range(400))
+def test_a_claim_in_one_compiled_call_is_the_claim_in_three(seed: int) -> None:
+    """``claim(counted=...)`` (``kernels.claim_all``) gives what ``claim(bound=...)`` gives."""
+    inputs = cluster(seed)
+    placed = inputs.pop("placed")
+    assert placed is None or isinstance(placed, np.ndarray)
+    by_held = None if placed is None else (lambda held: _columns(placed, held))
+    found = None
+    if placed is not None:
+        present = np.flatnonzero(placed.any(axis=0)).astype(np.int64)
+        found = (present, np.ascontiguousarray(placed[:, present]))
+    asked: list[bool] = []
+
+    def counted() -> tuple[np.ndarray, np.ndarray] | None:
+        asked.append(True)
+        return found
+
+    three = claim(**inputs, bound=by_held)  # type: ignore[arg-type]
+    one = claim(**inputs, counted=counted)  # type: ignore[arg-type]
+
+    if three is None:
+        assert one is None
+        return
+    assert one is not None and asked == [True]
+    assert one.held.tolist() == three.held.tolist()
+    assert one.sub.tolist() == three.sub.tolist()
+    assert one.shapes.tolist() == three.shapes.tolist()
+    assert one.own.tolist() == three.own.tolist()
+    assert one.displaced == three.displaced
+
+
 def test_the_inputs_reach_every_way_of_claiming() -> None:
     """The random clusters above exercise what the oracle can tell apart."""
     many = bound = moved = none = 0
@@ -234,26 +266,43 @@ def test_the_inputs_reach_every_way_of_claiming() -> None:
 
 
 @pytest.mark.parametrize("seed", range(20))
-def test_many_pools_codes_in_one_pass_are_each_pools_own(seed: int) -> None:
-    """``member_codes_many`` over pools laid end to end gives what each pool gives alone."""
+def test_pool_codes_counted_in_the_arena_are_each_pools_own(seed: int) -> None:
+    """``PoolCodes`` (``kernels.refresh_codes`` over the pools' arena) gives each pool's own codes.
+
+    Pools grow past their room (their stacks move in the arena), lose rows,
+    and change bindings between refreshes; after each refresh every pool
+    asked about holds what :func:`kernels.member_codes` counts for it alone,
+    widening the tables when a pool holds more codes than they have columns.
+    """
     rng = np.random.default_rng(seed)
+    pools = Pools()
+    pools.ensure_rows(500)
+    ids = [pools.pool(PoolKey(TIER_BOUND, 0, p)) for p in range(int(rng.integers(1, 12)))]
     codes = rng.integers(-1, int(rng.integers(1, 30)), 400).astype(np.int32)
-    pools = [
-        rng.integers(0, 450, int(rng.integers(0, 60))).astype(np.int32)  # rows past ``codes`` too
-        for _ in range(int(rng.integers(1, 12)))
-    ]
-    offsets = np.zeros(len(pools) + 1, dtype=np.int64)
-    np.cumsum([len(p) for p in pools], out=offsets[1:])
-    flat = np.concatenate(pools) if pools else np.zeros(0, dtype=np.int32)
-    found, many, widths = kernels.member_codes_many(flat, offsets, codes)
-    assert found.shape == many.shape and found.shape[0] == len(pools)
-    for k, members in enumerate(pools):
-        alone, counts = kernels.member_codes(members, codes)
-        assert widths[k] == len(alone)
-        assert found[k, : widths[k]].tolist() == alone.tolist()
-        assert many[k, : widths[k]].tolist() == counts.tolist()
-        assert not many[k, widths[k] :].any()
-    assert found.shape[1] >= max(1, int(widths.max()))
+    free = list(rng.permutation(480))  # rows past ``codes`` too
+    where: dict[int, int] = {}
+    kept = PoolCodes()
+    for _ in range(4):
+        for _ in range(int(rng.integers(0, 120))):
+            if where and rng.random() < 0.3:
+                row = int(rng.choice(list(where)))
+                pools.remove(row, where.pop(row))
+                free.append(row)
+            elif free:
+                row, pool = int(free.pop()), int(rng.choice(ids))
+                pools.add(row, pool)
+                where[row] = pool
+        changed = rng.random(len(codes)) < 0.1
+        codes[changed] = rng.integers(-1, 40, int(changed.sum()))
+        for pool in {where[r] for r in np.flatnonzero(changed).tolist() if r in where}:
+            pools.touch(pool)
+        asked = np.array(sorted(rng.choice(ids, int(rng.integers(1, len(ids) + 1)))))
+        kept.refresh(pools, asked.astype(np.int64), codes)
+        for pool in asked.tolist():
+            alone, counts = kernels.member_codes(pools.members(pool), codes)
+            width = int(kept.width[pool])
+            assert kept.code[pool, :width].tolist() == alone.tolist()
+            assert kept.count[pool, :width].tolist() == counts.tolist()
 
 
 @pytest.mark.parametrize("seed", range(60))
@@ -379,8 +428,8 @@ def test_usable_shapes_and_have_are_the_numpy_ones_bit_for_bit(seed: int) -> Non
 def test_warming_compiles_what_a_cycle_calls() -> None:
     kernels.warm()
     every: list[Any] = [kernels.gather, kernels.divide, kernels.columns_of, kernels.usable]
-    every += [kernels.have_rows, kernels.member_codes, kernels.member_codes_many]
-    every += [kernels.bound_tally]
+    every += [kernels.have_rows, kernels.member_codes, kernels.refresh_codes]
+    every += [kernels.bound_tally, kernels.claim_all]
     every += [kernels.excess, kernels.excess_one, kernels.cover, kernels.spread_fill]
     compiled = {k: len(k.signatures) for k in every}
 
