@@ -386,8 +386,8 @@ def reclaim_excess(
         inside = profiles < width
         columns = np.zeros((peaks.matrix.shape[0], len(profiles)), dtype=np.bool_)
         columns[:, inside] = peaks.matrix[:, profiles[inside]]
-        matched: list[list[bool]] = columns.T.tolist()
-        shrunk: set[int] = set()
+        shrunk = np.zeros(peaks.matrix.shape[0], dtype=np.bool_)
+        any_shrunk = False
         changed = False
         coming_of_age = math.inf
         for position in order.tolist():
@@ -397,7 +397,7 @@ def reclaim_excess(
             if allowed[position] <= 0:
                 continue  # bounds only shrink as machines are taken
             profile = profile_of[position]
-            if shrunk and any(matched[position][n] for n in shrunk):
+            if any_shrunk and np.count_nonzero(shrunk & columns[:, position]):
                 allowed[position] = min(
                     allowed[position], _excess_of(peaks.matrix, surplus, profile, usable, position)
                 )
@@ -423,9 +423,11 @@ def reclaim_excess(
             changed = True
             sheet.move_supply(cluster, profile, -len(rows))
             if peaks.matrix.shape[0] and profile < width:
-                matches = peaks.matrix[:, profile].nonzero()[0]
-                surplus[matches] -= len(rows) * usable[matches, position]
-                shrunk.update(matches.tolist())
+                matches = columns[:, position]  # the needs this profile serves
+                taken_away = len(rows) * usable[:, position]
+                np.subtract(surplus, taken_away, out=surplus, where=matches[:, None])
+                shrunk |= matches
+                any_shrunk = True
             if record and profile in streaks:
                 # What went is no longer excess; a streak used up ends, so the next
                 # scale-down starts a streak of its own instead of inheriting zero.
