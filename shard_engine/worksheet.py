@@ -195,6 +195,10 @@ class Worksheet:
     def _counted(self, cluster: int, keys: Sequence[str], *, settled_only: bool) -> Counted | None:
         """:meth:`bound` per profile counted (``kernels.bound_tally``), kept while it holds."""
         assert self.bindings is not None
+        if settled_only and (self.flying is None or not self.flying(cluster)):
+            # Nothing is in flight toward the cluster, so its settled machines are all
+            # its bound machines: Phase 3 reads the count Phase 1 read (same memo).
+            settled_only = False
         # The count changes with the cluster's inventory and bindings (between
         # cycles) and with what this cycle took of its bound pools or named.
         memo_key = (
