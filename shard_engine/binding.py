@@ -178,14 +178,37 @@ class Bindings:
         """
         return self._changes.get(cluster, 0)
 
-    def rebind(self, rows: IntArray, *, cluster: int, was: str, now: str, machines: int) -> int:
-        """Move up to ``machines`` of ``rows`` bound to need ``was`` over to ``now``; how many."""
+    def rebind(
+        self,
+        rows: IntArray | npt.NDArray[np.int32],
+        *,
+        cluster: int,
+        was: str,
+        now: str,
+        machines: int,
+        notify: bool = True,
+    ) -> int:
+        """Move up to ``machines`` of ``rows`` bound to need ``was`` over to ``now``; how many.
+
+        The rows stay bound to ``cluster``, so no other cluster's version
+        moves and none needs the ``holds`` check :meth:`bind` makes. With
+        ``notify`` False, ``on_change`` is not told: the caller marks the
+        rows' pool changed itself (a commit rebinds within one pool).
+        """
         code = self._codes.get((cluster, was))
         if code is None or machines <= 0:
             return 0
         inside = rows[rows < len(self._rows)]
         mine = inside[self._rows[inside] == code][:machines]
-        self.bind(mine, cluster, now)
+        if len(mine) == 0:
+            return 0
+        if cluster < 0 or not now:
+            self.bind(mine, cluster, now)  # unbinds them
+            return len(mine)
+        self._rows[mine] = self._code(cluster, now)
+        self._changes[cluster] = self._changes.get(cluster, 0) + 1
+        if notify and self.on_change is not None:
+            self.on_change(mine.astype(np.int64))
         return len(mine)
 
     def need_of(self, row: int) -> tuple[int, str] | None:

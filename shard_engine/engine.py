@@ -686,14 +686,16 @@ class ShardEngine:
         for cluster, moves in sheet.rebinds.items():
             for was, now_key, profile, machines in moves:
                 bound_pool = pools.find(PoolKey(TIER_BOUND, cluster, profile))
-                if bound_pool is not None:
-                    bindings.rebind(
-                        pools.members(bound_pool).astype(np.int64),
-                        cluster=cluster,
-                        was=was,
-                        now=now_key,
-                        machines=math.ceil(machines - 1e-9),
-                    )
+                # Every row moved is in this pool, so it is the one pool marked changed.
+                if bound_pool is not None and bindings.rebind(
+                    pools.members(bound_pool),
+                    cluster=cluster,
+                    was=was,
+                    now=now_key,
+                    machines=math.ceil(machines - 1e-9),
+                    notify=False,
+                ):
+                    pools.touch(bound_pool)
         if promises:
             for row in named:
                 promises.pop(row, None)
