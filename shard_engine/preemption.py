@@ -79,7 +79,7 @@ def _cluster_victims(sheet: Worksheet, demand: Demand) -> VictimAttrs | None:
     cached = sheet.memo.victims.get(demand.cluster)
     if cached is not None and cached[0] == key:
         return cached[1]
-    pool = np.array(ids, dtype=np.int64)
+    pool = pools.bound_of(demand.cluster)  # the ids as an array, kept while they stay
     profile = pools.profile[pool].astype(np.int64)
     count = len(pool)
     priority = np.full(count, EXCESS_PRIORITY, dtype=np.int64)
@@ -131,8 +131,8 @@ class VictimGroups:
             columns = [np.concatenate([p[i] for p in parts]) for i in range(6)]
         else:
             columns = [np.zeros(0, dtype=np.int64)] * 6
-        pool = columns[0].astype(np.int64)
-        available = pools.counts[pool].astype(np.int64)
+        pool = columns[0].astype(np.int64, copy=False)
+        available = pools.counts[pool].astype(np.int64, copy=False)
         consumed = sheet.consumed
         if consumed:
             taken = np.zeros(len(pools), dtype=np.int64)
@@ -148,11 +148,11 @@ class VictimGroups:
         live = available > 0
         self.pool = pool[live]
         self.cluster = owner[live]
-        self.profile = columns[1].astype(np.int64)[live]
-        self.priority = columns[2].astype(np.int64)[live]
-        self.interruption = columns[3].astype(np.float64)[live]
-        self.reclamation = columns[4].astype(np.float64)[live]
-        self.app_rank = columns[5].astype(np.int64)[live]
+        self.profile = columns[1].astype(np.int64, copy=False)[live]
+        self.priority = columns[2].astype(np.int64, copy=False)[live]
+        self.interruption = columns[3].astype(np.float64, copy=False)[live]
+        self.reclamation = columns[4].astype(np.float64, copy=False)[live]
+        self.app_rank = columns[5].astype(np.int64, copy=False)[live]
         self.drain = drain[live]
         self.available = available[live]
 

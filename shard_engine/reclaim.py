@@ -262,7 +262,7 @@ def reclaim_excess(
             break
         examined += 1
 
-        pool_ids = np.array(ids, dtype=np.int64)
+        pool_ids = pools.bound_of(cluster)  # ``ids`` as an array, kept while they stay
         counts = pools.counts[pool_ids]
         consumed = sheet.consumed
         available = (
