@@ -230,13 +230,20 @@ class ShardEngine:
         """
         inventory = self._inventory
         held: npt.NDArray[np.bool_] = inventory.cluster[rows] == clusters
-        for k in np.flatnonzero(~held).tolist():
-            row = int(rows[k])
-            cluster = int(clusters[k])
-            flight = self._flights.get(row)
-            promise = self._promises.get(row)
+        todo = (~held).nonzero()[0]
+        if not len(todo):
+            return held
+        # A machine in flight or promised counts for its target (``Inventory.owner``):
+        # read it straight, without working out where a settled machine counts.
+        moving = (inventory.flags[rows[todo]] & (FLAG_IN_FLIGHT | FLAG_PROMISED)) != 0
+        flights, promises = self._flights, self._promises
+        pairs = zip(rows[todo].tolist(), clusters[todo].tolist(), strict=True)
+        for k, (row, cluster), flagged in zip(todo.tolist(), pairs, moving.tolist(), strict=True):
+            flight = flights.get(row)
+            promise = promises.get(row)
+            owner = inventory.target(row) if flagged else inventory.owner(row)
             held[k] = (
-                inventory.owner(row) == cluster
+                owner == cluster
                 or (flight is not None and flight.target == cluster)
                 or (promise is not None and promise.cluster == cluster)
             )

@@ -602,7 +602,8 @@ class Inventory:
             # Idle machines may still name the cluster they last served.
             named = self.cluster[rows[np.repeat(free, counts)]]
             touched.append(named[named >= 0].astype(np.int64))
-        self._versions[np.unique(np.concatenate(touched))] += 1
+        # Buffered fancy addition: a cluster named twice still moves by one, as with unique.
+        self._versions[np.concatenate(touched)] += 1
         flags = self.flags
         flags[rows] = (flags[rows] & ~np.uint8(FLAG_CREATING_FOR)) | np.uint8(FLAG_IN_FLIGHT)
         self._targets.update(zip(rows.tolist(), np.repeat(targets, counts).tolist(), strict=True))
