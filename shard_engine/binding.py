@@ -105,9 +105,13 @@ class Bindings:
             return
         self._fit(int(index.max()))
         self._changed(index, bumped={cluster})
+        self._assign(index, cluster, key, notify=True)
+
+    def _assign(self, index: IntArray, cluster: int, key: str, *, notify: bool) -> None:
+        """Bind ``index`` to need ``key`` of ``cluster``: their codes, its version, the hook."""
         self._rows[index] = self._code(cluster, key)
         self._changes[cluster] = self._changes.get(cluster, 0) + 1
-        if self.on_change is not None:
+        if notify and self.on_change is not None:
             self.on_change(index)
 
     def bind_all(self, batches: Sequence[tuple[IntArray, int, str]]) -> None:
@@ -204,11 +208,8 @@ class Bindings:
             return 0
         if cluster < 0 or not now:
             self.bind(mine, cluster, now)  # unbinds them
-            return len(mine)
-        self._rows[mine] = self._code(cluster, now)
-        self._changes[cluster] = self._changes.get(cluster, 0) + 1
-        if notify and self.on_change is not None:
-            self.on_change(mine.astype(np.int64))
+        else:
+            self._assign(mine.astype(np.int64), cluster, now, notify=notify)
         return len(mine)
 
     def need_of(self, row: int) -> tuple[int, str] | None:

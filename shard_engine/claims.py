@@ -144,8 +144,7 @@ def claim(
         np.ascontiguousarray(priority, dtype=np.int64) if ranked else kernels.NO_PRIORITY,
         ranked,
     )
-    displaced = tuple((int(j), int(i), int(p), m) for j, i, p, m in moves.tolist())
-    return Claims(held, own, sub, shapes, displaced)
+    return _claims(held, own, sub, shapes, moves)
 
 
 def _claim_at_once(
@@ -176,5 +175,12 @@ def _claim_at_once(
     )
     if not shared:
         return None
+    return _claims(held, own, sub, shapes, moves)
+
+
+def _claims(
+    held: IntArray, own: FloatArray, sub: BoolArray, shapes: FloatArray, moves: FloatArray
+) -> Claims:
+    """The division's result as :class:`Claims`, its moves (rows of four) as tuples."""
     displaced = tuple((int(j), int(i), int(p), m) for j, i, p, m in moves.tolist())
     return Claims(held, own, sub, shapes, displaced)

@@ -52,6 +52,7 @@ from shard_engine.worksheet import MemoKey, Starved, Worksheet
 __all__ = [
     "assign",
     "bound_reader",
+    "claim_bound",
     "claims_now",
     "cluster_have",
     "demand_supply",
@@ -166,23 +167,33 @@ def claims_now(
 def _claim(
     sheet: Worksheet, demand: Demand, supply: npt.NDArray[np.int64], alloc: FloatArray
 ) -> Claims | None:
-    if not any(demand.pinned):  # the bindings as counted: the claim is one compiled call
-        return claim(
-            demand.matrix,
-            demand.aggregate,
-            supply,
-            alloc,
-            priority=demand.priority,
-            counted=partial(sheet.counted, demand.cluster, demand.keys),
-        )
-    return claim(
-        demand.matrix,
-        demand.aggregate,
-        supply,
-        alloc,
-        bound_reader(sheet, demand, alloc, demand.matrix, demand.aggregate),
-        demand.priority,
+    return claim_bound(
+        sheet, demand, demand.matrix, demand.aggregate, supply, alloc, priority=demand.priority
     )
+
+
+def claim_bound(
+    sheet: Worksheet,
+    demand: Demand,
+    matrix: BoolArray,
+    aggregate: FloatArray,
+    supply: npt.NDArray[np.int64],
+    alloc: FloatArray,
+    *,
+    priority: IntArray | None = None,
+    settled_only: bool = False,
+) -> Claims | None:
+    """:func:`~shard_engine.claims.claim` over ``matrix``'s rows with the cluster's bindings.
+
+    The bindings as counted (``Worksheet.counted``) make the claim one
+    compiled call; a cluster with a pinned gang reads them through
+    :func:`bound_reader`, whose pinned-first reordering is Python.
+    """
+    if not any(demand.pinned):
+        counted = partial(sheet.counted, demand.cluster, demand.keys, settled_only=settled_only)
+        return claim(matrix, aggregate, supply, alloc, priority=priority, counted=counted)
+    bound = bound_reader(sheet, demand, alloc, matrix, aggregate, settled_only=settled_only)
+    return claim(matrix, aggregate, supply, alloc, bound, priority)
 
 
 def own_supply(sheet: Worksheet, demand: Demand, index: int, alloc: FloatArray) -> FloatArray:

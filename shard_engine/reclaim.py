@@ -62,20 +62,18 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import partial
 
 import numpy as np
 import numpy.typing as npt
 
 from shard_engine.actions import ActionKind
 from shard_engine.catalog import ProfileCatalog
-from shard_engine.claims import claim
 from shard_engine.clusters import NO_CLUSTER
 from shard_engine.config import EngineConfig
 from shard_engine.demand_history import DemandHistory, Peaks
 from shard_engine.model import CapacityType
 from shard_engine.needs import Demand
-from shard_engine.phase1 import bound_reader, memo_key
+from shard_engine.phase1 import claim_bound, memo_key
 from shard_engine.pools import TIER_BOUND, TIER_IDLE, PoolKey
 from shard_engine.usable import have_rows, usable_shapes
 from shard_engine.worksheet import Worksheet
@@ -285,24 +283,9 @@ def reclaim_excess(
         settled = np.zeros(len(supply), dtype=np.int64)
         settled[profiles] = available
         units = _units(peaks, demand)
-        if any(demand.pinned):
-            claims = claim(
-                peaks.matrix,
-                peaks.aggregate,
-                settled,
-                alloc,
-                bound_reader(
-                    sheet, demand, alloc, peaks.matrix, peaks.aggregate, settled_only=True
-                ),
-            )
-        else:  # the bindings as counted: the claim is one compiled call
-            claims = claim(
-                peaks.matrix,
-                peaks.aggregate,
-                settled,
-                alloc,
-                counted=partial(sheet.counted, demand.cluster, demand.keys, settled_only=True),
-            )
+        claims = claim_bound(
+            sheet, demand, peaks.matrix, peaks.aggregate, settled, alloc, settled_only=True
+        )
         if claims is None:
             have = _settled_have(peaks.matrix, settled, alloc, units)
         else:  # machines shared by several needs count for one each

@@ -170,9 +170,7 @@ class Worksheet:
         profiles to count (sorted; a claim's held profiles), one column
         each. None when no such machine is bound to any of them.
         """
-        if self.bindings is None:
-            return None
-        found = self._counted(cluster, keys, settled_only=settled_only)
+        found = self.counted(cluster, keys, settled_only=settled_only)
         if found is None:
             return None
         import shard_engine.kernels as kernels  # numba loads with the first count, not with the CLI
