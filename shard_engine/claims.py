@@ -20,7 +20,10 @@ machines in three passes (cycle order: priority descending, then arrival):
    lower-priority needs claimed, the lowest first: the cluster's scheduler
    puts its higher-priority pods first, so the lowest need is the one shown
    short and bought for; the engine rebinds the machines taken over when
-   the plan commits, so the next cycle counts them as the higher need's.
+   the plan commits, with the lower need's spare bound machines the higher
+   one took in pass 2 (else the lower need would claim the same machines
+   again from its remaining bound ones), so the next cycle counts them all
+   as the higher need's and the takeover happens once.
 
 A need's own supply is the cluster's supply less what the *other* needs
 claimed: its claim plus anything nobody claimed, so a spare machine is
@@ -70,7 +73,8 @@ class Claims:
         self.sub = sub
         self.shapes = shapes
         # (from need, to need, profile, machines): claims a higher-priority need
-        # took from a lower one; committing them rebinds those machines.
+        # took from a lower one, plus the lower one's unclaimed bound machines it
+        # took as anyone's; committing them rebinds that many machines.
         self.displaced = displaced
 
     def have(self, row: int) -> FloatArray:

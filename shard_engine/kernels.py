@@ -190,7 +190,9 @@ def divide(
     """The three passes (module docstring): ``own`` per need and held profile, and what moved.
 
     Returns ``own``, then one row (from need, to need, profile, machines)
-    per profile whose machines a higher-priority need took over.
+    per profile whose machines a higher-priority need took over: what it
+    took over, plus the lower need's unclaimed bound machines it had taken
+    as anyone's (rebinding both makes the takeover happen once).
     """
     n, h = sub.shape
     dims = shapes.shape[1]
@@ -282,6 +284,7 @@ def divide(
                     still[i] = True
                     break
     offered = np.empty(h)
+    second = np.zeros((n, h))  # what each need took here, for the takeovers below
     for i in range(n):
         if not still[i]:
             continue
@@ -292,11 +295,19 @@ def divide(
         _take(wanted[i], offered, later[i], shapes, taken_row, order, rest)
         for p in range(h):
             claims[i, p] += taken_row[p]
+            second[i, p] += taken_row[p]
             left[p] -= taken_row[p]
         _less_wanted(wanted[i], taken_row, shapes)
     moves = np.empty((16, 4))  # from need, to need, profile, machines
     moved = 0
     if ranked:
+        # Per need and profile, the bound machines it does not claim (below).
+        unclaimed = np.zeros((n, h))
+        if bound:
+            for j in range(n):
+                for p in range(h):
+                    if mine[j, p] > claims[j, p]:
+                        unclaimed[j, p] = mine[j, p] - claims[j, p]
         short = np.zeros(n, dtype=np.bool_)
         for i in range(n):
             short[i] = _any(wanted[i])
@@ -313,19 +324,31 @@ def divide(
                 if not _any(offered):
                     continue
                 _take(wanted[i], offered, later[i], shapes, taken_row, order, rest)
-                first = moved
+                took = False
                 for p in range(h):
-                    if taken_row[p] > 0.0:
-                        if moved == len(moves):
-                            grown = np.empty((2 * len(moves), 4))
-                            grown[:moved] = moves
-                            moves = grown
-                        moves[moved, 0] = j
-                        moves[moved, 1] = i
-                        moves[moved, 2] = held[p]
-                        moves[moved, 3] = taken_row[p]
-                        moved += 1
-                if moved == first:
+                    if not taken_row[p] > 0.0:
+                        continue
+                    took = True
+                    # ``j`` claims its bound machines up to what it wants, so rebinding
+                    # only what was taken over would leave its claim where it is while
+                    # it holds bound machines it does not claim, and the takeover would
+                    # come back next cycle. Those spare machines went to the second
+                    # pass; what ``i`` took of them there moves with the take, and the
+                    # takeover happens once (ADR 0152).
+                    given = unclaimed[j, p] if unclaimed[j, p] < second[i, p] else second[i, p]
+                    unclaimed[j, p] -= given
+                    second[i, p] -= given
+                    move = taken_row[p] + given
+                    if moved == len(moves):
+                        grown = np.empty((2 * len(moves), 4))
+                        grown[:moved] = moves
+                        moves = grown
+                    moves[moved, 0] = j
+                    moves[moved, 1] = i
+                    moves[moved, 2] = held[p]
+                    moves[moved, 3] = move
+                    moved += 1
+                if not took:
                     continue
                 for p in range(h):
                     claims[j, p] -= taken_row[p]

@@ -178,6 +178,47 @@ def test_what_a_cluster_holds_is_read_again_after_a_takeover_moved_no_machine() 
     assert memo_key(sheet, engine._table.demand(entry)) != before
 
 
+def test_a_takeover_with_the_lower_needs_spare_machines_happens_once() -> None:
+    """Batch (12 cores, priority 100,000) holds 5 bound 4-core machines (20 cores) when
+    production (12 cores) arrives, with nothing to buy.
+
+    On paper: batch claims the 3 machines it wants of its own; its other 2 are
+    anyone's and production takes them (8 cores), then takes 1 machine over
+    from batch for its last 4 cores. Batch is short 4 cores and waits.
+    Rebinding only the machine taken over would leave batch 4 bound machines,
+    of which it still claims 3: the takeover would come back every cycle with
+    one more machine rebound until batch held no spare (3 cycles here, ADR
+    0152). The 2 spare machines production used move with it: 3 machines are
+    production's after the first commit, and nothing moves after that.
+    """
+    from tests.unit.engine.engine_fleet import machine
+
+    engine = ShardEngine()
+    batch = need(cpu=12, priority=100_000)
+    production = need(cpu=12, priority=1_000_000)
+    ids = [f"b-{i}" for i in range(5)]
+    for machine_id in ids:
+        engine.upsert_machine(
+            machine(machine_id, state=MachineState.CONFIGURED, cluster="tiers"),
+            now=0,
+            need_key=batch.key,
+        )
+    apply(engine, rollup("tiers", 1, batch, production), now=0)
+    carrier = Carrier(engine)
+
+    first = carrier.run(now=1)
+    bound = [engine.placed_for(m) for m in ids]
+    later = carrier.run(now=2, cycles=3)
+
+    assert sorted(bound) == sorted([production.key] * 3 + [batch.key] * 2)
+    assert [engine.placed_for(m) for m in ids] == bound
+    for plan in first + later:
+        assert plan.actions == ()
+        [short] = plan.shortfalls
+        assert short.need_key == batch.key
+        assert short.deficit == {"cpu": 4.0}
+
+
 def _note(seen: list[int], rows: np.ndarray) -> None:
     seen.extend(rows.tolist())
 
