@@ -41,6 +41,7 @@ __all__ = [
     "claim_all",
     "columns_of",
     "cover",
+    "cover_units",
     "divide",
     "excess",
     "excess_one",
@@ -663,6 +664,114 @@ def _settle(need: FloatArray, slack: FloatArray, shape: FloatArray, machines: in
 
 
 @njit(cache=True)
+def cover_units(
+    need: FloatArray,
+    slack: FloatArray,
+    unit: FloatArray,
+    left: IntArray,
+    shapes: FloatArray,
+    prices: FloatArray,
+) -> tuple[IntArray, FloatArray]:
+    """``selection.cover_by_units``'s greedy cover by cost per unit hosted, compiled.
+
+    ``need`` is the deficit with what lies within ``slack`` already zeroed,
+    ``unit`` the need's ``min_unit``, ``left`` machines per group, ``shapes``
+    their allocatable, ``prices`` their effective cost. While units or any
+    resource are still wanted: each group with machines that hosts a unit
+    takes ``k`` machines, the larger of what the units and what the deficit
+    call for (at least 1, at most what it has), scored ``k × price ÷ min(k ×
+    hosted, units)``; the lowest score wins, ties to the lower price per unit
+    hosted, then the lower group. Returns the picks (group, machines) in
+    order and the need left. The arithmetic and tie-breaks are the numpy
+    code's (``tests/unit/engine/test_kernels.py`` keeps it as the oracle).
+    """
+    groups, dims = shapes.shape[0], shapes.shape[1]
+    need = need.copy()
+    left = left.copy()
+    hosted = np.zeros(groups, dtype=np.int64)
+    asked = False
+    for d in range(dims):
+        if unit[d] > 0.0:
+            asked = True
+    if asked:
+        for g in range(groups):
+            fewest = np.inf
+            for d in range(dims):
+                if unit[d] > 0.0:
+                    fits = np.floor(shapes[g, d] / unit[d] + 1e-9)
+                    if fits < fewest:
+                        fewest = fits
+            hosted[g] = int(fewest) if fewest > 0.0 else 0
+    # Units wanted: the most over the resources the unit and the deficit both ask for.
+    units = 0
+    most = -np.inf
+    for d in range(dims):
+        if unit[d] > 0.0 and need[d] > 0.0:
+            ratio = need[d] / unit[d]
+            if ratio > most:
+                most = ratio
+    if most > -np.inf:
+        units = int(np.ceil(most - 1e-9))
+    picks = np.empty((16, 2), dtype=np.int64)
+    count = 0
+    while units > 0 or _any(need):
+        best = -1
+        best_take = 0
+        best_score = 0.0
+        best_ratio = 0.0
+        for g in range(groups):
+            if left[g] <= 0 or hosted[g] <= 0:
+                continue
+            per = hosted[g]
+            by_units = -(-units // per) if units > 0 else 0
+            by_need = 0.0
+            for d in range(dims):
+                if need[d] > 0.0 and shapes[g, d] > 0.0:
+                    machines = np.ceil(need[d] / shapes[g, d] - 1e-9)
+                    if machines > by_need:
+                        by_need = machines
+            k = max(max(by_units, int(by_need)), 1)
+            if left[g] < k:
+                k = left[g]
+            covered = k * per
+            if units > 0 and units < covered:
+                covered = units
+            score = k * prices[g] / max(covered, 1)
+            ratio = prices[g] / per
+            if best < 0 or _sorts_before(score, ratio, best_score, best_ratio):
+                best, best_take, best_score, best_ratio = g, k, score, ratio
+        if best < 0:
+            break
+        if count == len(picks):
+            grown = np.empty((2 * len(picks), 2), dtype=np.int64)
+            grown[:count] = picks
+            picks = grown
+        picks[count, 0] = best
+        picks[count, 1] = best_take
+        count += 1
+        left[best] -= best_take
+        units = units - best_take * hosted[best]
+        if units < 0:
+            units = 0
+        for d in range(dims):
+            less = need[d] - best_take * shapes[best, d]
+            need[d] = less if less > slack[d] and less > 0.0 else 0.0
+    return picks[:count].copy(), need
+
+
+@njit(cache=True)
+def _sorts_before(score: float, ratio: float, best_score: float, best_ratio: float) -> bool:
+    """Whether (score, ratio) sorts before the best as ``np.lexsort`` sorts (NaN last)."""
+    if np.isnan(score) != np.isnan(best_score):
+        return np.isnan(best_score)
+    if not np.isnan(score) and score != best_score:
+        return score < best_score
+    if np.isnan(ratio) != np.isnan(best_ratio):
+        return np.isnan(best_ratio)
+    return not np.isnan(ratio) and ratio < best_ratio
+
+
+@njit(cache=True)
 def cover(
     need: FloatArray,
     slack: FloatArray,
@@ -1010,6 +1119,7 @@ def warm() -> None:
     excess(matrix, surplus, held, np.ones((2, 3, 2)))
     excess_one(matrix, surplus, 0, np.ones((2, 3, 2)), 0)
     cover(np.ones(2), np.zeros(2), held, np.ones((3, 2)), np.ones(3), np.zeros(2, dtype=np.bool_))
+    cover_units(np.ones(2), np.zeros(2), np.ones(2), held, np.ones((3, 2)), np.ones(3))
     spread_fill(
         np.ones(2),
         np.zeros(2),

@@ -154,33 +154,20 @@ def cover_by_units(
     break on cost per hosted unit, then group position (deterministic).
     Sizing by units is what makes the count survive packing: ceil(aggregate
     ÷ machine) is the optimum only when pods pack perfectly (ADR 0127).
+
+    One compiled pass (``kernels.cover_units``); the numpy loop it replaced
+    is the tests' oracle.
     """
-    deficit = settle_deficit(deficit.copy(), aggregate, tolerance)
-    left = available.astype(np.int64).copy()
-    hosted = units_hosted(alloc, unit)
-    units = units_wanted(deficit, unit)
-    picks: list[Pick] = []
-    while units > 0 or np.count_nonzero(deficit):
-        live = ((left > 0) & (hosted > 0)).nonzero()[0]
-        if len(live) == 0:
-            break
-        per = hosted[live]
-        by_units = -(-units // per) if units > 0 else np.zeros(len(live), dtype=np.int64)
-        by_aggregate = machines_needed(deficit, alloc[live])
-        k = np.minimum(left[live], np.maximum(np.maximum(by_units, by_aggregate), 1))
-        covered = np.minimum(k * per, units) if units > 0 else k * per
-        score = k * cost[live] / np.maximum(covered, 1)
-        order = np.lexsort((live, cost[live] / per, score))
-        best = int(order[0])
-        group = int(live[best])
-        take = int(k[best])
-        picks.append((group, take))
-        left[group] -= take
-        units = max(0, units - take * int(hosted[group]))
-        deficit = np.maximum(
-            settle_deficit(deficit - take * alloc[group], aggregate, tolerance), 0.0
-        )
-    return picks, deficit
+    import shard_engine.kernels as kernels  # numba loads with the first cycle, not with the CLI
+
+    picks, need = kernels.cover_units(
+        *_settled(deficit, aggregate, tolerance),
+        np.ascontiguousarray(unit, dtype=np.float64),
+        np.ascontiguousarray(available, dtype=np.int64),
+        np.ascontiguousarray(alloc, dtype=np.float64),
+        np.ascontiguousarray(cost, dtype=np.float64),
+    )
+    return [(int(g), int(n)) for g, n in picks.tolist()], need
 
 
 def cover_in_order(
