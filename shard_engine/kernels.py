@@ -28,6 +28,8 @@ the shard process and ``make install`` call it, so no cycle pays for it.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import numpy.typing as npt
 from numba import njit
@@ -762,13 +764,13 @@ def cover_units(
 @njit(cache=True)
 def _sorts_before(score: float, ratio: float, best_score: float, best_ratio: float) -> bool:
     """Whether (score, ratio) sorts before the best as ``np.lexsort`` sorts (NaN last)."""
-    if np.isnan(score) != np.isnan(best_score):
-        return np.isnan(best_score)
-    if not np.isnan(score) and score != best_score:
+    if math.isnan(score) != math.isnan(best_score):
+        return math.isnan(best_score)
+    if not math.isnan(score) and score != best_score:
         return score < best_score
-    if np.isnan(ratio) != np.isnan(best_ratio):
-        return np.isnan(best_ratio)
-    return not np.isnan(ratio) and ratio < best_ratio
+    if math.isnan(ratio) != math.isnan(best_ratio):
+        return math.isnan(best_ratio)
+    return not math.isnan(ratio) and ratio < best_ratio
 
 
 @njit(cache=True)

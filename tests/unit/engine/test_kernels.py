@@ -756,8 +756,8 @@ def test_the_unit_cover_is_the_numpy_one(seed: int) -> None:
         tolerance=float(rng.choice([1e-9, 1e-3])),
     )
 
-    expected = reference_cover_by_units(**arguments)  # type: ignore[arg-type]
-    got = selection.cover_by_units(**arguments)  # type: ignore[arg-type]
+    expected = reference_cover_by_units(**arguments)
+    got = selection.cover_by_units(**arguments)
 
     assert got[0] == expected[0]
     assert got[1].tolist() == expected[1].tolist()
