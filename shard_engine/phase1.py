@@ -205,6 +205,23 @@ def own_supply(sheet: Worksheet, demand: Demand, index: int, alloc: FloatArray) 
     return claims.supply(index, len(supply))
 
 
+def _claimed_have(sheet: Worksheet, demand: Demand, index: int, alloc: FloatArray) -> FloatArray:
+    """What need ``index`` has of the cluster's supply as the worksheet stands.
+
+    :func:`_need_have` over :func:`own_supply` and the need's own mask, read
+    straight off the claims, as :func:`cluster_have` reads every need's
+    (the same sums in the same order: the profiles the need does not count
+    add zeros).
+    """
+    claims = claims_now(sheet, demand, alloc)
+    if claims is None:
+        return _need_have(demand, index, demand.matrix[index], sheet, alloc)
+    row = slice(index, index + 1)
+    return have_rows(
+        claims.own[row] * claims.sub[row], usable_shapes(claims.shapes, demand.min_unit[row])
+    )[0]
+
+
 def shortages(
     demands: list[Demand], sheet: Worksheet, alloc: FloatArray, tolerance: float
 ) -> list[tuple[Demand, int]]:
@@ -332,9 +349,10 @@ def assign(
                 if choice.domain != previous:
                     sheet.gang_choices[(demand.cluster, demand.keys[index])] = choice.domain
         if have is None:
-            if own is None:
-                own = own_supply(sheet, demand, index, alloc)
-            have = _need_have(demand, index, mask, sheet, alloc, own)
+            if own is None:  # not a gang: its claim, over its own mask
+                have = _claimed_have(sheet, demand, index, alloc)
+            else:
+                have = _need_have(demand, index, mask, sheet, alloc, own)
         deficit = aggregate - have
         deficit = np.where(deficit > demand.slack(tolerance)[index], deficit, 0.0)
         if block and np.count_nonzero(deficit):
