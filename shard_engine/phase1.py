@@ -217,9 +217,10 @@ def _claimed_have(sheet: Worksheet, demand: Demand, index: int, alloc: FloatArra
     if claims is None:
         return _need_have(demand, index, demand.matrix[index], sheet, alloc)
     row = slice(index, index + 1)
-    return have_rows(
+    have: FloatArray = have_rows(
         claims.own[row] * claims.sub[row], usable_shapes(claims.shapes, demand.min_unit[row])
     )[0]
+    return have
 
 
 def shortages(
