@@ -114,11 +114,20 @@ class Bindings:
         if notify and self.on_change is not None:
             self.on_change(index)
 
-    def bind_all(self, batches: Sequence[tuple[IntArray, int, str]]) -> None:
+    def bind_all(
+        self,
+        batches: Sequence[tuple[IntArray, int, str]],
+        *,
+        holds: Callable[[IntArray, IntArray], BoolArray] | None = None,
+    ) -> None:
         """:meth:`bind` for each (rows, cluster, key) of ``batches``, in one pass.
 
         A commit binds every machine its plan placed, a few hundred
         segments, each machine once (a plan names a machine once).
+        ``holds``, when given, stands in for the one the bindings were made
+        with: a caller that knows more about these rows (the commit: they
+        are in flight toward the cluster they are bound to now) can answer
+        it without looking each row up.
         """
         placing = [(rows, c, k) for rows, c, k in batches if len(rows) and c >= 0 and k]
         if any(len(rows) and (c < 0 or not k) for rows, c, k in batches):
@@ -134,7 +143,7 @@ class Bindings:
             [len(rows) for rows, _, _ in placing],
         )
         self._fit(int(index.max()))
-        self._changed(index, bumped={c for _, c, _ in placing})
+        self._changed(index, bumped={c for _, c, _ in placing}, holds=holds)
         self._rows[index] = codes
         for _, cluster, _ in placing:
             self._changes[cluster] = self._changes.get(cluster, 0) + 1
@@ -150,7 +159,12 @@ class Bindings:
         if self.on_change is not None and len(index):
             self.on_change(index)
 
-    def _changed(self, index: IntArray, bumped: set[int] | None = None) -> None:
+    def _changed(
+        self,
+        index: IntArray,
+        bumped: set[int] | None = None,
+        holds: Callable[[IntArray, IntArray], BoolArray] | None = None,
+    ) -> None:
         """Count a change for every cluster some of ``index`` are bound to now and count for.
 
         ``bumped`` are clusters the caller counts a change for anyway (the
@@ -169,8 +183,9 @@ class Bindings:
             known[list(bumped)] = True
             other = ~known[clusters]
             rows, clusters = rows[other], clusters[other]
-        if self.holds is not None and len(rows):
-            clusters = clusters[self.holds(rows, clusters)]
+        holds = self.holds if holds is None else holds
+        if holds is not None and len(rows):
+            clusters = clusters[holds(rows, clusters)]
         for cluster in np.unique(clusters).tolist():
             self._changes[cluster] = self._changes.get(cluster, 0) + 1
 

@@ -249,6 +249,28 @@ class ShardEngine:
             )
         return held
 
+    def _holds_placed(
+        self, rows: npt.NDArray[np.int64], clusters: npt.NDArray[np.int64]
+    ) -> npt.NDArray[np.bool_]:
+        """:meth:`_holds` for machines this commit placed, asked about their old clusters.
+
+        They are in flight toward the cluster they were just placed for, as
+        their flights and targets say, and ``Bindings.bind_all`` asks only
+        about clusters no machine of the plan was placed for, so neither
+        their target nor their flight counts them there. What still can: the
+        cluster a machine sits in until it leaves (a preempted machine
+        drains in its victim's), and a promise not yet dropped (the commit
+        drops it after binding).
+        """
+        held: npt.NDArray[np.bool_] = self._inventory.cluster[rows] == clusters
+        promises = self._promises
+        if promises:
+            for k, (row, cluster) in enumerate(zip(rows.tolist(), clusters.tolist(), strict=True)):
+                promise = promises.get(row)
+                if promise is not None and promise.cluster == cluster:
+                    held[k] = True
+        return held
+
     # -- observations ------------------------------------------------------------
     def set_fleet_idle(self, offers: Sequence[RemoteIdle]) -> None:
         """The idle machines the *other* shards hold, as the coordinator last saw them.
@@ -688,7 +710,8 @@ class ShardEngine:
                 (log.rows[s], targets[s], log.need_key(s))
                 for s, kind in enumerate(log.kind)
                 if kind in _PLACING
-            ]
+            ],
+            holds=self._holds_placed,
         )
         for cluster, moves in sheet.rebinds.items():
             for was, now_key, profile, machines in moves:

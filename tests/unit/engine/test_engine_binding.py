@@ -9,10 +9,12 @@ a need with a spread claims machines bought for the need pinned to a zone.
 
 from __future__ import annotations
 
+import random
 from functools import partial
 
 import numpy as np
 
+from bench.cycle import advance, build
 from shard_engine.binding import Bindings
 from shard_engine.engine import ShardEngine
 from shard_engine.model import MachineState, Need, Operator, Requirement
@@ -20,6 +22,7 @@ from shard_engine.phase1 import memo_key
 from shard_engine.worksheet import Worksheet
 from tests.rollups import apply
 from tests.unit.engine.engine_fleet import Carrier, fleet, machine_ids, need, rollup
+from tests.unit.engine.plan_history import SEEDS, History
 
 ZONE = "topology.kubernetes.io/zone"
 IN_A = Requirement(ZONE, Operator.IN, ("zone-a",))
@@ -252,3 +255,44 @@ def test_binding_a_plans_segments_at_once_is_binding_them_one_by_one() -> None:
         assert changed == [True, True, False]
         assert sorted(told[1]) == sorted(told[0])
     assert many.need_of(9) is None and one.need_of(3) == (0, "web")
+
+
+def _checked(engine: ShardEngine, asked: list[int]) -> None:
+    """Make ``engine``'s commit answer ``holds`` both ways and insist they agree."""
+    placed = engine._holds_placed
+
+    def both(rows: np.ndarray, clusters: np.ndarray) -> np.ndarray:
+        shortcut = placed(rows, clusters)
+        assert shortcut.tolist() == engine._holds(rows, clusters).tolist()
+        asked.append(len(rows))
+        return shortcut
+
+    engine._holds_placed = both  # type: ignore[method-assign]
+
+
+def test_a_commit_asks_about_the_machines_it_placed_as_anyone_would() -> None:
+    """The commit's shortcut (``ShardEngine._holds_placed``) answers what ``_holds`` answers
+    for every machine it binds away from another cluster, over every seeded plan history
+    (``plan_history``), which place such machines dozens of times."""
+    asked: list[int] = []
+    for seed in SEEDS:
+        history = History(seed)
+        _checked(history.engine, asked)
+        history.run()
+    assert sum(asked) > 20
+
+
+def test_the_burst_world_asks_the_same_with_and_without_the_shortcut() -> None:
+    """The bench's burst world (thousands of placements a cycle, idle machines reassigned
+    across clusters) agrees too, cycle after cycle."""
+    world = build(
+        machines=20_000, clusters=12, needs_per_cluster=8, types=8, zones=3, racks=4, seed=3
+    )
+    asked: list[int] = []
+    _checked(world.engine, asked)
+    rng = random.Random(4)
+    plan = None
+    for _ in range(15):
+        advance(world, rng, plan, pending=0.18, excess=0.18, grow=40)
+        plan = world.engine.cycle(now=world.now)
+    assert sum(asked) > 0
