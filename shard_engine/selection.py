@@ -18,7 +18,6 @@ the caller turns picks into rows and actions.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from functools import lru_cache
 
@@ -37,8 +36,6 @@ __all__ = [
     "cover_with_spread",
     "cover_with_spread_stepwise",
     "settle_deficit",
-    "units_hosted",
-    "units_wanted",
 ]
 
 FloatArray = npt.NDArray[np.float64]
@@ -102,35 +99,6 @@ def _accelerators(names: tuple[str, ...], dims: int) -> tuple[bool, ...]:
     return tuple(j < len(names) and is_accelerator(names[j]) for j in range(dims))
 
 
-def units_hosted(alloc: FloatArray, unit: FloatArray) -> IntArray:
-    """Per shape (rows of ``alloc``), how many ``unit``-sized pieces one machine holds.
-
-    Every dimension of the unit binds: a 16-core, 58 GiB machine holds three
-    pods of 4 cores and 16 GiB, not four. Dimensions the unit does not ask
-    for do not bind. A unit asking for nothing gives 0 (no unit to count).
-    """
-    asked = unit > 0
-    if not asked.any():
-        return np.zeros(len(alloc), dtype=np.int64)
-    fits = np.floor(alloc[:, asked] / unit[asked] + 1e-9)
-    result: IntArray = np.maximum(fits.min(axis=1), 0.0).astype(np.int64)
-    return result
-
-
-def units_wanted(deficit: FloatArray, unit: FloatArray) -> int:
-    """How many ``unit``-sized pieces ``deficit`` amounts to (the largest over dimensions).
-
-    ``unit`` is the need's ``min_unit``: the largest pod of the need in
-    every dimension, so a machine that holds ``n`` units holds any ``n`` of
-    its pods. A deficit in a dimension the unit does not ask for counts
-    nothing here (the aggregate bound covers it).
-    """
-    asked = (unit > 0) & (deficit > 0)
-    if not asked.any():
-        return 0
-    return math.ceil(float((deficit[asked] / unit[asked]).max()) - 1e-9)
-
-
 def cover_by_units(
     *,
     deficit: FloatArray,
@@ -144,7 +112,7 @@ def cover_by_units(
     """Greedy cover of a need with a ``min_unit``, by cost per unit actually hosted.
 
     A shape's worth to the need is how many of its units one machine holds
-    after every dimension binds (:func:`units_hosted`), not how much of one
+    after every dimension binds, not how much of one
     resource it offers: for 4-core/16 GiB pods a 16-core, 58 GiB machine
     holds three, an 8-core, 58 GiB one holds one. For each group ``k`` is
     the larger of the machines its units take (``ceil(units ÷ hosted)``)

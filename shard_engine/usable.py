@@ -1,7 +1,7 @@
 """What a machine holds of a need: whole units, not allocatable.
 
 A need with a ``min_unit`` (its largest pod in every resource) is served by
-machines each of which holds ``units_hosted`` of those units; what is left
+machines each of which holds a whole number of those units; what is left
 over on a machine is stranded for that need. Counting a machine's whole
 allocatable as "have" made a need look covered while its pods could not be
 placed: 4-core, 16 GiB pods on machines of 7.9, 15.9 and 31.8 allocatable

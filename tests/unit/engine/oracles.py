@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -152,3 +153,73 @@ def domain_water_fill(
     for group, machines in taken.items():
         spread.add(int(profiles[group]), machines)
     return list(taken.items()), np.array(need, dtype=np.float64), blocked
+
+
+def units_hosted(
+    alloc: npt.NDArray[np.float64], unit: npt.NDArray[np.float64]
+) -> npt.NDArray[np.int64]:
+    """Per shape (rows of ``alloc``), how many ``unit``-sized pieces one machine holds.
+
+    Every dimension of the unit binds: a 16-core, 58 GiB machine holds three
+    pods of 4 cores and 16 GiB, not four. Dimensions the unit does not ask
+    for do not bind. A unit asking for nothing gives 0 (no unit to count).
+    """
+    asked = unit > 0
+    if not asked.any():
+        return np.zeros(len(alloc), dtype=np.int64)
+    fits = np.floor(alloc[:, asked] / unit[asked] + 1e-9)
+    result: npt.NDArray[np.int64] = np.maximum(fits.min(axis=1), 0.0).astype(np.int64)
+    return result
+
+
+def units_wanted(deficit: npt.NDArray[np.float64], unit: npt.NDArray[np.float64]) -> int:
+    """How many ``unit``-sized pieces ``deficit`` amounts to (the largest over dimensions).
+
+    ``unit`` is the need's ``min_unit``: the largest pod of the need in
+    every dimension, so a machine that holds ``n`` units holds any ``n`` of
+    its pods. A deficit in a dimension the unit does not ask for counts
+    nothing here (the aggregate bound covers it).
+    """
+    asked = (unit > 0) & (deficit > 0)
+    if not asked.any():
+        return 0
+    return math.ceil(float((deficit[asked] / unit[asked]).max()) - 1e-9)
+
+
+def reference_cover_by_units(
+    *,
+    deficit: npt.NDArray[np.float64],
+    aggregate: npt.NDArray[np.float64],
+    unit: npt.NDArray[np.float64],
+    available: npt.NDArray[np.float64],
+    alloc: npt.NDArray[np.float64],
+    cost: npt.NDArray[np.float64],
+    tolerance: float,
+) -> tuple[list[tuple[int, int]], npt.NDArray[np.float64]]:
+    """``selection.cover_by_units`` as the numpy loop ``kernels.cover_units`` replaced."""
+    deficit = settle_deficit(deficit.copy(), aggregate, tolerance)
+    left = available.astype(np.int64).copy()
+    hosted = units_hosted(alloc, unit)
+    units = units_wanted(deficit, unit)
+    picks: list[tuple[int, int]] = []
+    while units > 0 or np.count_nonzero(deficit):
+        live = ((left > 0) & (hosted > 0)).nonzero()[0]
+        if len(live) == 0:
+            break
+        per = hosted[live]
+        by_units = -(-units // per) if units > 0 else np.zeros(len(live), dtype=np.int64)
+        by_aggregate = machines_needed(deficit, alloc[live])
+        k = np.minimum(left[live], np.maximum(np.maximum(by_units, by_aggregate), 1))
+        covered = np.minimum(k * per, units) if units > 0 else k * per
+        score = k * cost[live] / np.maximum(covered, 1)
+        order = np.lexsort((live, cost[live] / per, score))
+        best = int(order[0])
+        group = int(live[best])
+        take = int(k[best])
+        picks.append((group, take))
+        left[group] -= take
+        units = max(0, units - take * int(hosted[group]))
+        deficit = np.maximum(
+            settle_deficit(deficit - take * alloc[group], aggregate, tolerance), 0.0
+        )
+    return picks, deficit

@@ -18,9 +18,9 @@ import numpy as np
 
 from shard_engine.engine import ShardEngine
 from shard_engine.model import MachineState, Need, Operator, Requirement
-from shard_engine.selection import units_hosted, units_wanted
 from tests.rollups import apply
 from tests.unit.engine.engine_fleet import GI, fleet, machine_ids, rollup
+from tests.unit.engine.oracles import units_hosted, units_wanted
 
 MI = 2.0**20
 TYPE = "node.kubernetes.io/instance-type"
@@ -92,6 +92,7 @@ def test_one_pod_goes_to_the_cheapest_shape_that_holds_it() -> None:
 
 
 def test_every_dimension_of_the_unit_binds() -> None:
+    """On the numpy definition the compiled unit cover is checked against bit for bit."""
     alloc = np.array([[15.89, 59824 * MI], [15.89, 29022 * MI], [7.91, 59824 * MI]])
     unit = np.array([4.0, 16 * GI])
 
@@ -100,6 +101,7 @@ def test_every_dimension_of_the_unit_binds() -> None:
 
 
 def test_the_units_of_a_deficit_are_its_largest_ratio_to_the_unit() -> None:
+    """On the numpy definition, as above."""
     unit = np.array([2.5, 9 * GI])
 
     # Seed 004's anti-correlated burst: 12 pods of 2.5 cores/4.5 GiB and 12 of

@@ -27,7 +27,6 @@ from bench.cycle import build, carry, churn
 from shard_engine import kernels, selection
 from shard_engine.binding import Bindings, PoolCodes
 from shard_engine.claims import Claims, claim
-from shard_engine.costs import machines_needed
 from shard_engine.engine import ShardEngine
 from shard_engine.inventory import _widened
 from shard_engine.linear import combine
@@ -37,6 +36,7 @@ from shard_engine.resources import is_accelerator
 from shard_engine.usable import have_rows, usable_shapes
 from tests.rollups import apply
 from tests.unit.engine.engine_fleet import fleet, need, rollup
+from tests.unit.engine.oracles import reference_cover_by_units
 
 
 def reference_claim(
@@ -694,50 +694,9 @@ def reference_cover(
     return picks, np.array(need, dtype=np.float64)
 
 
-def reference_cover_by_units(
-    *,
-    deficit: np.ndarray,
-    aggregate: np.ndarray,
-    unit: np.ndarray,
-    available: np.ndarray,
-    alloc: np.ndarray,
-    cost: np.ndarray,
-    tolerance: float,
-) -> tuple[list[tuple[int, int]], np.ndarray]:
-    """``selection.cover_by_units`` as the numpy loop it was before it was compiled."""
-    deficit = selection.settle_deficit(deficit.copy(), aggregate, tolerance)
-    left = available.astype(np.int64).copy()
-    hosted = selection.units_hosted(alloc, unit)
-    units = selection.units_wanted(deficit, unit)
-    picks: list[tuple[int, int]] = []
-    while units > 0 or np.count_nonzero(deficit):
-        live = ((left > 0) & (hosted > 0)).nonzero()[0]
-        if len(live) == 0:
-            break
-        per = hosted[live]
-        by_units = -(-units // per) if units > 0 else np.zeros(len(live), dtype=np.int64)
-        by_aggregate = machines_needed(deficit, alloc[live])
-        k = np.minimum(left[live], np.maximum(np.maximum(by_units, by_aggregate), 1))
-        covered = np.minimum(k * per, units) if units > 0 else k * per
-        score = k * cost[live] / np.maximum(covered, 1)
-        order = np.lexsort((live, cost[live] / per, score))
-        best = int(order[0])
-        group = int(live[best])
-        take = int(k[best])
-        picks.append((group, take))
-        left[group] -= take
-        units = max(0, units - take * int(hosted[group]))
-        deficit = np.maximum(
-            selection.settle_deficit(deficit - take * alloc[group], aggregate, tolerance), 0.0
-        )
-    return picks, deficit
-
-
-@pytest.mark.parametrize("seed", range(300))
-def test_the_unit_cover_is_the_numpy_one(seed: int) -> None:
-    """The compiled cover by units hosted picks what the numpy loop did, and leaves the same
-    deficit, on inputs drawn for ties (few shapes, prices and counts) and units that some
-    shapes cannot hold."""
+def unit_cover(seed: int) -> dict[str, Any]:
+    """One cover by units' inputs, drawn for ties (few shapes, prices and counts) and units
+    that some shapes cannot hold."""
     rng = np.random.default_rng(seed)
     groups, dims = int(rng.integers(1, 40)), int(rng.integers(1, 4))
     alloc = rng.choice([0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 96.0], (groups, dims))
@@ -746,15 +705,22 @@ def test_the_unit_cover_is_the_numpy_one(seed: int) -> None:
     deficit = rng.choice([0.0, 0.3, 3.0, 17.0, 250.5], dims)
     aggregate = deficit * rng.choice([1.0, 2.0], dims)
     unit = rng.choice([0.0, 0.25, 1.0, 3.0, 16.0], dims)
-    arguments = dict(
-        deficit=deficit,
-        aggregate=aggregate,
-        unit=unit,
-        available=available,
-        alloc=alloc,
-        cost=cost,
-        tolerance=float(rng.choice([1e-9, 1e-3])),
-    )
+    return {
+        "deficit": deficit,
+        "aggregate": aggregate,
+        "unit": unit,
+        "available": available,
+        "alloc": alloc,
+        "cost": cost,
+        "tolerance": float(rng.choice([1e-9, 1e-3])),
+    }
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_the_unit_cover_is_the_numpy_one(seed: int) -> None:
+    """The compiled cover by units hosted picks what the numpy loop did, and leaves the same
+    deficit."""
+    arguments = unit_cover(seed)
 
     expected = reference_cover_by_units(**arguments)
     got = selection.cover_by_units(**arguments)
@@ -764,26 +730,10 @@ def test_the_unit_cover_is_the_numpy_one(seed: int) -> None:
 
 
 def test_the_unit_covers_drawn_reach_every_way_of_choosing() -> None:
-    """The inputs above take several groups, break ties, and stop with capacity short."""
+    """The inputs above take several groups and stop with capacity short."""
     several = short = 0
     for seed in range(300):
-        rng = np.random.default_rng(seed)
-        groups, dims = int(rng.integers(1, 40)), int(rng.integers(1, 4))
-        alloc = rng.choice([0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 96.0], (groups, dims))
-        available = rng.integers(0, 6, groups).astype(np.int64)
-        cost = rng.choice([0.0, 0.1, 1.0, 2.3, 6.0, 0.35, np.inf], groups)
-        deficit = rng.choice([0.0, 0.3, 3.0, 17.0, 250.5], dims)
-        aggregate = deficit * rng.choice([1.0, 2.0], dims)
-        unit = rng.choice([0.0, 0.25, 1.0, 3.0, 16.0], dims)
-        picks, left = reference_cover_by_units(
-            deficit=deficit,
-            aggregate=aggregate,
-            unit=unit,
-            available=available,
-            alloc=alloc,
-            cost=cost,
-            tolerance=1e-9,
-        )
+        picks, left = reference_cover_by_units(**unit_cover(seed))
         several += len(picks) > 1
         short += bool(np.count_nonzero(left))
     assert several > 50 and short > 50
