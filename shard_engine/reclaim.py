@@ -319,26 +319,20 @@ def reclaim_excess(
         # Hysteresis: per profile, the least excess over a streak of consecutive cycles.
         known = memory.streaks.get(cluster, {})
         streaks: dict[int, _Streak] = {}
-        for position, profile in enumerate(profiles.tolist()):
+        needed = 1 if explicit else hysteresis
+        profile_of: list[int] = profiles.tolist()
+        ready = np.zeros(len(profile_of), dtype=np.int64)
+        for position in np.flatnonzero(bound > 0).tolist():
+            profile = profile_of[position]
             excess = int(bound[position])
-            if excess <= 0:
-                continue
             before = known.get(profile)
-            streaks[profile] = (
+            streak = streaks[profile] = (
                 _Streak(cycle, excess)
                 if before is None or explicit
                 else _Streak(before.first_cycle, min(before.least, excess))
             )
-        needed = 1 if explicit else hysteresis
-        ready = np.array(
-            [
-                streaks[p].least
-                if p in streaks and cycle - streaks[p].first_cycle + 1 >= needed
-                else 0
-                for p in profiles.tolist()
-            ],
-            dtype=np.int64,
-        )
+            if cycle - streak.first_cycle + 1 >= needed:
+                ready[position] = streak.least
         if record:
             memory.streaks[cluster] = streaks
         if not np.count_nonzero(ready > 0):
@@ -360,9 +354,9 @@ def reclaim_excess(
             else np.zeros(len(profiles))
         )
         order = np.lexsort((profiles, penalty, -price[profiles]))
+        order = order[ready[order] > 0]  # the others have nothing to give, now or later
         allowed: list[int] = ready.tolist()
         left: list[int] = available.tolist()
-        profile_of: list[int] = profiles.tolist()
         width = peaks.matrix.shape[1]
         # Per position, which needs its profile matches: its bound is recomputed only
         # when the surplus of one of those needs shrank since it was computed.
@@ -557,29 +551,32 @@ def release_idle(
     eligible = ~np.isnan(holds) & (
         sheet.now - recent_draw[profiles] >= config.demand_window_seconds
     )
+    memo = sheet.memo
+    if len(memo.release_after) < size:
+        grown = np.full(max(size, 2 * len(memo.release_after)), -np.inf)
+        grown[: len(memo.release_after)] = memo.release_after
+        memo.release_after = grown
+    remembered = memo.release_after
+    # A pool whose machines reach the end of their hold only later is looked at then.
+    eligible &= remembered[idle_pools] <= sheet.now
+    if sheet.drawn:
+        drawn = np.zeros(len(catalog), dtype=np.bool_)
+        drawn[np.fromiter(sheet.drawn, np.int64, len(sheet.drawn))] = True
+        eligible &= ~drawn[profiles]
     now_s = inventory.seconds(sheet.now)
     budget = config.max_releases_per_cycle
-    remembered = sheet.memo.release_after
-    for pool, profile, hold in zip(
-        idle_pools[eligible].tolist(),
-        profiles[eligible].tolist(),
-        holds[eligible].tolist(),
-        strict=True,
-    ):
+    for pool, hold in zip(idle_pools[eligible].tolist(), holds[eligible].tolist(), strict=True):
         if budget <= 0:
             return
-        if profile in sheet.drawn or remembered.get(pool, -np.inf) > sheet.now:
-            continue
         skip = sheet.consumed.get(pool, 0)
         rows = pools.members(pool)[: max(0, pools.count(pool) - skip)]
         since = inventory.since[rows]
         expired_mask = (now_s - since) >= hold
         expired = rows[expired_mask][:budget]
         waiting = since[~expired_mask]
-        if len(waiting):
-            remembered[pool] = sheet.now + float(waiting.min()) + hold - now_s
-        else:
-            remembered.pop(pool, None)
+        remembered[pool] = (
+            sheet.now + float(waiting.min()) + hold - now_s if len(waiting) else -np.inf
+        )
         chosen = [row for row in expired.tolist() if row not in sheet.taken]
         if not chosen:
             continue

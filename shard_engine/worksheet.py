@@ -61,11 +61,12 @@ class ClusterMemo:
     ``have`` holds each cluster's per-need supply and which needs were
     short; ``claims`` what its needs claimed of its machines; ``quiet`` the
     clusters Phase 3 found nothing to reclaim from; ``release_after`` per
-    idle pool, the earliest instant any of its machines can reach the end
-    of its hold. The per-cluster ones are keyed by (inventory and bindings
-    versions of the cluster, needs version, profiles, dimensions), so a
-    stale entry is never used; a cycle only recomputes clusters that
-    something touched since.
+    idle pool (indexed by pool, ``-inf`` where unknown), the earliest
+    instant any of its machines can reach the end of its hold. The
+    per-cluster ones are keyed by (inventory and bindings versions of the
+    cluster, needs version, profiles, dimensions), so a stale entry is
+    never used; a cycle only recomputes clusters that something touched
+    since.
     """
 
     have: dict[int, tuple[MemoKey, npt.NDArray[np.float64], list[int]]] = field(
@@ -73,7 +74,7 @@ class ClusterMemo:
     )
     claims: dict[int, tuple[MemoKey, Claims | None]] = field(default_factory=dict)
     quiet: dict[int, MemoKey] = field(default_factory=dict)
-    release_after: dict[int, float] = field(default_factory=dict)
+    release_after: npt.NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
     reclaim_cursor: int = 0
     victims: dict[int, tuple[tuple[int, int, int], tuple[Any, ...]]] = field(default_factory=dict)
     starved: dict[tuple[int, str], Starved] = field(default_factory=dict)
