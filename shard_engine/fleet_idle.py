@@ -16,8 +16,12 @@ it — reported as a shortfall, so the coordinator's idle transfer brings
 the machine — for at most ``fleet_idle_wait_seconds``. A transfer of an
 idle machine is bookkeeping plus a configure; a create is a launch plus a
 configure; bare metal claimed is paid for as long as the run. If the
-transfer has not come within the wait, the need buys as before. Gangs do
-not wait (a transfer is one profile at a time and racks are dealt whole).
+transfer has not come within the wait, the need buys as before.
+
+A gang (a ``Same`` requirement) waits only while it holds none of its
+machines, and only for offers of one domain that hold it whole: the
+coordinator moves a gang's machines inside one rack (ADR 0172). A gang
+that already runs somewhere grows where it runs.
 
 Pure and clock-free: the caller passes ``now``.
 """
@@ -65,6 +69,7 @@ class FleetIdle:
         need: Need,
         deficit: Mapping[str, float],
         now: float,
+        holds_none: bool = True,
     ) -> bool:
         """Should this need wait for another shard's idle machine instead of buying now?
 
@@ -76,23 +81,49 @@ class FleetIdle:
         moves machines only for a shortfall they cover whole, so a need
         larger than what is on offer buys now (what it buys of its own first
         leaves a smaller shortfall, which the idle step may then cover).
+
+        A gang's offers must cover it inside one domain (the values of its
+        ``Same`` labels), and a gang waits only when ``holds_none``: one
+        that holds machines in its domain can only be completed there.
         """
         since_key = (cluster, key)
-        if not self.offers or any(r.operator is Operator.SAME for r in need.requirements):
+        same = tuple(r.key for r in need.requirements if r.operator is Operator.SAME)
+        if not self.offers or (same and not holds_none):
             self.waiting_since.pop(since_key, None)
             return False
         started = self.waiting_since.get(since_key, now)
         if now - started >= self.wait_seconds:
             return False  # waited long enough: buy (the entry stays until the need is met)
-        remaining = {k: v for k, v in deficit.items() if v > 0}
-        spend: list[tuple[int, int]] = []
+        groups: dict[tuple[str, ...], list[int]] = {}
         for i, offer in enumerate(self.offers):
-            if not remaining:
-                break
             if self._left[i] <= 0 or not labels_satisfy(need.requirements, offer.labels):
                 continue
             if any(offer.allocatable.get(k, 0.0) < v for k, v in need.min_unit.items() if v > 0):
                 continue
+            groups.setdefault(tuple(offer.labels.get(k, "") for k in same), []).append(i)
+        for members in groups.values():  # one group for a need that is not a gang
+            spend = self._cover(members, deficit)
+            if spend is None:
+                continue
+            for i, take in spend:
+                self._left[i] -= take
+            self.waiting_since[since_key] = started
+            return True
+        # The coordinator's idle step covers a shortfall whole or not at all, so a
+        # need the offers cannot cover would wait the whole bound for nothing.
+        self.waiting_since.pop(since_key, None)
+        return False
+
+    def _cover(
+        self, members: Sequence[int], deficit: Mapping[str, float]
+    ) -> list[tuple[int, int]] | None:
+        """Machines of offers ``members``, in order, that cover ``deficit``; None if they cannot."""
+        remaining = {k: v for k, v in deficit.items() if v > 0}
+        spend: list[tuple[int, int]] = []
+        for i in members:
+            if not remaining:
+                break
+            offer = self.offers[i]
             machines = _machines_for(remaining, offer.allocatable)
             if machines <= 0:
                 continue
@@ -102,15 +133,7 @@ class FleetIdle:
                 remaining[name] -= take * offer.allocatable.get(name, 0.0)
                 if remaining[name] <= 1e-9 * max(1.0, deficit[name]):
                     del remaining[name]
-        if remaining:
-            # The coordinator's idle step covers a shortfall whole or not at all, so a
-            # need the offers cannot cover would wait the whole bound for nothing.
-            self.waiting_since.pop(since_key, None)
-            return False
-        for i, take in spend:
-            self._left[i] -= take
-        self.waiting_since[since_key] = started
-        return True
+        return None if remaining else spend
 
     def met(self, cluster: int, key: str) -> None:
         """The need is covered: a later shortage waits afresh."""

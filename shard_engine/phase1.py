@@ -329,7 +329,8 @@ def assign(
             own = own_supply(sheet, demand, index, alloc)
             base = masks.mask(demand.mask_keys[index])
             codes = domain_codes(catalog, gang)
-            free = (sheet.free[TIER_IDLE] + sheet.free[TIER_SPECULATIVE]).astype(np.float64)
+            idle = sheet.free[TIER_IDLE].astype(np.float64)
+            free = idle + sheet.free[TIER_SPECULATIVE]
             entry = table.entry(demand.cluster)
             previous = entry.gang_domain.get(demand.keys[index]) if entry is not None else None
             choice = choose_gang_domain(
@@ -341,6 +342,7 @@ def assign(
                 alloc=alloc,
                 previous=previous,
                 tolerance=tolerance,
+                idle=idle,
             )
             if choice.domain is None:
                 block = choice.reason
@@ -401,6 +403,8 @@ def assign(
                         need=need,
                         deficit={names[d]: float(deficit[d]) for d in np.flatnonzero(deficit)},
                         now=sheet.now,
+                        holds_none=not gang
+                        or not (demand.pinned[index] or took or np.count_nonzero(have)),
                     )
                 ):
                     awaiting = True

@@ -113,6 +113,7 @@ def choose_gang_domain(
     alloc: FloatArray,
     previous: int | None,
     tolerance: float,
+    idle: FloatArray | None = None,
 ) -> GangChoice:
     """Pick one domain that can hold the whole gang.
 
@@ -121,8 +122,12 @@ def choose_gang_domain(
     added (free, or preemptible in Phase 2). A domain qualifies when what it
     holds plus what it could add covers the whole aggregate. Among those the
     one already holding the largest share of the gang wins, so a gang never
-    moves while it can stay; at equal coverage the previous choice wins
-    (sticky), then the lowest code for determinism.
+    moves while it can stay. At equal coverage, with ``idle`` (machines per
+    profile already paid for and idle, part of ``available``), the domain
+    whose held and idle machines cover more of the gang wins: a rack of idle
+    servers holds the gang without claiming new ones, which bare metal bills
+    until the end (ADR 0172). Then the previous choice wins (sticky), then
+    the lowest code for determinism.
     """
     eligible = np.flatnonzero(mask & (codes >= 0))
     if len(eligible) == 0:
@@ -150,7 +155,16 @@ def choose_gang_domain(
         score = np.zeros(count)
     score = np.where(fits, score, -1.0)
     best = float(score.max())
-    candidates = uniq[score >= best - 1e-12]
+    tied = score >= best - 1e-12
+    if idle is not None and positive.any() and np.count_nonzero(tied) > 1:
+        paid = have + idle[eligible]
+        paid_by = np.empty((count, int(np.count_nonzero(positive))))
+        for k, d in enumerate(np.flatnonzero(positive).tolist()):
+            paid_by[:, k] = np.bincount(dense, weights=paid * shapes[:, d], minlength=count)
+        reuse = (np.minimum(paid_by, need[positive]) / need[positive]).sum(axis=1)
+        reuse = np.where(tied, reuse, -1.0)
+        tied = reuse >= float(reuse.max()) - 1e-12
+    candidates = uniq[tied]
     if previous is not None and previous in candidates:
         return GangChoice(int(previous))
     return GangChoice(int(candidates.min()))

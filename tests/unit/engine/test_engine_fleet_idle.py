@@ -3,6 +3,8 @@
 A shard told that another shard holds a matching idle machine does not
 create one: the need waits for the coordinator's idle transfer, reported as
 a shortfall, for at most ``fleet_idle_wait_seconds``, then buys as before.
+A gang that holds none of its machines waits too, for one rack held whole
+(ADR 0172).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from shard_engine.config import EngineConfig
 from shard_engine.coordination import ProfileSupply, ShardShortfall, ShardView, plan_transfers
 from shard_engine.engine import ShardEngine
 from shard_engine.fleet_idle import RemoteIdle
-from shard_engine.model import MachineState, Provision
+from shard_engine.model import AssignIdle, MachineState, Provision
 from tests.rollups import apply
 from tests.unit.engine.engine_fleet import GI, fleet, need, of_kind, rollup, same, zone_in
 
@@ -100,12 +102,88 @@ def test_one_idle_machine_elsewhere_holds_back_only_what_it_can_serve() -> None:
     assert len(of_kind(plan, Provision)) == 1  # one waits for the remote machine, one buys
 
 
-def test_a_gang_does_not_wait_for_single_machines_of_another_shard() -> None:
+def test_a_gang_waits_for_a_rack_another_shard_holds_idle_whole() -> None:
+    # Two 4-core machines' worth, one rack: four idle in r1 elsewhere hold it whole.
     engine = shard_b()
     engine.set_fleet_idle([offer(4)])
     apply(engine, rollup("train", 1, need(cpu=8, requirements=[same("rack")])), now=0)
 
+    plan = engine.cycle(now=1)
+
+    assert of_kind(plan, Provision) == []
+    [shortfall] = plan.shortfalls
+    assert engine.why_not("train")[shortfall.need_key].startswith("awaiting another shard")
+
+
+def test_a_gang_does_not_wait_for_machines_of_two_racks() -> None:
+    # One idle machine in r1 and one in r2: together enough, but not in one rack.
+    engine = shard_b()
+    engine.set_fleet_idle(
+        [
+            offer(1),
+            RemoteIdle("a", {**LABELS, "rack": "r2"}, ALLOC, 1),
+        ]
+    )
+    apply(engine, rollup("train", 1, need(cpu=8, requirements=[same("rack")])), now=0)
+
     assert len(of_kind(engine.cycle(now=1), Provision)) == 1
+
+
+def test_a_gang_that_runs_in_a_rack_grows_there_instead_of_waiting() -> None:
+    # The gang holds one machine of r1 here; it can only be completed in r1.
+    engine = shard_b()
+    fleet(engine, 1, prefix="b-run", state=MachineState.CONFIGURED, cluster="train", labels=LABELS)
+    engine.set_fleet_idle([RemoteIdle("a", {**LABELS, "rack": "r2"}, ALLOC, 4)])
+    apply(engine, rollup("train", 1, need(cpu=8, requirements=[same("rack")])), now=0)
+
+    plan = engine.cycle(now=1)
+
+    assert len(of_kind(plan, Provision)) == 1
+    assert plan.shortfalls == ()
+
+
+def test_the_coordinator_answers_a_gangs_wait_with_one_rack() -> None:
+    engine = shard_b()
+    engine.set_fleet_idle([offer(4)])
+    apply(engine, rollup("train", 1, need(cpu=8, requirements=[same("rack")])), now=0)
+    plan = engine.cycle(now=1)
+    donor = ShardView(
+        "a",
+        total_machines=100,
+        supply=(
+            ProfileSupply("sim", "m.xlarge", "zone-a", 0, LABELS, ALLOC, idle=4, domain="r1"),
+            ProfileSupply(
+                "sim", "m.xlarge", "zone-a", 0, {**LABELS, "rack": "r2"}, ALLOC, idle=1, domain="r2"
+            ),
+        ),
+    )
+    # The shard reports the need's requirements with its shortfall (the roll-up's need).
+    reported = tuple(
+        ShardShortfall(s.cluster_id, s.need_key, s.priority, dict(s.deficit), (same("rack"),))
+        for s in plan.shortfalls
+    )
+    receiver = ShardView("b", total_machines=4, shortfalls=reported)
+
+    [instruction] = plan_transfers({"a": donor, "b": receiver})
+
+    assert (instruction.kind, instruction.domain, instruction.count) == ("idle", "r1", 2)
+
+
+def test_a_gang_takes_a_rack_of_idle_machines_over_buying_in_a_lower_rack() -> None:
+    # One shard, two racks that can each hold the gang: r1 (the lower code) only
+    # speculative, r2 two idle machines already paid for. The gang goes to r2.
+    engine = ShardEngine(EngineConfig())
+    fleet(engine, 4, prefix="r1-spec", state=MachineState.SPECULATIVE, labels=LABELS)
+    fleet(engine, 2, prefix="r2-idle", labels={**LABELS, "rack": "r2"})
+    apply(engine, rollup("train", 1, need(cpu=8, requirements=[same("rack")])), now=0)
+
+    plan = engine.cycle(now=1)
+
+    assert of_kind(plan, Provision) == []
+    assert sorted(a.machine_id for a in of_kind(plan, AssignIdle)) == [
+        "r2-idle-0000",
+        "r2-idle-0001",
+    ]
 
 
 def test_a_need_larger_than_what_is_on_offer_buys_now_instead_of_waiting_in_vain() -> None:

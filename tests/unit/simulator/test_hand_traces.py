@@ -137,6 +137,40 @@ def test_without_the_fleet_idle_wait_the_second_shard_claims_four_more_servers()
     assert len(tap.created) == 8
 
 
+# gang-idle-two-shards: 4 H100 servers ($28/h amortised) claimed at t = 10 s for train-a's
+# gang; a second set claimed at 5,400 s if train-b's gang does not take them. Billed to the
+# end of the run's last one-second tick, 10,801 s (at $1.20/h above, the second is invisible).
+GANG_SET = 4 * 28.0 * (10_801 - 10) / 3600  # $335.72
+GANG_SECOND_SET = 4 * 28.0 * (10_801 - 5_400) / 3600  # $168.03
+
+
+def test_on_two_shards_a_gang_takes_the_rack_the_other_shard_holds_idle() -> None:
+    tap = Provisions()
+    summary = replay("gang-idle-two-shards", tap, shards=2)
+
+    assert summary["cost_usd"] == pytest.approx(GANG_SET, abs=0.01)
+    assert summary["cost_usd"] == replay("gang-idle-two-shards")["cost_usd"]
+    assert summary["actions"]["transfer:idle"] == 1
+    assert {(s, c) for s, c, _m in tap.created} == {("shard-00", "train-a")}
+    reused = sorted(m for s, c, m in tap.reused if (s, c) == ("shard-01", "train-b"))
+    assert reused == sorted(m for _s, _c, m in tap.created)
+    assert summary["gangs"]["whole"] == ["train-a/ga", "train-b/gb"]
+
+
+def test_a_gang_that_does_not_wait_claims_a_second_rack() -> None:
+    tap = Provisions()
+    summary = replay(
+        "gang-idle-two-shards", tap, shards=2, engine=EngineConfig(fleet_idle_wait_seconds=0)
+    )
+
+    assert summary["cost_usd"] == pytest.approx(GANG_SET + GANG_SECOND_SET, abs=0.01)
+    assert sorted({(s, c) for s, c, _m in tap.created}) == [
+        ("shard-00", "train-a"),
+        ("shard-01", "train-b"),
+    ]
+    assert len(tap.created) == 8
+
+
 def test_a_higher_priority_preempts_across_shards_exactly_what_it_lacks() -> None:
     tap = Provisions()
     summary = replay("preempt-two-shards", tap, shards=2)
