@@ -21,7 +21,9 @@ transfer has not come within the wait, the need buys as before.
 A gang (a ``Same`` requirement) waits only while it holds none of its
 machines, and only for offers of one domain that hold it whole: the
 coordinator moves a gang's machines inside one rack (ADR 0172). A gang
-that already runs somewhere grows where it runs.
+that already runs somewhere grows where it runs. Phase 1 asks for a gang
+before taking any of its shard's idle machines when those cannot hold it
+whole.
 
 Pure and clock-free: the caller passes ``now``.
 """

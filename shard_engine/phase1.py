@@ -391,11 +391,24 @@ def assign(
         if spread is None:
             # A need with a unit is covered by units hosted (shape per pod, ADR 0127).
             unit = demand.min_unit[index] if np.count_nonzero(demand.min_unit[index]) else None
+            # A gang that holds nothing and that its rack's idle machines cannot hold
+            # whole asks about another shard's idle rack before taking any of its own:
+            # a few idle machines here plus new ones would cost servers a rack of idle
+            # ones elsewhere saves (ADR 0172).
+            wait_at = (
+                TIER_IDLE
+                if gang
+                and fleet is not None
+                and not demand.pinned[index]
+                and not np.count_nonzero(have)
+                and not _idle_holds(sheet, mask, alloc, deficit, demand.slack(tolerance)[index])
+                else TIER_SPECULATIVE
+            )
             for tier in (TIER_IDLE, TIER_SPECULATIVE):
                 if not np.count_nonzero(deficit):
                     break
                 if (
-                    tier == TIER_SPECULATIVE
+                    tier == wait_at
                     and fleet is not None
                     and fleet.wait(
                         cluster=demand.cluster,
@@ -454,6 +467,17 @@ def assign(
         else:
             sheet.memo.starved.pop(starved_key, None)
     return pending
+
+
+def _idle_holds(
+    sheet: Worksheet, mask: BoolArray, alloc: FloatArray, deficit: FloatArray, slack: FloatArray
+) -> bool:
+    """Do the shard's idle machines that ``mask`` allows cover ``deficit`` (within ``slack``)?"""
+    idle = np.flatnonzero(mask & (sheet.free[TIER_IDLE] > 0))
+    if len(idle) == 0:
+        return False
+    room = combine(sheet.free[TIER_IDLE][idle].astype(np.float64), alloc[idle])
+    return not bool(np.any(deficit - room > slack))
 
 
 def _fill_spread(

@@ -169,6 +169,34 @@ def test_the_coordinator_answers_a_gangs_wait_with_one_rack() -> None:
     assert (instruction.kind, instruction.domain, instruction.count) == ("idle", "r1", 2)
 
 
+def test_a_gang_waits_for_a_rack_elsewhere_rather_than_topping_up_a_few_idle_here() -> None:
+    # Three machines' worth: one idle here (and speculative ones) cannot hold it without
+    # claiming two; another shard holds four idle in one rack.
+    engine = shard_b()
+    fleet(engine, 1, prefix="b-idle", labels=LABELS)
+    engine.set_fleet_idle([RemoteIdle("a", {**LABELS, "rack": "r2"}, ALLOC, 4)])
+    apply(engine, rollup("train", 1, need(cpu=12, requirements=[same("rack")])), now=0)
+
+    plan = engine.cycle(now=1)
+
+    assert (of_kind(plan, Provision), of_kind(plan, AssignIdle)) == ([], [])
+    [shortfall] = plan.shortfalls
+    assert engine.why_not("train")[shortfall.need_key].startswith("awaiting another shard")
+
+
+def test_a_gang_its_own_idle_machines_hold_takes_them_without_waiting() -> None:
+    engine = shard_b()
+    fleet(engine, 3, prefix="b-idle", labels=LABELS)
+    engine.set_fleet_idle([RemoteIdle("a", {**LABELS, "rack": "r2"}, ALLOC, 4)])
+    apply(engine, rollup("train", 1, need(cpu=12, requirements=[same("rack")])), now=0)
+
+    plan = engine.cycle(now=1)
+
+    assert len(of_kind(plan, AssignIdle)) == 3
+    assert of_kind(plan, Provision) == []
+    assert plan.shortfalls == ()
+
+
 def test_a_gang_takes_a_rack_of_idle_machines_over_buying_in_a_lower_rack() -> None:
     # One shard, two racks that can each hold the gang: r1 (the lower code) only
     # speculative, r2 two idle machines already paid for. The gang goes to r2.
