@@ -391,16 +391,15 @@ def assign(
         if spread is None:
             # A need with a unit is covered by units hosted (shape per pod, ADR 0127).
             unit = demand.min_unit[index] if np.count_nonzero(demand.min_unit[index]) else None
-            # A gang that holds nothing and that its rack's idle machines cannot hold
-            # whole asks about another shard's idle rack before taking any of its own:
-            # a few idle machines here plus new ones would cost servers a rack of idle
-            # ones elsewhere saves (ADR 0172).
+            # A gang may be served from another shard's rack only while it holds none of
+            # its machines (ADR 0172). Then, when its rack's idle machines cannot hold it
+            # whole, it asks before taking any of them: a few idle machines here plus new
+            # ones would cost servers a rack of idle ones elsewhere saves.
+            movable = bool(gang) and not demand.pinned[index] and not np.count_nonzero(have)
             wait_at = (
                 TIER_IDLE
-                if gang
+                if movable
                 and fleet is not None
-                and not demand.pinned[index]
-                and not np.count_nonzero(have)
                 and not _idle_holds(sheet, mask, alloc, deficit, demand.slack(tolerance)[index])
                 else TIER_SPECULATIVE
             )
@@ -416,8 +415,7 @@ def assign(
                         need=need,
                         deficit={names[d]: float(deficit[d]) for d in np.flatnonzero(deficit)},
                         now=sheet.now,
-                        holds_none=not gang
-                        or not (demand.pinned[index] or took or np.count_nonzero(have)),
+                        holds_none=not gang or (movable and not took),
                     )
                 ):
                     awaiting = True

@@ -27,8 +27,13 @@ def shard_b(wait: float = 60.0) -> ShardEngine:
     return engine
 
 
-def offer(count: int = 1) -> RemoteIdle:
-    return RemoteIdle(shard_id="a", labels=LABELS, allocatable=ALLOC, count=count)
+def offer(count: int = 1, rack: str = "r1") -> RemoteIdle:
+    return RemoteIdle(shard_id="a", labels={**LABELS, "rack": rack}, allocatable=ALLOC, count=count)
+
+
+def gang(engine: ShardEngine, cpu: float) -> None:
+    """Cluster ``train`` asks for ``cpu`` cores' worth of 4-core machines in one rack."""
+    apply(engine, rollup("train", 1, need(cpu=cpu, requirements=[same("rack")])), now=0)
 
 
 def test_a_need_another_shards_idle_machine_fits_waits_for_it_and_reports_it() -> None:
@@ -106,7 +111,7 @@ def test_a_gang_waits_for_a_rack_another_shard_holds_idle_whole() -> None:
     # Two 4-core machines' worth, one rack: four idle in r1 elsewhere hold it whole.
     engine = shard_b()
     engine.set_fleet_idle([offer(4)])
-    apply(engine, rollup("train", 1, need(cpu=8, requirements=[same("rack")])), now=0)
+    gang(engine, cpu=8)
 
     plan = engine.cycle(now=1)
 
@@ -118,13 +123,8 @@ def test_a_gang_waits_for_a_rack_another_shard_holds_idle_whole() -> None:
 def test_a_gang_does_not_wait_for_machines_of_two_racks() -> None:
     # One idle machine in r1 and one in r2: together enough, but not in one rack.
     engine = shard_b()
-    engine.set_fleet_idle(
-        [
-            offer(1),
-            RemoteIdle("a", {**LABELS, "rack": "r2"}, ALLOC, 1),
-        ]
-    )
-    apply(engine, rollup("train", 1, need(cpu=8, requirements=[same("rack")])), now=0)
+    engine.set_fleet_idle([offer(1), offer(1, rack="r2")])
+    gang(engine, cpu=8)
 
     assert len(of_kind(engine.cycle(now=1), Provision)) == 1
 
@@ -133,8 +133,8 @@ def test_a_gang_that_runs_in_a_rack_grows_there_instead_of_waiting() -> None:
     # The gang holds one machine of r1 here; it can only be completed in r1.
     engine = shard_b()
     fleet(engine, 1, prefix="b-run", state=MachineState.CONFIGURED, cluster="train", labels=LABELS)
-    engine.set_fleet_idle([RemoteIdle("a", {**LABELS, "rack": "r2"}, ALLOC, 4)])
-    apply(engine, rollup("train", 1, need(cpu=8, requirements=[same("rack")])), now=0)
+    engine.set_fleet_idle([offer(4, rack="r2")])
+    gang(engine, cpu=8)
 
     plan = engine.cycle(now=1)
 
@@ -145,7 +145,7 @@ def test_a_gang_that_runs_in_a_rack_grows_there_instead_of_waiting() -> None:
 def test_the_coordinator_answers_a_gangs_wait_with_one_rack() -> None:
     engine = shard_b()
     engine.set_fleet_idle([offer(4)])
-    apply(engine, rollup("train", 1, need(cpu=8, requirements=[same("rack")])), now=0)
+    gang(engine, cpu=8)
     plan = engine.cycle(now=1)
     donor = ShardView(
         "a",
@@ -174,8 +174,8 @@ def test_a_gang_waits_for_a_rack_elsewhere_rather_than_topping_up_a_few_idle_her
     # claiming two; another shard holds four idle in one rack.
     engine = shard_b()
     fleet(engine, 1, prefix="b-idle", labels=LABELS)
-    engine.set_fleet_idle([RemoteIdle("a", {**LABELS, "rack": "r2"}, ALLOC, 4)])
-    apply(engine, rollup("train", 1, need(cpu=12, requirements=[same("rack")])), now=0)
+    engine.set_fleet_idle([offer(4, rack="r2")])
+    gang(engine, cpu=12)
 
     plan = engine.cycle(now=1)
 
@@ -187,8 +187,8 @@ def test_a_gang_waits_for_a_rack_elsewhere_rather_than_topping_up_a_few_idle_her
 def test_a_gang_its_own_idle_machines_hold_takes_them_without_waiting() -> None:
     engine = shard_b()
     fleet(engine, 3, prefix="b-idle", labels=LABELS)
-    engine.set_fleet_idle([RemoteIdle("a", {**LABELS, "rack": "r2"}, ALLOC, 4)])
-    apply(engine, rollup("train", 1, need(cpu=12, requirements=[same("rack")])), now=0)
+    engine.set_fleet_idle([offer(4, rack="r2")])
+    gang(engine, cpu=12)
 
     plan = engine.cycle(now=1)
 
@@ -203,7 +203,7 @@ def test_a_gang_takes_a_rack_of_idle_machines_over_buying_in_a_lower_rack() -> N
     engine = ShardEngine(EngineConfig())
     fleet(engine, 4, prefix="r1-spec", state=MachineState.SPECULATIVE, labels=LABELS)
     fleet(engine, 2, prefix="r2-idle", labels={**LABELS, "rack": "r2"})
-    apply(engine, rollup("train", 1, need(cpu=8, requirements=[same("rack")])), now=0)
+    gang(engine, cpu=8)
 
     plan = engine.cycle(now=1)
 
