@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -21,9 +21,11 @@ from bigfleet.metrics import COORDINATOR_INSTRUCTIONS, COORDINATOR_ROUNDS
 from bigfleet.v1alpha1 import provider_pb2
 from shard_engine.catalog import LABEL_RACK
 from shard_engine.coordination import (
+    DOMAIN_LABEL,
     ProfileSupply,
     ShardShortfall,
     ShardView,
+    idle_offers,
     plan_transfers,
     quota_group,
 )
@@ -174,16 +176,10 @@ class CoordinatorActivities:
 
     @activity.defn(name=co.PLAN)
     async def plan(self, inp: co.PlanInput) -> co.PlanResult:
-        """Turn the shards' latest reports into transfer instructions (pure planning)."""
-        # A shard that is not active (draining) takes nothing new: its shortfalls wait.
-        active = set(await self._store.active_shards())
-        views = {
-            r.shard_id: _view(r if r.shard_id in active else _without_shortfalls(r))
-            for r in inp.reports
-        }
-        planned = plan_transfers(views, max_share=inp.max_share)
-        COORDINATOR_ROUNDS.labels("planned" if planned else "nothing-to-do").inc()
-        return co.PlanResult(transfers=planned)
+        """Turn the shards' latest reports into transfer instructions and idle offers."""
+        result = plan_round(inp, active=await self._store.active_shards())
+        COORDINATOR_ROUNDS.labels("planned" if result.transfers else "nothing-to-do").inc()
+        return result
 
     @activity.defn(name=co.PLAN_DECOMMISSION)
     async def plan_decommission(self, inp: co.DecommissionInput) -> co.DecommissionPlan:
@@ -245,7 +241,45 @@ def _without_shortfalls(report: co.ShardReport) -> co.ShardReport:
     )
 
 
-def _view(report: co.ShardReport) -> ShardView:
+def plan_round(inp: co.PlanInput, *, active: Collection[str]) -> co.PlanResult:
+    """One round's plan from the shards' latest reports (pure; the plan activity's body).
+
+    A shard that is not ``active`` (draining) takes nothing new: its
+    shortfalls wait and it is offered nothing, but its machines are planned
+    and offered to the others like any shard's. Every active shard that
+    reported gets an entry in ``offers``, empty when nothing is on offer, so
+    it drops its stale ones (ADR 0129).
+    """
+    views = {
+        r.shard_id: shard_view(r if r.shard_id in active else _without_shortfalls(r))
+        for r in inp.reports
+    }
+    planned = plan_transfers(views, max_share=inp.max_share)
+    offers = idle_offers(
+        views,
+        receivers=sorted(set(active) & views.keys()),
+        planned=planned,
+        max_share=inp.max_share,
+    )
+    return co.PlanResult(
+        transfers=planned,
+        offers={
+            shard: [
+                co.IdleOffer(o.shard_id, dict(o.labels), dict(o.allocatable), o.count)
+                for o in shard_offers
+            ]
+            for shard, shard_offers in offers.items()
+        },
+    )
+
+
+def shard_view(report: co.ShardReport) -> ShardView:
+    """A shard's report as the planner reads it.
+
+    A profile's rack is its :data:`DOMAIN_LABEL` (the shard groups its
+    supply by it), so a gang's machines are planned and released inside
+    one rack, as the simulator's coordinator plans them.
+    """
     return ShardView(
         shard_id=report.shard_id,
         total_machines=report.total_machines,
@@ -260,6 +294,7 @@ def _view(report: co.ShardReport) -> ShardView:
                 idle=p.idle,
                 speculative=p.speculative,
                 configured_by_priority={int(k): v for k, v in p.configured_by_priority.items()},
+                domain=p.labels.get(DOMAIN_LABEL, ""),
             )
             for p in report.profiles
         ),
@@ -282,4 +317,4 @@ def _view(report: co.ShardReport) -> ShardView:
     )
 
 
-__all__ = ["CoordinatorActivities", "cloud_group"]
+__all__ = ["CoordinatorActivities", "cloud_group", "plan_round", "shard_view"]

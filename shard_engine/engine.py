@@ -278,12 +278,17 @@ class ShardEngine:
         Replaces the previous set. A need they cover waits for them
         (``fleet_idle``, ADR 0129) rather than creating or claiming capacity,
         for at most ``fleet_idle_wait_seconds``. The offers come from
-        ``coordination.idle_offers`` every coordinator round. The simulator's
-        coordinator round sets them; production does not yet (ADR 0129: its
-        first wiring double-resolved shortfalls and was withdrawn). Until the
-        first call (or after an empty one) the shard buys as a lone shard would.
+        ``coordination.idle_offers`` every coordinator round: production's
+        shard reads its own after each report (``CoordinatorReporter``), the
+        simulator's coordinator round posts them. Until the first call (or
+        after an empty one) the shard buys as a lone shard would.
         """
         self._fleet_idle.update(offers)
+
+    @property
+    def fleet_idle_offers(self) -> tuple[RemoteIdle, ...]:
+        """The other shards' idle machines as last set (:meth:`set_fleet_idle`)."""
+        return self._fleet_idle.offers
 
     def upsert_machine(self, record: MachineRecord, *, now: float, need_key: str = "") -> None:
         """Record a new or changed observation of a machine.

@@ -2,15 +2,29 @@
 
     shards ──report(ShardReport) signal──▶ CoordinatorWorkflow (id "bigfleet-coordinator")
         every round:  distribute unowned provider machines evenly over active shards
-                      plan transfers for the reported shortfalls (pure, in an activity)
+                      plan transfers for the reported shortfalls, and each active
+                      shard's offers of the others' idle machines (pure, in an activity)
                       one TransferWorkflow per instruction (visible, retryable)
         continue-as-new carries the term, the sequence and the latest reports
+    shards ──fleet_idle(FleetIdleQuery) query, after each report──▶ that shard's offers
 
 Every instruction carries the coordinator's (term, seq). The term comes from
 PostgreSQL and grows with every coordinator start; shards refuse instructions
 from a term lower than the highest they have seen. While the coordinator is
 down, shards keep serving from what they own (static stability); their
 reports wait as signals.
+
+Idle first, fleet-wide (ADR 0129): a shard that can still buy reports no
+shortfall, so the planner alone would never move another shard's idle
+machine to it. Each round therefore also computes, for every active shard,
+the idle machines the others hold; the shard reads them with the
+``fleet_idle`` query right after its report and hands them to its engine,
+whose Phase 1 lets a need wait briefly for one (reported as a shortfall,
+which a round's idle step answers). The machines of an idle transfer still
+under way stay on offer to its receiver until it ends, so the waiting need
+does not give up and buy while they move. The round's planning activity,
+run every round since, is gated by ``FLEET_IDLE_PATCH``; a query writes
+nothing to the history.
 """
 
 from __future__ import annotations
@@ -36,7 +50,9 @@ from workflows.coordinator_contracts import (
     COORDINATOR_ID,
     COORDINATOR_QUEUE,
     DISTRIBUTE,
+    DOMAIN_LABEL,
     FINISH_INSTRUCTION,
+    FLEET_IDLE,
     PLAN,
     PLAN_DECOMMISSION,
     PREPARE_PREEMPTION,
@@ -55,6 +71,9 @@ from workflows.coordinator_contracts import (
     DistributeInput,
     DistributeResult,
     DrainStart,
+    FleetIdleQuery,
+    FleetIdleReply,
+    IdleOffer,
     InstructionOutcome,
     InstructionRecord,
     PlanInput,
@@ -83,6 +102,9 @@ FRESH_CYCLE_PATCH = "answer-from-a-later-cycle"
 # How long an answer's end is remembered, in report intervals: a shard whose cycles
 # stalled that long is answered again from whatever it reports.
 ANSWERED_INTERVALS = 20
+# Marks histories in which every round plans (not only one with a shortfall), so each
+# shard can be told what the others hold idle (ADR 0129).
+FLEET_IDLE_PATCH = "fleet-idle-offers"
 
 
 @workflow.defn(name="TransferWorkflow")
@@ -259,6 +281,13 @@ class CoordinatorWorkflow:
         self._pending: dict[str, TransferSpec | ms.ClusterMoveSpec | ms.HandoverSpec] = {}
         self._recent: list[dict[str, object]] = []
         self._tasks: set[asyncio.Future[None]] = set()
+        # The last round's idle offers per active shard, with that round's seq and time,
+        # and the machines of idle transfers under way, per pending key (ADR 0129). Not
+        # carried through continue-as-new: the next run's first round plans afresh.
+        self._offers: dict[str, list[IdleOffer]] = {}
+        self._offers_seq = 0
+        self._offers_at = 0.0
+        self._arriving: dict[str, tuple[str, IdleOffer]] = {}
 
     @workflow.signal(name="report")
     def report(self, report: ShardReport) -> None:
@@ -298,6 +327,19 @@ class CoordinatorWorkflow:
         if problems:
             raise ValueError("; ".join(problems))
 
+    @workflow.query(name=FLEET_IDLE)
+    def fleet_idle(self, query: FleetIdleQuery) -> FleetIdleReply:
+        """What the other shards held idle at the last round, for ``query.shard_id``.
+
+        With the machines of idle transfers still on their way to it. Empty for
+        a shard that is not active or has not reported, and before this run's
+        first round.
+        """
+        arriving = [o for receiver, o in self._arriving.values() if receiver == query.shard_id]
+        return FleetIdleReply(
+            [*self._offers.get(query.shard_id, []), *arriving], self._offers_seq, self._offers_at
+        )
+
     @workflow.query(name="status")
     def status(self) -> dict[str, object]:
         state = self._state
@@ -324,6 +366,9 @@ class CoordinatorWorkflow:
             )[:20],
             "budget_shares": {s: dict(g) for s, g in state.budget_grants.items()} if state else {},
             "pending": [_describe(s) for s in self._pending.values()],
+            "idle_offered": {
+                shard: sum(o.count for o in offers) for shard, offers in self._offers.items()
+            },
             "recent": self._recent[-20:],
         }
 
@@ -412,21 +457,29 @@ class CoordinatorWorkflow:
                 if not self._in_flight(_cooldown_key(s)) and _cooldown_key(s) not in inp.cooldown
             ]
         )
-        if any(r.shortfalls for r in reports):
-            planned.transfers += (
-                await workflow.execute_activity(
-                    PLAN,
-                    PlanInput(reports, inp.max_share),
-                    result_type=PlanResult,
-                    start_to_close_timeout=QUICK,
-                    retry_policy=INSTRUCTION_RETRY,
-                )
-            ).transfers
+        # Before the patch a round planned only for reported shortfalls; now it plans
+        # every round, since the idle offers are wanted whether or not anything lacks.
+        offering = workflow.patched(FLEET_IDLE_PATCH)
+        if offering or any(r.shortfalls for r in reports):
+            result = await workflow.execute_activity(
+                PLAN,
+                PlanInput(reports, inp.max_share),
+                result_type=PlanResult,
+                start_to_close_timeout=QUICK,
+                retry_policy=INSTRUCTION_RETRY,
+            )
+            planned.transfers += result.transfers
+            if offering:
+                self._offers = result.offers
+                self._offers_seq, self._offers_at = inp.seq, workflow.now().timestamp()
         for spec in planned.transfers:
             inp.seq += 1
             key = _cooldown_key(spec)
             # A shortfall may take several donations in one round (ADR 0111).
             self._pending[f"{key}#{inp.seq}"] = spec
+            arriving = _arriving(spec, inp.reports.get(spec.donor))
+            if arriving is not None:
+                self._arriving[f"{key}#{inp.seq}"] = (spec.receiver, arriving)
             task = asyncio.ensure_future(self._transfer(inp, inp.seq, spec, key))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -521,6 +574,26 @@ class CoordinatorWorkflow:
         if workflow.patched(FRESH_CYCLE_PATCH):
             inp.answered[key] = workflow.now().timestamp()
         self._pending.pop(f"{key}#{seq}", None)
+        self._arriving.pop(f"{key}#{seq}", None)
+
+
+def _arriving(spec: TransferSpec, donor: ShardReport | None) -> IdleOffer | None:
+    """The machines an idle transfer moves, as an offer to its receiver; None for others.
+
+    Their labels and allocatable are those of the donor's reported profile
+    (provider, instance type, zone, capacity type and rack) they come from.
+    """
+    if spec.kind != TransferKind.IDLE or donor is None:
+        return None
+    for p in donor.profiles:
+        if (p.provider, p.instance_type, p.zone, p.capacity_type) == (
+            spec.provider,
+            spec.instance_type,
+            spec.zone,
+            spec.capacity_type,
+        ) and p.labels.get(DOMAIN_LABEL, "") == spec.domain:
+            return IdleOffer(spec.donor, dict(p.labels), dict(p.allocatable), spec.count)
+    return None
 
 
 __all__ = [
@@ -529,6 +602,8 @@ __all__ = [
     "COORDINATOR_QUEUE",
     "DISTRIBUTE",
     "FINISH_INSTRUCTION",
+    "FLEET_IDLE",
+    "FLEET_IDLE_PATCH",
     "PLAN",
     "PLAN_DECOMMISSION",
     "PREPARE_PREEMPTION",
@@ -547,6 +622,9 @@ __all__ = [
     "DistributeInput",
     "DistributeResult",
     "DrainStart",
+    "FleetIdleQuery",
+    "FleetIdleReply",
+    "IdleOffer",
     "InstructionOutcome",
     "InstructionRecord",
     "PlanInput",

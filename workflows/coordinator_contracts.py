@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 # The engine's instruction is the one definition of a transfer: the coordinator
 # plans it (pure, stdlib only) and the workflows carry it as it is (ADR 0136).
 from shard_engine.coordination import COOLDOWN_REPORT_INTERVALS as COOLDOWN_REPORT_INTERVALS
+from shard_engine.coordination import DOMAIN_LABEL as DOMAIN_LABEL
 from shard_engine.coordination import CountUse as CountUse
 from shard_engine.coordination import Instruction
 from shard_engine.coordination import TransferKind as TransferKind
@@ -93,8 +94,44 @@ class PlanInput:
 
 
 @dataclass
+class IdleOffer:
+    """Idle machines of one shape that another shard holds (``coordination.RemoteIdle``)."""
+
+    shard_id: str
+    labels: dict[str, str]
+    allocatable: dict[str, float]
+    count: int
+
+
+@dataclass
 class PlanResult:
     transfers: list[TransferSpec]
+    # Receiving shard -> the other shards' idle machines, less what these transfers
+    # take (ADR 0129); filled by a coordinator running the fleet-idle patch.
+    offers: dict[str, list[IdleOffer]] = field(default_factory=dict)
+
+
+@dataclass
+class FleetIdleQuery:
+    """A shard asks, right after its report, what the other shards hold idle."""
+
+    shard_id: str
+
+
+@dataclass
+class FleetIdleReply:
+    """The idle machines the coordinator's last round offered one shard.
+
+    ``offers`` also holds the machines of idle transfers still on their way
+    to the shard: its need keeps waiting for them rather than buying while
+    they move. ``seq`` is the round's sequence (0: no round yet) and
+    ``planned_at`` its time (the coordinator's clock), so a shard can tell
+    offers gone stale from a coordinator that stopped planning.
+    """
+
+    offers: list[IdleOffer] = field(default_factory=list)
+    seq: int = 0
+    planned_at: float = 0.0
 
 
 @dataclass
@@ -221,6 +258,9 @@ class TransferResult:
     outcome: str
 
 
+# The query a shard sends after its report to learn what the other shards hold
+# idle (ADR 0129); queries write nothing to the coordinator's history.
+FLEET_IDLE = "fleet_idle"
 # The update a shard sends after its report to learn its shares of the fleet-wide
 # count budgets (ADR 0140).
 BUDGET_SHARES = "budget-shares"

@@ -6,11 +6,17 @@
     blocked preemption drains + the engine's shortfalls -> up to 100 ShortfallReports
         (with the need's requirements and min_unit, from the needs in force)
     -> signal CoordinatorWorkflow.report
+    -> query CoordinatorWorkflow.fleet_idle -> engine.set_fleet_idle: the other shards'
+       idle machines as the coordinator's last round saw them (ADR 0129)
     count budgets: (cap, machines in scope, draining) here -> update budget-shares
         -> this shard's share of each, the engine's cap for it until the next answer
 
-When the coordinator is not running the shard carries on alone — except
-under a count budget, which it cannot know the rest of the fleet's use of:
+When the coordinator is not running the shard carries on alone. It waits
+for no other shard's idle machine then: its offers are cleared when the
+coordinator cannot be reached, does not answer the query, or last planned
+more than ``stale_after_s`` ago (nobody would move the machine). The one
+thing it cannot do alone is drain under a count budget, whose use by the
+rest of the fleet it cannot know:
 a shard without a fresh answer (never heard, or none for ``stale_after_s``)
 takes the safe default, the smaller of its last share and
 ``floor(cap / shards last heard of)``; one that has never heard takes 0, so
@@ -23,7 +29,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowQueryFailedError
 from temporalio.service import RPCError
 
 from bigfleet.aio import within
@@ -32,6 +38,7 @@ from bigfleet.shard.lease import LeaseKeeper
 from bigfleet.shard.state import ShardState
 from bigfleet.shard.supply import Held, profile_supply
 from bigfleet.shard.terms import CoordinatorTerms
+from shard_engine.coordination import RemoteIdle
 from shard_engine.engine import ShardEngine
 from shard_engine.model import Shortfall
 from workflows import coordinator as co
@@ -39,7 +46,7 @@ from workflows import coordinator_contracts as cc
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MAX_REPORTED_SHORTFALLS", "CoordinatorReporter"]
+__all__ = ["MAX_REPORTED_SHORTFALLS", "CoordinatorReporter", "remote_idle"]
 
 MAX_REPORTED_SHORTFALLS = 100
 
@@ -140,17 +147,48 @@ class CoordinatorReporter:
     async def send_report(self) -> bool:
         """Signal the coordinator; False when it is not running (shards carry on alone).
 
-        Then ask for this shard's shares of the count budgets, if there are any.
+        Then take its idle offers (:meth:`read_fleet_idle`) and ask for this
+        shard's shares of the count budgets, if there are any.
         """
         try:
             handle = self._temporal.get_workflow_handle(co.COORDINATOR_ID)
             await handle.signal(co.CoordinatorWorkflow.report, self.build_report())
         except RPCError as err:
             log.debug("coordinator unreachable (%s); carrying on alone", err)
+            self._state.engine.set_fleet_idle(())
             self._apply_shares()
             return False
+        await self.read_fleet_idle()
         await self.ask_budget_shares()
         return True
+
+    async def read_fleet_idle(self) -> tuple[RemoteIdle, ...]:
+        """Hand the engine what the other shards hold idle; the offers it was given.
+
+        The coordinator's last round's offers for this shard (ADR 0129). None
+        when the coordinator does not answer the query (unreachable, or one
+        from before the query existed), or when its last round is older than
+        ``stale_after_s``: a need must not wait for a transfer nobody plans.
+        """
+        offers: tuple[RemoteIdle, ...] = ()
+        try:
+            handle = self._temporal.get_workflow_handle(co.COORDINATOR_ID)
+            reply = await within(
+                handle.query(
+                    co.CoordinatorWorkflow.fleet_idle, cc.FleetIdleQuery(self._lease.shard_id)
+                ),
+                self._update_timeout_s,
+            )
+        except (RPCError, WorkflowQueryFailedError, TimeoutError) as err:
+            log.debug("no idle offers from the coordinator (%s); buying as a lone shard", err)
+        else:
+            age = self._clock() - reply.planned_at
+            if reply.seq > 0 and age <= self._stale_after_s:
+                offers = remote_idle(reply)
+            elif reply.seq > 0:
+                log.info("idle offers %.0f s old ignored: the coordinator is not planning", age)
+        self._state.engine.set_fleet_idle(offers)
+        return offers
 
     def budget_ask(self) -> cc.BudgetShareAsk:
         """This shard's census of its count budgets, with the share each drains under now."""
@@ -223,3 +261,17 @@ class CoordinatorReporter:
             engine.budget_shares = dict(self._answer.shares)
         else:
             engine.budget_shares = self.fallback_shares()
+
+
+def remote_idle(reply: cc.FleetIdleReply) -> tuple[RemoteIdle, ...]:
+    """The coordinator's offers as the engine takes them (empty ones dropped, fields copied)."""
+    return tuple(
+        RemoteIdle(
+            shard_id=o.shard_id,
+            labels=dict(o.labels),
+            allocatable=dict(o.allocatable),
+            count=o.count,
+        )
+        for o in reply.offers
+        if o.count > 0
+    )

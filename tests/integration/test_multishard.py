@@ -89,6 +89,15 @@ async def _four(
     return found if len(found) >= 4 else None
 
 
+async def _offered(dev: DevStack, shard_id: str, machines: int) -> None:
+    """Wait until ``shard_id`` is offered ``machines`` idle machines of the other shards."""
+    await eventually(
+        lambda: sum(o.count for o in shard(dev, shard_id).engine.fleet_idle_offers) == machines,
+        within=90,
+        what=f"{shard_id} is offered {machines} idle machines of the other shards",
+    )
+
+
 async def test_idle_machines_of_another_shard_are_given_before_new_ones_are_bought(
     stack: DevStack,
 ) -> None:
@@ -109,6 +118,9 @@ async def test_idle_machines_of_another_shard_are_given_before_new_ones_are_boug
         ),
         what="shard-1 sees two idle GPU machines",
     )
+    # Until the coordinator plans from a report of shard-1's that shows them idle, it
+    # would answer from the one before, where they were quota (and move none of it).
+    await _offered(stack, "shard-0", 2)
     await _connect(stack, "gpu-a", machines=4)  # first contact: shard-0
     machines = await eventually(
         lambda: _four(configured_for(stack, "gpu-a")), within=90, what="4 GPU machines configured"
@@ -118,6 +130,53 @@ async def test_idle_machines_of_another_shard_are_given_before_new_ones_are_boug
     kinds = [i.kind for i in await stack.store.instructions() if i.status == "applied"]
     assert "idle" in kinds and "speculative" not in kinds
     assert set(donor_gpus) <= set(await _owned_gpus(stack, "shard-0")), "ownership moved"
+
+
+async def test_a_shard_that_could_buy_takes_another_shards_idle_machines_instead(
+    stack: DevStack,
+) -> None:
+    """Idle first, fleet-wide (ADR 0129): shard-0 owns two GPU slots of its own, enough
+    for the cluster, so it has no shortfall to report; yet shard-1's two idle GPU hosts
+    are used, and nothing new is created."""
+    await eventually(lambda: all(len(p.owned) == 6 for p in stack.shards), what="distribution")
+    own_gpus = await _owned_gpus(stack, "shard-0")
+    donor_gpus = await _owned_gpus(stack, "shard-1")
+    client = next(iter(stack.provider_clients.values()))
+    for i, machine_id in enumerate(donor_gpus):
+        await client.create(machine_id, FencingToken("setup", 1, i + 1))
+    await eventually(
+        lambda: (
+            sum(
+                1
+                for m in shard(stack, "shard-1").engine.machines()
+                if m.id in donor_gpus and m.state.name == "IDLE"
+            )
+            == 2
+        ),
+        what="shard-1 sees two idle GPU machines",
+    )
+    # shard-0 learns of them after one of its reports that follows a round planned
+    # from a report of shard-1's showing them idle.
+    await _offered(stack, "shard-0", 2)
+    await _connect(stack, "gpu-a", machines=2)  # first contact: shard-0
+    machines = await eventually(
+        lambda: _two(configured_for(stack, "gpu-a")), within=90, what="2 GPU machines configured"
+    )
+    assert {m.id for m in machines} == set(donor_gpus), "the other shard's idle hosts were used"
+    listing = await client.list()
+    states = {m.id: m.state for m in listing.machines}
+    assert all(states[m] == provider_pb2.MACHINE_STATE_SPECULATIVE for m in own_gpus), (
+        "nothing new was created"
+    )
+    assert stack.store is not None
+    # What answered the cluster: one idle transfer (the coordinator may also even out
+    # quota afterwards, shard-0 now holding all four GPU slots; that answers no need).
+    answers = [
+        i.kind
+        for i in await stack.store.instructions()
+        if i.status == "applied" and i.payload.get("cluster_id") == "gpu-a"
+    ]
+    assert answers == ["idle"]
 
 
 async def test_an_instruction_from_an_older_term_is_refused(stack: DevStack) -> None:

@@ -73,6 +73,11 @@ def report() -> co.ShardReport:
     )
 
 
+def offer() -> co.IdleOffer:
+    """What the first round offers shard b: two idle GPU machines of shard a."""
+    return co.IdleOffer(DONOR, {"zone": "z1"}, {"nvidia.com/gpu": 1.0}, 2)
+
+
 @dataclass
 class Shards:
     """The coordinator's store and planner and both shards' halves, scripted and recorded."""
@@ -99,7 +104,8 @@ class Shards:
             if self._rounds > 1:
                 return co.PlanResult([])
             return co.PlanResult(
-                [_spec(co.TransferKind.IDLE), _spec(co.TransferKind.PREEMPT, below=900_000)]
+                [_spec(co.TransferKind.IDLE), _spec(co.TransferKind.PREEMPT, below=900_000)],
+                offers={RECEIVER: [offer()], DONOR: []},
             )
 
         @activity.defn(name=ms.PLAN_MEMBERSHIP)

@@ -11,7 +11,10 @@ running workflows must still replay: add the new ones under new names).
 machine missed its creating deadline, recorded with the ProvisionWorkflow
 from before failed machines were handed to RecoverWorkflows (commit
 214c718). It proves the ``recover-failed-machines`` patch keeps such
-histories replaying; keep it.
+histories replaying; keep it. Likewise ``coordinator_rounds_before_fleet_idle.json``:
+the coordinator's two rounds from before every round planned (its second
+round, with no shortfall, ran no plan activity); it proves the
+``fleet-idle-offers`` patch keeps running coordinators replaying.
 """
 
 from __future__ import annotations

@@ -1,0 +1,215 @@
+"""Each shard learns, after its report, what the other shards hold idle (ADR 0129).
+
+The real ``CoordinatorWorkflow`` on the time-skipping server, the real
+``CoordinatorReporter`` of a shard querying it; the coordinator's planner and
+the shards' halves of a transfer are scripted activities under their real
+names, as in the replay histories.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+from temporalio import activity
+from temporalio.client import WorkflowHandle
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from bigfleet.shard.lease import LeaseKeeper
+from bigfleet.shard.reporter import CoordinatorReporter, remote_idle
+from bigfleet.shard.state import ShardState
+from bigfleet.shard.terms import CoordinatorTerms
+from shard_engine.config import EngineConfig
+from shard_engine.coordination import RemoteIdle
+from shard_engine.engine import ShardEngine
+from tests.waiting import eventually
+from tests.workflows.harness import PROVIDER
+from tests.workflows.histories.coordinator import DONOR, RECEIVER, _spec, report
+from tests.workflows.rig import time_skipping_server
+from workflows import coordinator as co
+from workflows import coordinator_contracts as cc
+from workflows import membership_contracts as ms
+from workflows.contracts import MachineTarget
+from workflows.registry import COORDINATOR_WORKFLOWS
+
+GPU_LABELS = {"node.kubernetes.io/instance-type": "g5.xlarge", "zone": "z1"}
+GPU = {"nvidia.com/gpu": 1.0}
+OFFER = cc.IdleOffer(DONOR, GPU_LABELS, GPU, 2)
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[WorkflowEnvironment]:
+    """A server of the test's own: it reads the server's clock."""
+    async with time_skipping_server() as server:
+        yield server
+
+
+class Planner:
+    """The coordinator's activities, scripted: the n-th plan is ``plans[n]``, and once
+    they run out no transfer, with the last plan's offers."""
+
+    def __init__(self, plans: list[cc.PlanResult]) -> None:
+        self.plans = plans
+        self.planned: list[int] = []  # shortfalls each plan call saw
+
+    def activities(self) -> list[Callable[..., Any]]:
+        @activity.defn(name=co.DISTRIBUTE)
+        async def distribute(inp: cc.DistributeInput) -> cc.DistributeResult:
+            return cc.DistributeResult(adoptions=[])
+
+        @activity.defn(name=co.PLAN)
+        async def plan(inp: cc.PlanInput) -> cc.PlanResult:
+            self.planned.append(sum(len(r.shortfalls) for r in inp.reports))
+            if len(self.planned) <= len(self.plans):
+                return self.plans[len(self.planned) - 1]
+            return cc.PlanResult([], offers=self.plans[-1].offers)
+
+        @activity.defn(name=ms.PLAN_MEMBERSHIP)
+        async def plan_membership(inp: ms.MembershipPlanInput) -> ms.MembershipPlan:
+            return ms.MembershipPlan()
+
+        @activity.defn(name=co.RECORD_INSTRUCTION)
+        async def record_instruction(inp: cc.InstructionRecord) -> None:
+            return None
+
+        @activity.defn(name=co.FINISH_INSTRUCTION)
+        async def finish_instruction(inp: cc.InstructionOutcome) -> None:
+            return None
+
+        return [distribute, plan, plan_membership, record_instruction, finish_instruction]
+
+
+def _reporter(
+    env: WorkflowEnvironment, shard_id: str, now: list[float]
+) -> tuple[CoordinatorReporter, ShardEngine]:
+    engine = ShardEngine(EngineConfig())
+    reporter = CoordinatorReporter(
+        env.client,
+        lease=cast(LeaseKeeper, SimpleNamespace(shard_id=shard_id, epoch=1)),
+        state=ShardState(engine, clock=lambda: now[0]),
+        terms=CoordinatorTerms(),
+        clock=lambda: now[0],
+        stale_after_s=90.0,
+    )
+    return reporter, engine
+
+
+async def _start(env: WorkflowEnvironment) -> WorkflowHandle[Any, Any]:
+    return await env.client.start_workflow(
+        co.CoordinatorWorkflow.run,
+        cc.CoordinatorInput(term=3, interval_s=30.0, max_share=0.5),
+        id=co.COORDINATOR_ID,
+        task_queue=co.COORDINATOR_QUEUE,
+        id_conflict_policy=WorkflowIDConflictPolicy.TERMINATE_EXISTING,
+    )
+
+
+async def test_after_its_report_a_shard_takes_the_offers_planned_for_it(
+    env: WorkflowEnvironment,
+) -> None:
+    planner = Planner([cc.PlanResult([], offers={RECEIVER: [OFFER], DONOR: []})])
+    now = [(await env.get_current_time()).timestamp()]
+    receiver, engine = _reporter(env, RECEIVER, now)
+    donor, donor_engine = _reporter(env, DONOR, now)
+    async with Worker(
+        env.client,
+        task_queue=co.COORDINATOR_QUEUE,
+        workflows=list(COORDINATOR_WORKFLOWS),
+        activities=planner.activities(),
+    ):
+        handle = await _start(env)
+        assert await receiver.send_report()
+        offers = await eventually(
+            receiver.read_fleet_idle, within=60.0, what="the receiver's offers after a round"
+        )
+        assert await donor.send_report()
+        status = await handle.query("status")
+
+        # The coordinator stops planning (its worker is gone, say): offers older than
+        # stale_after_s are dropped rather than waited for.
+        now[0] += 91.0
+        stale = await receiver.read_fleet_idle()
+        await handle.terminate("the coordinator is gone")
+    now[0] -= 91.0
+    gone = await receiver.send_report()
+
+    assert offers == (RemoteIdle(DONOR, GPU_LABELS, GPU, 2),)
+    assert donor_engine.fleet_idle_offers == (), "a shard is offered none of its own"
+    # No shard reported a shortfall, yet rounds planned: the offers are wanted every round.
+    assert planner.planned and set(planner.planned) == {0}
+    assert status["idle_offered"] == {RECEIVER: 2, DONOR: 0}
+    assert stale == ()
+    assert not gone and engine.fleet_idle_offers == (), "no coordinator: nothing to wait for"
+
+
+async def test_the_machines_of_an_idle_transfer_under_way_stay_on_offer_to_its_receiver(
+    env: WorkflowEnvironment,
+) -> None:
+    # The round plans two of the donor's idle GPU machines for the receiver's waiting
+    # need; the round's offers leave them out (they are taken). Until the transfer
+    # ends the receiver must still see them, or its need stops waiting and buys.
+    idle = _spec(cc.TransferKind.IDLE, count=2)
+    planner = Planner([cc.PlanResult([idle], offers={RECEIVER: [], DONOR: []})])
+    release_may_finish = asyncio.Event()
+    adopted: list[int] = []
+
+    @activity.defn(name=co.RELEASE_MACHINES)
+    async def release(inp: cc.ReleaseInput) -> cc.ReleaseResult:
+        await release_may_finish.wait()
+        return cc.ReleaseResult([MachineTarget(f"gpu-{i}", PROVIDER) for i in range(2)])
+
+    @activity.defn(name=co.ADOPT_MACHINES)
+    async def adopt(inp: cc.AdoptInput) -> cc.AdoptResult:
+        adopted.append(len(inp.machines))
+        return cc.AdoptResult(len(inp.machines))
+
+    donor_report = cc.ShardReport(
+        shard_id=DONOR,
+        epoch=1,
+        sent_at=1.0,
+        total_machines=10,
+        profiles=[
+            cc.ProfileReport(PROVIDER, "g5.xlarge", "z1", 2, GPU_LABELS, GPU, idle=2),
+            cc.ProfileReport(PROVIDER, "g5.xlarge", "z2", 2, {"zone": "z2"}, GPU, idle=1),
+        ],
+    )
+    query = co.CoordinatorWorkflow.fleet_idle
+    async with (
+        Worker(
+            env.client,
+            task_queue=co.COORDINATOR_QUEUE,
+            workflows=list(COORDINATOR_WORKFLOWS),
+            activities=planner.activities(),
+        ),
+        Worker(env.client, task_queue=f"shard-{DONOR}", activities=[release]),
+        Worker(env.client, task_queue=f"shard-{RECEIVER}", activities=[adopt]),
+    ):
+        handle = await _start(env)
+        await handle.signal(co.CoordinatorWorkflow.report, donor_report)
+        await handle.signal(co.CoordinatorWorkflow.report, report())
+
+        async def under_way() -> cc.FleetIdleReply | None:
+            reply = await handle.query(query, cc.FleetIdleQuery(RECEIVER))
+            return reply if reply.offers else None
+
+        moving = await eventually(under_way, within=60.0, what="the transfer under way")
+        elsewhere = await handle.query(query, cc.FleetIdleQuery(DONOR))
+        release_may_finish.set()
+
+        async def ended() -> cc.FleetIdleReply | None:
+            reply = await handle.query(query, cc.FleetIdleQuery(RECEIVER))
+            return reply if adopted and not reply.offers else None
+
+        after = await eventually(ended, within=60.0, what="the transfer's end")
+        await handle.terminate("done")
+
+    assert remote_idle(moving) == (RemoteIdle(DONOR, GPU_LABELS, GPU, 2),), (
+        "the z1 profile the machines come from, with the transfer's count"
+    )
+    assert elsewhere.offers == [], "only the receiver waits for them"
+    assert adopted == [2] and after.seq == moving.seq
