@@ -265,7 +265,9 @@ def plan_round(inp: co.PlanInput, *, active: Collection[str]) -> co.PlanResult:
         transfers=planned,
         offers={
             shard: [
-                co.IdleOffer(o.shard_id, dict(o.labels), dict(o.allocatable), o.count)
+                co.IdleOffer(
+                    o.shard_id, dict(o.labels), dict(o.allocatable), o.count, o.speculative
+                )
                 for o in shard_offers
             ]
             for shard, shard_offers in offers.items()

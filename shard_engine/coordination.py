@@ -24,7 +24,11 @@ profile), so what an instruction moves stays in one rack. A need with a
 profile that covers it whole, or, when no shard holds a domain whole, by
 assembling one: the receiver's own free machines in a rack plus one or more
 donors' machines in that very rack, in the rack that takes the fewest
-moves (:func:`_assemble`). A gang is never spread over domains.
+moves (:func:`_assemble`). A gang is never spread over domains. When idle
+machines alone cannot complete any rack, a gang takes, before quota alone,
+a rack's idle machines and unclaimed slots of the same rack for the rest,
+in the rack that reuses the most idle machines (:func:`_resolve_reuse`,
+ADR 0173): one idle and one quota instruction for one shortfall.
 
 Quota nobody owns yet is spread by :func:`distribute_evenly`, per quota
 group (provider, zone, instance type, capacity type) and, for the
@@ -194,6 +198,10 @@ class RemoteIdle:
     labels: Mapping[str, str]
     allocatable: Mapping[str, float]
     count: int
+    #: Unclaimed slots of the same profile (and rack) the donor could give with them:
+    #: a gang short of a rack of idle machines may take them and claim the rest of
+    #: the rack there (ADR 0173). Needs that are not gangs wait for idle machines only.
+    speculative: int = 0
 
 
 def idle_offers(
@@ -214,32 +222,40 @@ def idle_offers(
     same sanity limit as :func:`plan_transfers`) shrinks by what it gives.
     Each offer is capped at what is left of that budget, since a need that
     waits for more than the coordinator can move in a round waits in vain.
+    An offer also carries the profile's unclaimed slots (``speculative``),
+    within what is left of the budget after its idle machines, less what
+    this round's quota transfers take: a gang may take a rack's idle
+    machines with new ones of the same rack (ADR 0173).
 
     Every receiver gets an entry, empty when nothing is on offer, so the
     caller replaces a shard's stale offers. Offers are sorted by donor and
     profile key (a stable answer, and what a shard's Phase 1 tries first).
     """
     budget = {sid: max(1, int(v.total_machines * max_share)) for sid, v in views.items()}
-    taken: dict[tuple[str, tuple[str, str, str, int, str]], int] = defaultdict(int)
+    taken: dict[tuple[str, tuple[str, str, str, int, str], TransferKind], int] = defaultdict(int)
     for ins in planned:
         if ins.donor in budget:
             budget[ins.donor] -= ins.count
-        if ins.kind == TransferKind.IDLE:
-            key = (ins.provider, ins.instance_type, ins.zone, ins.capacity_type, ins.domain)
-            taken[(ins.donor, key)] += ins.count
+        key = (ins.provider, ins.instance_type, ins.zone, ins.capacity_type, ins.domain)
+        taken[(ins.donor, key, ins.kind)] += ins.count
     on_offer: list[RemoteIdle] = []
     for donor, view in sorted(views.items()):
         for supply in sorted(view.supply, key=lambda s: s.key):
             if supply.idle <= 0:
                 continue
-            count = min(supply.idle - taken.get((donor, supply.key), 0), budget[donor])
+            idle = supply.idle - taken.get((donor, supply.key, TransferKind.IDLE), 0)
+            count = min(idle, budget[donor])
             if count > 0:
+                spare = supply.speculative - taken.get(
+                    (donor, supply.key, TransferKind.SPECULATIVE), 0
+                )
                 on_offer.append(
                     RemoteIdle(
                         shard_id=donor,
                         labels=dict(supply.labels),
                         allocatable=dict(supply.allocatable),
                         count=count,
+                        speculative=max(0, min(spare, budget[donor] - count)),
                     )
                 )
     wanted = sorted(views if receivers is None else receivers)
@@ -299,6 +315,9 @@ def plan_transfers(views: Mapping[str, ShardView], *, max_share: float = 0.05) -
             if kind is TransferKind.PREEMPT and not sf.escalated:
                 break
             donations = _resolve(donors, receiver, sf, kind, taken, budget, views)
+            if not donations and kind is TransferKind.IDLE and _is_gang(sf):
+                # A rack's idle machines and its unclaimed slots together (ADR 0173).
+                donations = _resolve_reuse(donors, receiver, sf, taken, budget, views)
             if donations:
                 out.extend(donations)
                 break
@@ -488,34 +507,119 @@ def _resolve(
         plan = _combine(offers, sf.deficit, budget)
     else:
         plan = _assemble(offers, sf, _own_in_domains(views.get(receiver), sf), budget)
-    out: list[Instruction] = []
-    for offer, count in plan:
-        remaining = count
-        for bucket, left in offer.buckets:
-            take = min(max(left, 0), remaining)
-            taken[(offer.donor, offer.supply.key, bucket)] += take
-            remaining -= take
-            if remaining == 0:
-                break
-        budget[offer.donor] -= count
-        out.append(
-            Instruction(
-                kind=kind,
-                donor=offer.donor,
-                receiver=receiver,
-                provider=offer.supply.provider,
-                instance_type=offer.supply.instance_type,
-                zone=offer.supply.zone,
-                capacity_type=offer.supply.capacity_type,
-                count=count,
-                cluster_id=sf.cluster_id,
-                need_key=sf.need_key,
-                priority=sf.priority,
-                below_priority=sf.priority if kind is TransferKind.PREEMPT else 0,
-                domain=offer.supply.domain,
-            )
+    return [_instruct(kind, offer, count, receiver, sf, taken, budget) for offer, count in plan]
+
+
+def _instruct(
+    kind: TransferKind,
+    offer: _Offer,
+    count: int,
+    receiver: str,
+    sf: ShardShortfall,
+    taken: _Taken,
+    budget: dict[str, int],
+) -> Instruction:
+    """The instruction moving ``count`` of ``offer``'s machines; books what it takes."""
+    remaining = count
+    for bucket, left in offer.buckets:
+        take = min(max(left, 0), remaining)
+        taken[(offer.donor, offer.supply.key, bucket)] += take
+        remaining -= take
+        if remaining == 0:
+            break
+    budget[offer.donor] -= count
+    return Instruction(
+        kind=kind,
+        donor=offer.donor,
+        receiver=receiver,
+        provider=offer.supply.provider,
+        instance_type=offer.supply.instance_type,
+        zone=offer.supply.zone,
+        capacity_type=offer.supply.capacity_type,
+        count=count,
+        cluster_id=sf.cluster_id,
+        need_key=sf.need_key,
+        priority=sf.priority,
+        below_priority=sf.priority if kind is TransferKind.PREEMPT else 0,
+        domain=offer.supply.domain,
+    )
+
+
+def _resolve_reuse(
+    donors: Sequence[tuple[str, ShardView]],
+    receiver: str,
+    sf: ShardShortfall,
+    taken: _Taken,
+    budget: dict[str, int],
+    views: Mapping[str, ShardView],
+) -> list[Instruction]:
+    """A gang's rack completed from donors' idle machines there and, for the rest, their
+    unclaimed slots in the same rack (ADR 0173); none when no rack can be.
+
+    For every rack some donor holds idle machines in: the gang's deficit less
+    the receiver's own free machines there, first from the donors' idle
+    machines in the rack (as many as it takes, fewest machines first), then
+    from their unclaimed slots in it (:func:`_combine`). The rack that reuses
+    the most idle machines wins, then the one moving fewest machines, then
+    the name. Only after the idle step alone found no rack: a rack of idle
+    machines is better still, and only before quota alone: quota moves no
+    machine already paid for.
+    """
+    idle = [
+        o
+        for o in _offers(donors, receiver, sf, TransferKind.IDLE, taken, budget)
+        if o.supply.domain
+    ]
+    if not idle:
+        return []
+    slots = [
+        o
+        for o in _offers(donors, receiver, sf, TransferKind.SPECULATIVE, taken, budget)
+        if o.supply.domain
+    ]
+    own = _own_in_domains(views.get(receiver), sf)
+    best: tuple[tuple[int, int, str], list[tuple[TransferKind, _Offer, int]]] | None = None
+    for domain in sorted({o.supply.domain for o in idle}):
+        rest = dict(sf.deficit)
+        for allocatable, count in own.get(domain, []):
+            for name in rest:
+                rest[name] -= count * allocatable.get(name, 0.0)
+        rest = {k: v for k, v in rest.items() if v > 1e-9 * max(1.0, sf.deficit[k])}
+        if not rest:
+            continue
+        spent: dict[str, int] = defaultdict(int)
+        plan: list[tuple[TransferKind, _Offer, int]] = []
+        here = sorted(
+            (o for o in idle if o.supply.domain == domain),
+            key=lambda o: (units_needed(rest, o.supply.allocatable), o.donor, o.supply.key),
         )
-    return out
+        for offer in here:
+            if not rest:
+                break
+            need = units_needed(rest, offer.supply.allocatable)
+            take = min(need, offer.available, budget[offer.donor] - spent[offer.donor])
+            if take <= 0:
+                continue
+            plan.append((TransferKind.IDLE, offer, take))
+            spent[offer.donor] += take
+            for name in list(rest):
+                rest[name] -= take * offer.supply.allocatable.get(name, 0.0)
+                if rest[name] <= 1e-9 * max(1.0, sf.deficit[name]):
+                    del rest[name]
+        reused = sum(count for _, _, count in plan)
+        if not rest or reused == 0:
+            continue  # the idle step alone covers it (or nothing here is idle)
+        left = {d: budget[d] - spent[d] for d in budget}
+        completion = _combine([o for o in slots if o.supply.domain == domain], rest, left)
+        if not completion:
+            continue
+        plan += [(TransferKind.SPECULATIVE, o, n) for o, n in completion]
+        rank = (-reused, reused + sum(n for _, n in completion), domain)
+        if best is None or rank < best[0]:
+            best = (rank, plan)
+    if best is None:
+        return []
+    return [_instruct(kind, offer, n, receiver, sf, taken, budget) for kind, offer, n in best[1]]
 
 
 def quota_group(provider: str, zone: str, instance_type: str, capacity_type: int) -> str:

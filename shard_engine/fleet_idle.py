@@ -19,11 +19,15 @@ configure; bare metal claimed is paid for as long as the run. If the
 transfer has not come within the wait, the need buys as before.
 
 A gang (a ``Same`` requirement) waits only while it holds none of its
-machines, and only for offers of one domain that hold it whole: the
+machines, and only for one domain that then holds it whole: the
 coordinator moves a gang's machines inside one rack (ADR 0172). A gang
 that already runs somewhere grows where it runs. Phase 1 asks for a gang
 before taking any of its shard's idle machines when those cannot hold it
-whole.
+whole. The domain may be completed with the shard's own free machines in
+it and the donors' unclaimed slots there, when that reuses more idle
+machines than any rack the shard could serve the gang from alone
+(ADR 0173): two idle servers of another shard's rack and one new one
+beside them cost one claim where the shard's own rack would take three.
 
 Pure and clock-free: the caller passes ``now``.
 """
@@ -37,7 +41,17 @@ from dataclasses import dataclass, field
 from shard_engine.coordination import RemoteIdle, labels_satisfy
 from shard_engine.model import Need, Operator
 
-__all__ = ["FleetIdle", "RemoteIdle"]
+__all__ = ["FleetIdle", "OwnRack", "RemoteIdle"]
+
+
+@dataclass(frozen=True, slots=True)
+class OwnRack:
+    """What the shard itself holds free in one of a gang's domains, in resources."""
+
+    #: Its idle machines there (paid for already).
+    idle: Mapping[str, float]
+    #: Its idle machines and unclaimed slots there.
+    free: Mapping[str, float]
 
 
 @dataclass(slots=True)
@@ -53,15 +67,21 @@ class FleetIdle:
     offers: tuple[RemoteIdle, ...] = ()
     waiting_since: dict[tuple[int, str], float] = field(default_factory=dict)
     _left: list[int] = field(default_factory=list)
+    _left_slots: list[int] = field(default_factory=list)
 
     def update(self, offers: Sequence[RemoteIdle]) -> None:
-        """Replace what the other shards hold idle (an empty sequence: nothing)."""
-        self.offers = tuple(o for o in offers if o.count > 0)
-        self._left = [o.count for o in self.offers]
+        """Replace what the other shards hold idle (an empty sequence: nothing).
+
+        An offer of unclaimed slots alone (no idle machine) is kept: it is the
+        rest of a rack a gang waits for, still on its way (ADR 0173).
+        """
+        self.offers = tuple(o for o in offers if o.count > 0 or o.speculative > 0)
+        self.begin_cycle()
 
     def begin_cycle(self) -> None:
         """Every offer is whole again at the start of a cycle."""
         self._left = [o.count for o in self.offers]
+        self._left_slots = [o.speculative for o in self.offers]
 
     def wait(
         self,
@@ -72,6 +92,7 @@ class FleetIdle:
         deficit: Mapping[str, float],
         now: float,
         holds_none: bool = True,
+        own: Mapping[tuple[str, ...], OwnRack] | None = None,
     ) -> bool:
         """Should this need wait for another shard's idle machine instead of buying now?
 
@@ -87,6 +108,11 @@ class FleetIdle:
         A gang's offers must cover it inside one domain (the values of its
         ``Same`` labels), and a gang waits only when ``holds_none``: one
         that holds machines in its domain can only be completed there.
+        With ``own`` (the shard's own free machines per domain of the gang)
+        a gang also waits for a domain its own free machines there, the
+        offers' idle machines and their unclaimed slots cover together,
+        when that reuses more idle machines than the best domain the shard
+        could serve it from alone (:meth:`_reuse`, ADR 0173).
         """
         since_key = (cluster, key)
         same = tuple(r.key for r in need.requirements if r.operator is Operator.SAME)
@@ -98,7 +124,9 @@ class FleetIdle:
             return False  # waited long enough: buy (the entry stays until the need is met)
         groups: dict[tuple[str, ...], list[int]] = {}
         for i, offer in enumerate(self.offers):
-            if self._left[i] <= 0 or not labels_satisfy(need.requirements, offer.labels):
+            # A gang may also take an offer's unclaimed slots (``_reuse``); others may not.
+            spare = self._left[i] > 0 or (same and own is not None and self._left_slots[i] > 0)
+            if not spare or not labels_satisfy(need.requirements, offer.labels):
                 continue
             if any(offer.allocatable.get(k, 0.0) < v for k, v in need.min_unit.items() if v > 0):
                 continue
@@ -111,10 +139,76 @@ class FleetIdle:
                 self._left[i] -= take
             self.waiting_since[since_key] = started
             return True
+        if same and own is not None and self._reuse(groups, deficit, own):
+            self.waiting_since[since_key] = started
+            return True
         # The coordinator's idle step covers a shortfall whole or not at all, so a
         # need the offers cannot cover would wait the whole bound for nothing.
         self.waiting_since.pop(since_key, None)
         return False
+
+    def _reuse(
+        self,
+        groups: Mapping[tuple[str, ...], Sequence[int]],
+        deficit: Mapping[str, float],
+        own: Mapping[tuple[str, ...], OwnRack],
+    ) -> bool:
+        """Spend the offers of the domain that completes a gang reusing the most idle machines.
+
+        A domain qualifies when the shard's own free machines there fall
+        short of the gang (else it is served here, as the coordinator would
+        leave it), the offers' idle machines and unclaimed slots there cover
+        the rest, and the idle machines there (own and offered) cover more of
+        the gang than the idle machines of the best domain the shard could
+        hold the gang in by itself. Coverage is summed over the deficit's
+        resources, each capped at what the gang needs. The offers' idle
+        machines are spent first, then their slots, as the coordinator's
+        ``plan_transfers`` moves them.
+        """
+        wanted = {k: v for k, v in deficit.items() if v > 0}
+
+        def cover(amounts: Mapping[str, float]) -> float:
+            return sum(min(amounts.get(k, 0.0), v) / v for k, v in wanted.items())
+
+        def short(amounts: Mapping[str, float], of: Mapping[str, float]) -> dict[str, float]:
+            rest = {k: v - amounts.get(k, 0.0) for k, v in of.items()}
+            return {k: v for k, v in rest.items() if v > 1e-9 * max(1.0, wanted[k])}
+
+        # The idle machines of the best domain this shard holds the gang in by itself.
+        alone = max(
+            (cover(r.idle) for r in own.values() if not short(r.free, wanted)), default=-1.0
+        )
+        best: tuple[float, tuple[str, ...], dict[str, float]] | None = None
+        for key, members in groups.items():
+            here = own.get(key, OwnRack({}, {}))
+            rest = short(here.free, wanted)
+            if not rest:
+                continue  # this shard holds the gang there itself
+            idle = dict(here.idle)
+            offered: dict[str, float] = {}
+            for i in members:
+                for name, per in self.offers[i].allocatable.items():
+                    idle[name] = idle.get(name, 0.0) + self._left[i] * per
+                    offered[name] = (
+                        offered.get(name, 0.0) + (self._left[i] + self._left_slots[i]) * per
+                    )
+            reuse = cover(idle)
+            if short(offered, rest) or reuse <= alone + 1e-9:
+                continue
+            if best is None or reuse > best[0]:
+                best = (reuse, key, rest)
+        if best is None:
+            return False
+        rest = best[2]
+        for left in (self._left, self._left_slots):
+            for i in groups[best[1]]:
+                if not rest:
+                    return True
+                shape = self.offers[i].allocatable
+                take = min(_machines_for(rest, shape), left[i])
+                left[i] -= take
+                rest = short({k: take * shape.get(k, 0.0) for k in rest}, rest)
+        return True
 
     def _cover(
         self, members: Sequence[int], deficit: Mapping[str, float]

@@ -27,7 +27,7 @@ one need become one batched :class:`Provision` (recorded as segments of an
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 
 import numpy as np
@@ -38,7 +38,7 @@ from shard_engine.binding import pinned_first
 from shard_engine.catalog import ProfileCatalog
 from shard_engine.claims import Claims, claim
 from shard_engine.costs import dominant_dimension, effective_cost
-from shard_engine.fleet_idle import FleetIdle
+from shard_engine.fleet_idle import FleetIdle, OwnRack
 from shard_engine.linear import combine
 from shard_engine.needs import Demand, NeedsTable
 from shard_engine.pending import PendingNeed
@@ -403,6 +403,13 @@ def assign(
                 and not _idle_holds(sheet, mask, alloc, deficit, demand.slack(tolerance)[index])
                 else TIER_SPECULATIVE
             )
+            # Such a gang may also wait for a domain completed with the donors' unclaimed
+            # slots there, if that reuses more idle machines (ADR 0173).
+            own_racks = (
+                _own_racks(sheet, catalog, masks.mask(demand.mask_keys[index]), gang)
+                if wait_at == TIER_IDLE and fleet is not None
+                else None
+            )
             for tier in (TIER_IDLE, TIER_SPECULATIVE):
                 if not np.count_nonzero(deficit):
                     break
@@ -416,6 +423,7 @@ def assign(
                         deficit={names[d]: float(deficit[d]) for d in np.flatnonzero(deficit)},
                         now=sheet.now,
                         holds_none=not gang or (movable and not took),
+                        own=own_racks,
                     )
                 ):
                     awaiting = True
@@ -465,6 +473,31 @@ def assign(
         else:
             sheet.memo.starved.pop(starved_key, None)
     return pending
+
+
+def _own_racks(
+    sheet: Worksheet, catalog: ProfileCatalog, base: BoolArray, keys: Sequence[str]
+) -> dict[tuple[str, ...], OwnRack]:
+    """The shard's free machines per domain of a gang (its ``Same`` label values).
+
+    Only the profiles ``base`` (the gang's requirements, every domain) allows
+    that hold an idle machine or an unclaimed slot; the domains a few racks
+    at most, so a loop over them costs little beside the cycle.
+    """
+    idle = sheet.free[TIER_IDLE]
+    spec = sheet.free[TIER_SPECULATIVE]
+    codes = domain_codes(catalog, keys)
+    names = catalog.dims.names
+    out: dict[tuple[str, ...], tuple[dict[str, float], dict[str, float]]] = {}
+    for i in np.flatnonzero(base & (codes >= 0) & ((idle > 0) | (spec > 0))).tolist():
+        labels = catalog.labels(i)
+        paid, free = out.setdefault(tuple(labels.get(k, "") for k in keys), ({}, {}))
+        row = catalog.alloc[i]
+        for d in np.flatnonzero(row).tolist():
+            name = names[d]
+            paid[name] = paid.get(name, 0.0) + float(idle[i]) * float(row[d])
+            free[name] = free.get(name, 0.0) + float(idle[i] + spec[i]) * float(row[d])
+    return {key: OwnRack(paid, free) for key, (paid, free) in out.items()}
 
 
 def _idle_holds(

@@ -578,12 +578,17 @@ class CoordinatorWorkflow:
 
 
 def _arriving(spec: TransferSpec, donor: ShardReport | None) -> IdleOffer | None:
-    """The machines an idle transfer moves, as an offer to its receiver; None for others.
+    """What a transfer moves, as an offer to its receiver; None when nothing waits for it.
 
-    Their labels and allocatable are those of the donor's reported profile
+    An idle transfer's machines; and the unclaimed slots of a quota transfer
+    that completes a gang's rack beside idle machines (ADR 0173), so the gang
+    waits for the whole rack rather than for the idle machines alone. Their
+    labels and allocatable are those of the donor's reported profile
     (provider, instance type, zone, capacity type and rack) they come from.
     """
-    if spec.kind != TransferKind.IDLE or donor is None:
+    idle = spec.kind == TransferKind.IDLE
+    slots = spec.kind == TransferKind.SPECULATIVE and bool(spec.domain and spec.cluster_id)
+    if not (idle or slots) or donor is None:
         return None
     for p in donor.profiles:
         if (p.provider, p.instance_type, p.zone, p.capacity_type) == (
@@ -592,7 +597,8 @@ def _arriving(spec: TransferSpec, donor: ShardReport | None) -> IdleOffer | None
             spec.zone,
             spec.capacity_type,
         ) and p.labels.get(DOMAIN_LABEL, "") == spec.domain:
-            return IdleOffer(spec.donor, dict(p.labels), dict(p.allocatable), spec.count)
+            count, speculative = (spec.count, 0) if idle else (0, spec.count)
+            return IdleOffer(spec.donor, dict(p.labels), dict(p.allocatable), count, speculative)
     return None
 
 

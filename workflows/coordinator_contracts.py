@@ -101,6 +101,8 @@ class IdleOffer:
     labels: dict[str, str]
     allocatable: dict[str, float]
     count: int
+    # Unclaimed slots beside them a gang may take with them (ADR 0173).
+    speculative: int = 0
 
 
 @dataclass

@@ -271,7 +271,8 @@ def remote_idle(reply: cc.FleetIdleReply) -> tuple[RemoteIdle, ...]:
             labels=dict(o.labels),
             allocatable=dict(o.allocatable),
             count=o.count,
+            speculative=o.speculative,
         )
         for o in reply.offers
-        if o.count > 0
+        if o.count > 0 or o.speculative > 0
     )

@@ -9,6 +9,7 @@ names, as in the replay histories.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Callable
 from types import SimpleNamespace
 from typing import Any, cast
@@ -132,10 +133,11 @@ async def test_after_its_report_a_shard_takes_the_offers_planned_for_it(
 
         # The coordinator stops planning (its worker is gone, say): offers older than
         # stale_after_s are dropped rather than waited for.
-        now[0] += 91.0
+        now[0] = (await env.get_current_time()).timestamp() + 91.0
         stale = await receiver.read_fleet_idle()
         await handle.terminate("the coordinator is gone")
-    now[0] -= 91.0
+    now[0] -= 91.0  # fresh again: only the coordinator's absence clears the offers now
+    engine.set_fleet_idle(offers)
     gone = await receiver.send_report()
 
     assert offers == (RemoteIdle(DONOR, GPU_LABELS, GPU, 2),)
@@ -212,4 +214,25 @@ async def test_the_machines_of_an_idle_transfer_under_way_stay_on_offer_to_its_r
         "the z1 profile the machines come from, with the transfer's count"
     )
     assert elsewhere.offers == [], "only the receiver waits for them"
-    assert adopted == [2] and after.seq == moving.seq
+    assert adopted == [2] and after.seq >= moving.seq
+
+
+def test_a_gangs_quota_transfer_under_way_is_offered_as_slots_and_a_rebalance_is_not() -> None:
+    """A mixed answer (ADR 0173): the rack's idle machines and its slots both stay on
+    offer to the receiver while they move, so the gang waits for the whole rack."""
+    rack = {**GPU_LABELS, "topology.kubernetes.io/rack": "r1"}
+    donor = cc.ShardReport(
+        DONOR,
+        1,
+        1.0,
+        10,
+        [cc.ProfileReport(PROVIDER, "g5.xlarge", "z1", 2, rack, GPU, idle=2, speculative=5)],
+    )
+    idle = dataclasses.replace(_spec(cc.TransferKind.IDLE, count=2), domain="r1")
+    slots = dataclasses.replace(_spec(cc.TransferKind.SPECULATIVE, count=1), domain="r1")
+    rebalance = dataclasses.replace(slots, cluster_id="", need_key="rebalance:g5")
+
+    assert co._arriving(idle, donor) == cc.IdleOffer(DONOR, rack, GPU, 2, 0)
+    assert co._arriving(slots, donor) == cc.IdleOffer(DONOR, rack, GPU, 0, 1)
+    assert co._arriving(rebalance, donor) is None
+    assert co._arriving(idle, None) is None

@@ -54,7 +54,11 @@ def test_a_shard_is_offered_every_other_shards_idle_machines_and_never_its_own()
         ("a", "gpu", 1),
         ("b", "gp", 2),
     ]
-    assert offers["a"] == (RemoteIdle("b", _supply("gp", GP, idle=2, zone="z2").labels, GP, 2),)
+    # b's budget in a round is 5 machines (5 % of 100): 2 idle, and 3 of its 10 unclaimed
+    # slots of the profile beside them.
+    assert offers["a"] == (
+        RemoteIdle("b", _supply("gp", GP, idle=2, zone="z2").labels, GP, 2, speculative=3),
+    )
     assert all(o.shard_id != "b" for o in offers["b"])
     assert len(offers["b"]) == 2
 
@@ -168,3 +172,19 @@ def test_nothing_is_offered_that_is_not_idle_elsewhere_or_beyond_a_rounds_budget
             )
             assert o.count <= held - taken
             assert o.count <= budget - (moved if o.shard_id == "s0" else 0)
+
+
+def test_an_offer_carries_the_slots_beside_its_idle_machines_less_this_rounds_quota() -> None:
+    # a's gp profile: 4 idle and 10 slots, a budget of 5 machines a round. A quota
+    # transfer of 1 this round leaves 4 of budget: 4 idle on offer, no slot left.
+    quota = Instruction(
+        TransferKind.SPECULATIVE, "a", "b", "metal", "gp", "z1", 4, 1, "svc", "k", 0
+    )
+    before = [o for o in idle_offers(_views())["c"] if o.shard_id == "a" and o.allocatable == GP]
+    after = [
+        o
+        for o in idle_offers(_views(), planned=[quota])["c"]
+        if o.shard_id == "a" and o.allocatable == GP
+    ]
+    assert [(o.count, o.speculative) for o in before] == [(4, 1)]
+    assert [(o.count, o.speculative) for o in after] == [(4, 0)]

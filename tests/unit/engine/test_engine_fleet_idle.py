@@ -4,7 +4,8 @@ A shard told that another shard holds a matching idle machine does not
 create one: the need waits for the coordinator's idle transfer, reported as
 a shortfall, for at most ``fleet_idle_wait_seconds``, then buys as before.
 A gang that holds none of its machines waits too, for one rack held whole
-(ADR 0172).
+(ADR 0172), or for a rack whose idle machines and unclaimed slots elsewhere
+complete it with fewer claims than any rack of its own (ADR 0173).
 """
 
 from __future__ import annotations
@@ -27,8 +28,14 @@ def shard_b(wait: float = 60.0) -> ShardEngine:
     return engine
 
 
-def offer(count: int = 1, rack: str = "r1") -> RemoteIdle:
-    return RemoteIdle(shard_id="a", labels={**LABELS, "rack": rack}, allocatable=ALLOC, count=count)
+def offer(count: int = 1, rack: str = "r1", slots: int = 0) -> RemoteIdle:
+    return RemoteIdle(
+        shard_id="a",
+        labels={**LABELS, "rack": rack},
+        allocatable=ALLOC,
+        count=count,
+        speculative=slots,
+    )
 
 
 def gang(engine: ShardEngine, cpu: float) -> None:
@@ -238,3 +245,100 @@ def test_offers_of_two_shards_that_cover_a_need_together_make_it_wait() -> None:
 
     assert of_kind(plan, Provision) == []
     assert len(plan.shortfalls) == 1
+
+
+def _gang_short(engine: ShardEngine, now: float) -> tuple[int, bool]:
+    """Machines the gang claims this cycle, and whether it waits for another shard."""
+    plan = engine.cycle(now=now)
+    waits = any(
+        why.startswith("awaiting another shard") for why in engine.why_not("train").values()
+    )
+    return sum(len(p.machine_ids) for p in of_kind(plan, Provision)), waits
+
+
+def test_a_gang_waits_for_a_racks_idle_machines_and_slots_elsewhere_over_claiming_here() -> None:
+    # Three machines' worth; this shard's rack r1 has only slots (three claims). r2,
+    # elsewhere, holds two idle machines and slots beside them: one claim.
+    engine = shard_b()
+    engine.set_fleet_idle([offer(2, rack="r2", slots=5)])
+    gang(engine, cpu=12)
+
+    assert _gang_short(engine, now=1) == (0, True)
+
+
+def test_a_gang_does_not_wait_for_idle_machines_no_slots_complete() -> None:
+    engine = shard_b()
+    engine.set_fleet_idle([offer(2, rack="r2")])
+    gang(engine, cpu=12)
+
+    assert _gang_short(engine, now=1) == (3, False)
+
+
+def test_a_gang_does_not_wait_for_a_rack_that_reuses_no_more_than_its_own() -> None:
+    # r1 here: two idle machines and slots, so one claim; r2 elsewhere saves no more.
+    engine = shard_b()
+    fleet(engine, 2, prefix="b-idle", labels=LABELS)
+    engine.set_fleet_idle([offer(2, rack="r2", slots=5)])
+    gang(engine, cpu=12)
+
+    plan = engine.cycle(now=1)
+
+    claimed = sum(len(p.machine_ids) for p in of_kind(plan, Provision))
+    assert (len(of_kind(plan, AssignIdle)), claimed) == (2, 1)
+    assert plan.shortfalls == ()
+
+
+def test_a_gang_whose_rack_is_half_here_keeps_waiting_for_the_rest() -> None:
+    # The idle transfer of a mixed answer has landed (two idle machines of r2 here), its
+    # slot is still on its way (offered as slots alone): the gang waits for it rather
+    # than claim three in r1.
+    engine = shard_b()
+    fleet(engine, 2, prefix="b-moved", labels={**LABELS, "rack": "r2"})
+    engine.set_fleet_idle([offer(0, rack="r2", slots=1)])
+    gang(engine, cpu=12)
+
+    plan = engine.cycle(now=1)
+
+    assert (of_kind(plan, Provision), of_kind(plan, AssignIdle)) == ([], [])
+    assert len(plan.shortfalls) == 1
+
+
+def test_slots_alone_are_waited_for_by_no_need_that_is_not_a_gang() -> None:
+    engine = shard_b()
+    engine.set_fleet_idle([offer(0, slots=4)])
+    apply(engine, rollup("web", 1, need(cpu=4)), now=0)
+
+    assert len(of_kind(engine.cycle(now=1), Provision)) == 1
+
+
+def test_the_coordinator_answers_with_the_racks_idle_machines_and_one_slot() -> None:
+    engine = shard_b()
+    engine.set_fleet_idle([offer(2, rack="r2", slots=5)])
+    gang(engine, cpu=12)
+    plan = engine.cycle(now=1)
+    donor = ShardView(
+        "a",
+        total_machines=100,
+        supply=(
+            ProfileSupply(
+                "sim",
+                "m.xlarge",
+                "zone-a",
+                0,
+                {**LABELS, "rack": "r2"},
+                ALLOC,
+                idle=2,
+                speculative=5,
+                domain="r2",
+            ),
+        ),
+    )
+    reported = tuple(
+        ShardShortfall(s.cluster_id, s.need_key, s.priority, dict(s.deficit), (same("rack"),))
+        for s in plan.shortfalls
+    )
+    receiver = ShardView("b", total_machines=4, shortfalls=reported)
+
+    moves = [(i.kind, i.domain, i.count) for i in plan_transfers({"a": donor, "b": receiver})]
+
+    assert moves == [("idle", "r2", 2), ("speculative", "r2", 1)]
