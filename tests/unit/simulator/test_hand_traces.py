@@ -171,6 +171,37 @@ def test_a_gang_that_does_not_wait_claims_a_second_rack() -> None:
     assert len(tap.created) == 8
 
 
+# gang-idle-and-slot-two-shards: 2 servers claimed at t = 10 s for train-a's gang; train-b's
+# gang of 3 takes them idle and claims one slot of their rack (one shard: at 5,400 s; two
+# shards: a cycle later, after the coordinator's transfers), or claims 3 of its own rack.
+PAIR = 2 * 28.0 * (10_801 - 10) / 3600  # $167.86
+
+
+def test_a_gang_takes_another_shards_idle_servers_and_a_slot_of_their_rack() -> None:
+    one = replay("gang-idle-and-slot-two-shards")
+    tap = Provisions()
+    two = replay("gang-idle-and-slot-two-shards", tap, shards=2)
+
+    assert one["cost_usd"] == pytest.approx(PAIR + 28.0 * (10_801 - 5_400) / 3600, abs=0.01)
+    assert two["cost_usd"] == pytest.approx(PAIR + 28.0 * (10_801 - 5_410) / 3600, abs=0.01)
+    assert (two["actions"]["transfer:idle"], two["actions"]["transfer:speculative"]) == (1, 1)
+    first = {m for s, c, m in tap.created if (s, c) == ("shard-00", "train-a")}
+    reused = {m for s, c, m in tap.reused if (s, c) == ("shard-01", "train-b")}
+    (claimed,) = [m for s, c, m in tap.created if (s, c) == ("shard-01", "train-b")]
+    assert reused == first
+    assert claimed.rsplit("-", 1)[0] == next(iter(first)).rsplit("-", 1)[0], "the same rack"
+    assert two["gangs"]["whole"] == ["train-a/ga", "train-b/gb"]
+
+
+def test_a_gang_that_does_not_wait_claims_three_servers_of_its_own_rack() -> None:
+    summary = replay(
+        "gang-idle-and-slot-two-shards", shards=2, engine=EngineConfig(fleet_idle_wait_seconds=0)
+    )
+    assert summary["cost_usd"] == pytest.approx(
+        PAIR + 3 * 28.0 * (10_801 - 5_400) / 3600, abs=0.01
+    )
+
+
 def test_a_higher_priority_preempts_across_shards_exactly_what_it_lacks() -> None:
     tap = Provisions()
     summary = replay("preempt-two-shards", tap, shards=2)
