@@ -197,9 +197,7 @@ def test_a_gang_that_does_not_wait_claims_three_servers_of_its_own_rack() -> Non
     summary = replay(
         "gang-idle-and-slot-two-shards", shards=2, engine=EngineConfig(fleet_idle_wait_seconds=0)
     )
-    assert summary["cost_usd"] == pytest.approx(
-        PAIR + 3 * 28.0 * (10_801 - 5_400) / 3600, abs=0.01
-    )
+    assert summary["cost_usd"] == pytest.approx(PAIR + 3 * 28.0 * (10_801 - 5_400) / 3600, abs=0.01)
 
 
 def test_a_higher_priority_preempts_across_shards_exactly_what_it_lacks() -> None:
