@@ -19,6 +19,7 @@ from bigfleet.devstack import DevStack
 from bigfleet.v1alpha1 import provider_pb2
 from clusters.operator import DemandPattern, SimulatedCluster
 from providers.config import ProviderConfig
+from providers.model import FencingToken
 from tests.integration.multishard import eventually, options, shard
 
 pytestmark = pytest.mark.e2e
@@ -182,3 +183,79 @@ async def _shard_empty(dev: DevStack, shard_id: str) -> bool:
     assert dev.store is not None
     row = await dev.store.shard(shard_id)
     return row is not None and row.clusters == 0 and row.machines == 0
+
+
+async def test_a_gang_takes_another_shards_idle_servers_and_a_new_one_of_their_rack(
+    tmp_path: Path, empty_database_url: str
+) -> None:
+    """ADR 0173 on the real stack: a gang of three on a shard whose racks hold two
+    servers each takes two idle servers of a rack of three on the other shard and the
+    third server of that rack, through one idle and one quota transfer (before, quota
+    alone: three new servers), and nothing is created in its own racks."""
+    dev = await _stack(tmp_path, empty_database_url, 2)
+    try:
+        assert dev.store is not None
+        await eventually(lambda: _all_servers_owned(dev), what="every server to be assigned")
+        # Clusters go to the least-loaded shard: the first to the shard holding the racks
+        # of three, so "train" lands on the one whose racks hold two servers each.
+        holder = await dev.store.assign_cluster("placeholder")
+        receiver = await dev.store.assign_cluster("train")
+        assert receiver != holder
+        donor = next(p.shard_id for p in dev.shards if p.shard_id != receiver)
+        servers = await _servers(dev)
+        owners = await dev.store.owners()
+        by_rack: dict[str, list[str]] = defaultdict(list)
+        for m in servers:
+            by_rack[m.labels[RACK]].append(m.id)
+        rack = next(
+            r for r, ids in sorted(by_rack.items()) if len(ids) == 3 and owners[ids[0]] == donor
+        )
+        client = dev.provider_clients["bm"]
+        idle = sorted(by_rack[rack])[:2]
+        for i, machine_id in enumerate(idle):
+            await client.create(machine_id, FencingToken("setup", 1, i + 1))
+
+        def offered() -> bool:
+            offers = shard(dev, receiver).engine.fleet_idle_offers
+            return any(
+                o.labels.get(RACK) == rack and o.count == 2 and o.speculative >= 1 for o in offers
+            )
+
+        await eventually(offered, within=90, what=f"{receiver} offered 2 idle servers of {rack}")
+        demand = DemandPattern(
+            cpu=3 * 15,
+            memory_gib=3,
+            min_unit_cpu=15,
+            min_unit_memory_gib=1,
+            priority=900_000,
+            requirements=((RACK, 5, ()),),  # Same: one gang in one rack
+        )
+        cluster = SimulatedCluster(
+            "train", shard(dev, receiver).address, demand, rollup_interval_s=0.5
+        )
+        cluster.start()
+        dev.clusters.append(cluster)
+        await eventually(
+            lambda: len(cluster.configured_nodes()) >= 3, within=90, what="the gang on 3 servers"
+        )
+
+        used = {n.machine_id for n in cluster.configured_nodes()}
+        assert used == set(by_rack[rack]), "the gang runs in the rack of the idle servers"
+        answers = sorted(
+            (i.kind, i.donor_shard, i.payload.get("domain"), i.payload.get("count"))
+            for i in await dev.store.instructions()
+            if i.status == "applied" and i.payload.get("cluster_id") == "train"
+        )
+        assert answers == [("idle", donor, rack, 2), ("speculative", donor, rack, 1)]
+        states = {m.id: m.state for m in await _servers(dev)}
+        mine = [m for m, s in (await dev.store.owners()).items() if s == receiver]
+        created = {
+            m
+            for m in mine
+            if m.startswith("bm-")
+            and m not in used
+            and states[m] != provider_pb2.MACHINE_STATE_SPECULATIVE
+        }
+        assert created == set(), "nothing created in the receiver's own racks"
+    finally:
+        await dev.stop()
