@@ -255,6 +255,8 @@ class Settings:
     # replaced at once (docs/adr/0150-announced-interruptions-are-replaced-at-once.md).
     interruption_drain_threshold: float = 0.99
     interruption_grace_s: int = 90
+    # How long a need waits for another shard's idle machine before buying (ADR 0129).
+    fleet_idle_wait_s: float = 60.0
     # Where operators are told to dial this shard; empty: the listen address.
     shard_advertise: str = ""
     # How long a process keeps retrying PostgreSQL and Temporal at start-up.
@@ -309,6 +311,7 @@ class Settings:
             reclaim_window_s=_float(env, "BIGFLEET_RECLAIM_WINDOW_SECONDS", 600.0),
             interruption_drain_threshold=_probability(env, "BIGFLEET_INTERRUPTION_DRAIN_THRESHOLD"),
             interruption_grace_s=_int(env, "BIGFLEET_INTERRUPTION_GRACE_SECONDS", 90),
+            fleet_idle_wait_s=_float(env, "BIGFLEET_FLEET_IDLE_WAIT_SECONDS", 60.0),
             shard_advertise=_listen(env, "BIGFLEET_SHARD_ADVERTISE") or "",
             connect_timeout_s=_float(env, "BIGFLEET_CONNECT_TIMEOUT_SECONDS", 120.0),
             metrics_listen=_listen(env, "BIGFLEET_METRICS_LISTEN"),
@@ -331,6 +334,7 @@ class Settings:
             rollup_max_skew_seconds=self.rollup_max_skew_s,
             interruption_drain_threshold=self.interruption_drain_threshold,
             interruption_grace_seconds=self.interruption_grace_s,
+            fleet_idle_wait_seconds=self.fleet_idle_wait_s,
         )
 
     @staticmethod
@@ -391,6 +395,11 @@ class Settings:
             ),
             "BIGFLEET_INTERRUPTION_GRACE_SECONDS": (
                 "drain grace for such a machine (default 90: inside EC2's two-minute warning)"
+            ),
+            "BIGFLEET_FLEET_IDLE_WAIT_SECONDS": (
+                "how long a need waits for another shard's idle machine, which the "
+                "coordinator moves, before creating or claiming one (default 60; 0: never "
+                "wait; ADR 0129)"
             ),
             "BIGFLEET_RECLAIM_WINDOW_SECONDS": (
                 "excess is judged against each need's peak over this window (default 600)"

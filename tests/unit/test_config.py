@@ -146,3 +146,12 @@ def test_edge_processes_default_to_one_per_spare_core_and_reach_the_shards_optio
     with pytest.raises(ConfigError, match="BIGFLEET_SHARD_EDGES"):
         Settings.from_env({"BIGFLEET_SHARD_EDGES": "-1"})
     assert {"BIGFLEET_SHARD_EDGES", "BIGFLEET_SHARD_EDGE_SOCKET"} <= set(Settings.describe())
+
+
+def test_the_fleet_idle_wait_reaches_the_engine_config_and_is_listed() -> None:
+    assert Settings.from_env({}).engine_config().fleet_idle_wait_seconds == 60.0
+    never = Settings.from_env({"BIGFLEET_FLEET_IDLE_WAIT_SECONDS": "0"}).engine_config()
+    assert never.fleet_idle_wait_seconds == 0.0
+    assert "BIGFLEET_FLEET_IDLE_WAIT_SECONDS" in Settings.describe()
+    with pytest.raises(ConfigError, match=r"BIGFLEET_FLEET_IDLE_WAIT_SECONDS: .*below the minimum"):
+        Settings.from_env({"BIGFLEET_FLEET_IDLE_WAIT_SECONDS": "-1"})
