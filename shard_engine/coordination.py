@@ -386,7 +386,15 @@ def _offers(
 def _combine(
     offers: Sequence[_Offer], deficit: Mapping[str, float], budget: Mapping[str, int]
 ) -> list[tuple[_Offer, int]]:
-    """Several profiles that together cover ``deficit``; empty if all of them cannot.
+    """Several profiles that together cover ``deficit``; empty if all of them cannot."""
+    plan, uncovered = _take(offers, deficit, budget)
+    return plan if not uncovered else []
+
+
+def _take(
+    offers: Sequence[_Offer], deficit: Mapping[str, float], budget: Mapping[str, int]
+) -> tuple[list[tuple[_Offer, int]], dict[str, float]]:
+    """As much of ``deficit`` as ``offers`` cover, and what they leave uncovered.
 
     Largest contribution per machine first (fewest machines for the whole
     deficit), then the donor and profile for a stable answer; each takes
@@ -413,7 +421,16 @@ def _combine(
             remaining[name] -= take * offer.supply.allocatable.get(name, 0.0)
             if remaining[name] <= 1e-9 * max(1.0, deficit[name]):
                 del remaining[name]
-    return plan if not remaining else []
+    return plan, remaining
+
+
+def _short_after_own(sf: ShardShortfall, own: FreeShapes) -> dict[str, float]:
+    """What gang ``sf`` lacks in a rack after the receiver's own free machines there."""
+    rest = dict(sf.deficit)
+    for allocatable, count in own:
+        for name in rest:
+            rest[name] -= count * allocatable.get(name, 0.0)
+    return {k: v for k, v in rest.items() if v > 1e-9 * max(1.0, sf.deficit[k])}
 
 
 def _is_gang(sf: ShardShortfall) -> bool:
@@ -461,11 +478,7 @@ def _assemble(
             by_domain[offer.supply.domain].append(offer)
     best: tuple[int, str, list[tuple[_Offer, int]]] | None = None
     for domain, group in sorted(by_domain.items()):
-        rest = dict(sf.deficit)
-        for allocatable, count in own.get(domain, []):
-            for name in rest:
-                rest[name] -= count * allocatable.get(name, 0.0)
-        rest = {k: v for k, v in rest.items() if v > 1e-9 * max(1.0, sf.deficit[k])}
+        rest = _short_after_own(sf, own.get(domain, []))
         if not rest:
             continue
         plan = _combine(group, rest, budget)
@@ -580,39 +593,20 @@ def _resolve_reuse(
     own = _own_in_domains(views.get(receiver), sf)
     best: tuple[tuple[int, int, str], list[tuple[TransferKind, _Offer, int]]] | None = None
     for domain in sorted({o.supply.domain for o in idle}):
-        rest = dict(sf.deficit)
-        for allocatable, count in own.get(domain, []):
-            for name in rest:
-                rest[name] -= count * allocatable.get(name, 0.0)
-        rest = {k: v for k, v in rest.items() if v > 1e-9 * max(1.0, sf.deficit[k])}
-        if not rest:
+        short = _short_after_own(sf, own.get(domain, []))
+        if not short:
             continue
-        spent: dict[str, int] = defaultdict(int)
-        plan: list[tuple[TransferKind, _Offer, int]] = []
-        here = sorted(
-            (o for o in idle if o.supply.domain == domain),
-            key=lambda o: (units_needed(rest, o.supply.allocatable), o.donor, o.supply.key),
-        )
-        for offer in here:
-            if not rest:
-                break
-            need = units_needed(rest, offer.supply.allocatable)
-            take = min(need, offer.available, budget[offer.donor] - spent[offer.donor])
-            if take <= 0:
-                continue
-            plan.append((TransferKind.IDLE, offer, take))
-            spent[offer.donor] += take
-            for name in list(rest):
-                rest[name] -= take * offer.supply.allocatable.get(name, 0.0)
-                if rest[name] <= 1e-9 * max(1.0, sf.deficit[name]):
-                    del rest[name]
-        reused = sum(count for _, _, count in plan)
+        reuse, rest = _take([o for o in idle if o.supply.domain == domain], short, budget)
+        reused = sum(count for _, count in reuse)
         if not rest or reused == 0:
             continue  # the idle step alone covers it (or nothing here is idle)
-        left = {d: budget[d] - spent[d] for d in budget}
+        left = dict(budget)
+        for offer, count in reuse:
+            left[offer.donor] -= count
         completion = _combine([o for o in slots if o.supply.domain == domain], rest, left)
         if not completion:
             continue
+        plan = [(TransferKind.IDLE, o, n) for o, n in reuse]
         plan += [(TransferKind.SPECULATIVE, o, n) for o, n in completion]
         rank = (-reused, reused + sum(n for _, n in completion), domain)
         if best is None or rank < best[0]:

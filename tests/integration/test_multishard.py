@@ -89,6 +89,32 @@ async def _four(
     return found if len(found) >= 4 else None
 
 
+async def _idle_gpus_on_shard_1(dev: DevStack) -> list[str]:
+    """Make shard-1's two GPU slots real idle hosts (left over by a cluster, say); return
+    them once shard-0 is offered them."""
+    await eventually(lambda: all(len(p.owned) == 6 for p in dev.shards), what="distribution")
+    donor_gpus = await _owned_gpus(dev, "shard-1")
+    client = next(iter(dev.provider_clients.values()))
+    for i, machine_id in enumerate(donor_gpus):
+        await client.create(machine_id, FencingToken("setup", 1, i + 1))
+    await eventually(
+        lambda: (
+            sum(
+                1
+                for m in shard(dev, "shard-1").engine.machines()
+                if m.id in donor_gpus and m.state.name == "IDLE"
+            )
+            == 2
+        ),
+        what="shard-1 sees two idle GPU machines",
+    )
+    # shard-0 learns of them after one of its reports that follows a round planned from
+    # a report of shard-1's showing them idle. Until then the coordinator would answer a
+    # shortfall from the report before, where they were quota (and move none of it).
+    await _offered(dev, "shard-0", 2)
+    return donor_gpus
+
+
 async def _offered(dev: DevStack, shard_id: str, machines: int) -> None:
     """Wait until ``shard_id`` is offered ``machines`` idle machines of the other shards."""
     await eventually(
@@ -101,26 +127,7 @@ async def _offered(dev: DevStack, shard_id: str, machines: int) -> None:
 async def test_idle_machines_of_another_shard_are_given_before_new_ones_are_bought(
     stack: DevStack,
 ) -> None:
-    await eventually(lambda: all(len(p.owned) == 6 for p in stack.shards), what="distribution")
-    donor_gpus = await _owned_gpus(stack, "shard-1")
-    client = next(iter(stack.provider_clients.values()))
-    # Two of shard-1's GPU slots become real idle hosts (say, left over by a cluster).
-    for i, machine_id in enumerate(donor_gpus):
-        await client.create(machine_id, FencingToken("setup", 1, i + 1))
-    await eventually(
-        lambda: (
-            sum(
-                1
-                for m in shard(stack, "shard-1").engine.machines()
-                if m.id in donor_gpus and m.state.name == "IDLE"
-            )
-            == 2
-        ),
-        what="shard-1 sees two idle GPU machines",
-    )
-    # Until the coordinator plans from a report of shard-1's that shows them idle, it
-    # would answer from the one before, where they were quota (and move none of it).
-    await _offered(stack, "shard-0", 2)
+    donor_gpus = await _idle_gpus_on_shard_1(stack)
     await _connect(stack, "gpu-a", machines=4)  # first contact: shard-0
     machines = await eventually(
         lambda: _four(configured_for(stack, "gpu-a")), within=90, what="4 GPU machines configured"
@@ -138,26 +145,9 @@ async def test_a_shard_that_could_buy_takes_another_shards_idle_machines_instead
     """Idle first, fleet-wide (ADR 0129): shard-0 owns two GPU slots of its own, enough
     for the cluster, so it has no shortfall to report; yet shard-1's two idle GPU hosts
     are used, and nothing new is created."""
-    await eventually(lambda: all(len(p.owned) == 6 for p in stack.shards), what="distribution")
+    donor_gpus = await _idle_gpus_on_shard_1(stack)
     own_gpus = await _owned_gpus(stack, "shard-0")
-    donor_gpus = await _owned_gpus(stack, "shard-1")
     client = next(iter(stack.provider_clients.values()))
-    for i, machine_id in enumerate(donor_gpus):
-        await client.create(machine_id, FencingToken("setup", 1, i + 1))
-    await eventually(
-        lambda: (
-            sum(
-                1
-                for m in shard(stack, "shard-1").engine.machines()
-                if m.id in donor_gpus and m.state.name == "IDLE"
-            )
-            == 2
-        ),
-        what="shard-1 sees two idle GPU machines",
-    )
-    # shard-0 learns of them after one of its reports that follows a round planned
-    # from a report of shard-1's showing them idle.
-    await _offered(stack, "shard-0", 2)
     await _connect(stack, "gpu-a", machines=2)  # first contact: shard-0
     machines = await eventually(
         lambda: _two(configured_for(stack, "gpu-a")), within=90, what="2 GPU machines configured"

@@ -353,8 +353,8 @@ def test_every_group_and_every_instance_type_ends_within_one_across_shards(
 RACK = "topology.kubernetes.io/rack"
 
 
-def _server(zone: str, rack: str, idle: int) -> ProfileSupply:
-    """Idle H100 servers of one rack (the bare-metal site's racks hold four)."""
+def _server(zone: str, rack: str, idle: int, slots: int = 0) -> ProfileSupply:
+    """One rack's H100 servers: ``idle`` claimed and idle, ``slots`` not claimed yet."""
     return ProfileSupply(
         provider="metal",
         instance_type="h100",
@@ -363,6 +363,7 @@ def _server(zone: str, rack: str, idle: int) -> ProfileSupply:
         labels={**GPU_LABELS, "topology.kubernetes.io/zone": zone, RACK: rack},
         allocatable=GPU,
         idle=idle,
+        speculative=slots,
         domain=rack,
     )
 
@@ -420,28 +421,13 @@ def test_a_gang_is_never_spread_over_racks_to_complete_it() -> None:
     assert plan_transfers(views) == []
 
 
-def _rack(zone: str, rack: str, idle: int, slots: int) -> ProfileSupply:
-    """One rack's H100 servers: ``idle`` claimed and idle, ``slots`` not claimed yet."""
-    return ProfileSupply(
-        provider="metal",
-        instance_type="h100",
-        zone=zone,
-        capacity_type=4,
-        labels={**GPU_LABELS, "topology.kubernetes.io/zone": zone, RACK: rack},
-        allocatable=GPU,
-        idle=idle,
-        speculative=slots,
-        domain=rack,
-    )
-
-
 def test_a_gang_takes_a_racks_idle_servers_and_new_ones_beside_them() -> None:
     # The one-day mixed day, seed 3, at 9,510 s: a gang of three on s0, whose own rack
     # has only unclaimed slots; s1's rack a-r04 holds two idle servers and nine slots.
     # Two idle and one slot of a-r04 cost one claim; three slots anywhere cost three.
     views = {
-        "s0": ShardView("s0", 100, supply=(_rack("b", "b-r03", 0, 9),), shortfalls=(_gang(3),)),
-        "s1": ShardView("s1", 100, supply=(_rack("a", "a-r04", 2, 9),)),
+        "s0": ShardView("s0", 100, supply=(_server("b", "b-r03", 0, 9),), shortfalls=(_gang(3),)),
+        "s1": ShardView("s1", 100, supply=(_server("a", "a-r04", 2, 9),)),
     }
     moves = [(i.kind, i.donor, i.domain, i.count) for i in plan_transfers(views)]
     assert moves == [("idle", "s1", "a-r04", 2), ("speculative", "s1", "a-r04", 1)]
@@ -450,7 +436,7 @@ def test_a_gang_takes_a_racks_idle_servers_and_new_ones_beside_them() -> None:
 def test_the_rack_reusing_the_most_idle_servers_is_completed() -> None:
     views = {
         "s0": ShardView("s0", 100, shortfalls=(_gang(4),)),
-        "s1": ShardView("s1", 100, supply=(_rack("a", "r1", 1, 9), _rack("a", "r2", 3, 9))),
+        "s1": ShardView("s1", 100, supply=(_server("a", "r1", 1, 9), _server("a", "r2", 3, 9))),
     }
     moves = [(i.kind, i.domain, i.count) for i in plan_transfers(views)]
     assert moves == [("idle", "r2", 3), ("speculative", "r2", 1)]
@@ -459,7 +445,7 @@ def test_the_rack_reusing_the_most_idle_servers_is_completed() -> None:
 def test_a_rack_of_idle_servers_alone_still_comes_first() -> None:
     views = {
         "s0": ShardView("s0", 100, shortfalls=(_gang(3),)),
-        "s1": ShardView("s1", 100, supply=(_rack("a", "r1", 2, 9), _rack("a", "r2", 3, 0))),
+        "s1": ShardView("s1", 100, supply=(_server("a", "r1", 2, 9), _server("a", "r2", 3, 0))),
     }
     assert [(i.kind, i.domain, i.count) for i in plan_transfers(views)] == [("idle", "r2", 3)]
 
@@ -468,8 +454,8 @@ def test_the_receivers_own_machines_in_the_rack_count_before_the_donors() -> Non
     # s0 already holds two idle servers of r1 (one arrived, say): one more slot of r1
     # from s1 completes it; s1's idle server of r1 is taken first.
     views = {
-        "s0": ShardView("s0", 100, supply=(_rack("a", "r1", 2, 0),), shortfalls=(_gang(4),)),
-        "s1": ShardView("s1", 100, supply=(_rack("a", "r1", 1, 5),)),
+        "s0": ShardView("s0", 100, supply=(_server("a", "r1", 2, 0),), shortfalls=(_gang(4),)),
+        "s1": ShardView("s1", 100, supply=(_server("a", "r1", 1, 5),)),
     }
     moves = [(i.kind, i.domain, i.count) for i in plan_transfers(views)]
     assert moves == [("idle", "r1", 1), ("speculative", "r1", 1)]
