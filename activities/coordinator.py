@@ -25,7 +25,7 @@ from shard_engine.coordination import (
     ProfileSupply,
     ShardShortfall,
     ShardView,
-    idle_offers,
+    offered_idle,
     plan_transfers,
     quota_group,
 )
@@ -246,32 +246,22 @@ def plan_round(inp: co.PlanInput, *, active: Collection[str]) -> co.PlanResult:
 
     A shard that is not ``active`` (draining) takes nothing new: its
     shortfalls wait and it is offered nothing, but its machines are planned
-    and offered to the others like any shard's. Every active shard that
-    reported gets an entry in ``offers``, empty when nothing is on offer, so
-    it drops its stale ones (ADR 0129).
+    and offered to the others like any shard's. ``idle`` is every shard's
+    idle machines on offer, once; each of ``receivers`` (the active shards
+    that reported) is offered those of the others (ADR 0129).
     """
     views = {
         r.shard_id: shard_view(r if r.shard_id in active else _without_shortfalls(r))
         for r in inp.reports
     }
     planned = plan_transfers(views, max_share=inp.max_share)
-    offers = idle_offers(
-        views,
-        receivers=sorted(set(active) & views.keys()),
-        planned=planned,
-        max_share=inp.max_share,
-    )
     return co.PlanResult(
         transfers=planned,
-        offers={
-            shard: [
-                co.IdleOffer(
-                    o.shard_id, dict(o.labels), dict(o.allocatable), o.count, o.speculative
-                )
-                for o in shard_offers
-            ]
-            for shard, shard_offers in offers.items()
-        },
+        idle=[
+            co.IdleOffer(o.shard_id, dict(o.labels), dict(o.allocatable), o.count, o.speculative)
+            for o in offered_idle(views, planned=planned, max_share=inp.max_share)
+        ],
+        receivers=sorted(set(active) & views.keys()),
     )
 
 

@@ -213,10 +213,27 @@ def idle_offers(
 ) -> dict[str, tuple[RemoteIdle, ...]]:
     """For each receiving shard, the idle machines of every *other* shard, per profile.
 
-    ``views`` are the shards' latest reports; ``receivers`` the shards that
-    may take a transfer (the active ones; every reporting shard when None),
-    and every shard that reports is a donor, a draining one included (its
-    idle machines are the first that should move). ``planned`` is what this
+    :func:`offered_idle`, less each receiver's own. ``receivers`` are the
+    shards that may take a transfer (the active ones; every reporting shard
+    when None). Every receiver gets an entry, empty when nothing is on
+    offer, so the caller replaces a shard's stale offers.
+    """
+    on_offer = offered_idle(views, planned=planned, max_share=max_share)
+    wanted = sorted(views if receivers is None else receivers)
+    return {r: tuple(o for o in on_offer if o.shard_id != r) for r in wanted}
+
+
+def offered_idle(
+    views: Mapping[str, ShardView],
+    *,
+    planned: Iterable[Instruction] = (),
+    max_share: float = 0.05,
+) -> tuple[RemoteIdle, ...]:
+    """Every shard's idle machines on offer to the others, per profile.
+
+    ``views`` are the shards' latest reports; every shard that reports is a
+    donor, a draining one included (its idle machines are the first that
+    should move). ``planned`` is what this
     round's :func:`plan_transfers` already handed out: an idle machine it
     moves is no longer on offer, and a donor's ``max_share`` budget (the
     same sanity limit as :func:`plan_transfers`) shrinks by what it gives.
@@ -227,9 +244,10 @@ def idle_offers(
     this round's quota transfers take: a gang may take a rack's idle
     machines with new ones of the same rack (ADR 0173).
 
-    Every receiver gets an entry, empty when nothing is on offer, so the
-    caller replaces a shard's stale offers. Offers are sorted by donor and
-    profile key (a stable answer, and what a shard's Phase 1 tries first).
+    Offers are sorted by donor and profile key (a stable answer, and what a
+    shard's Phase 1 tries first). One list for every receiver, each leaving
+    out its own (:func:`idle_offers`): its size grows with the fleet's idle
+    profiles, not with their number times the shards'.
     """
     budget = {sid: max(1, int(v.total_machines * max_share)) for sid, v in views.items()}
     taken: dict[tuple[str, tuple[str, str, str, int, str], TransferKind], int] = defaultdict(int)
@@ -258,8 +276,7 @@ def idle_offers(
                         speculative=max(0, min(spare, budget[donor] - count)),
                     )
                 )
-    wanted = sorted(views if receivers is None else receivers)
-    return {r: tuple(o for o in on_offer if o.shard_id != r) for r in wanted}
+    return tuple(on_offer)
 
 
 def labels_satisfy(requirements: Iterable[Requirement], labels: Mapping[str, str]) -> bool:

@@ -281,10 +281,12 @@ class CoordinatorWorkflow:
         self._pending: dict[str, TransferSpec | ms.ClusterMoveSpec | ms.HandoverSpec] = {}
         self._recent: list[dict[str, object]] = []
         self._tasks: set[asyncio.Future[None]] = set()
-        # The last round's idle offers per active shard, with that round's seq and time,
-        # and the machines of idle transfers under way, per pending key (ADR 0129). Not
-        # carried through continue-as-new: the next run's first round plans afresh.
-        self._offers: dict[str, list[IdleOffer]] = {}
+        # The last round's idle offers (every shard's, once) and the shards they are for,
+        # with that round's seq and time, and the machines of transfers under way, per
+        # pending key (ADR 0129). Not carried through continue-as-new: the next run's
+        # first round plans afresh.
+        self._idle: list[IdleOffer] = []
+        self._receivers: frozenset[str] = frozenset()
         self._offers_seq = 0
         self._offers_at = 0.0
         self._arriving: dict[str, tuple[str, IdleOffer]] = {}
@@ -335,10 +337,14 @@ class CoordinatorWorkflow:
         a shard that is not active or has not reported, and before this run's
         first round.
         """
-        arriving = [o for receiver, o in self._arriving.values() if receiver == query.shard_id]
-        return FleetIdleReply(
-            [*self._offers.get(query.shard_id, []), *arriving], self._offers_seq, self._offers_at
+        return FleetIdleReply(self._offered(query.shard_id), self._offers_seq, self._offers_at)
+
+    def _offered(self, shard_id: str) -> list[IdleOffer]:
+        """The other shards' idle machines for ``shard_id``, and what is on its way to it."""
+        others = (
+            [o for o in self._idle if o.shard_id != shard_id] if shard_id in self._receivers else []
         )
+        return others + [o for receiver, o in self._arriving.values() if receiver == shard_id]
 
     @workflow.query(name="status")
     def status(self) -> dict[str, object]:
@@ -367,7 +373,8 @@ class CoordinatorWorkflow:
             "budget_shares": {s: dict(g) for s, g in state.budget_grants.items()} if state else {},
             "pending": [_describe(s) for s in self._pending.values()],
             "idle_offered": {
-                shard: sum(o.count for o in offers) for shard, offers in self._offers.items()
+                shard: sum(o.count for o in self._offered(shard))
+                for shard in sorted(self._receivers)
             },
             "recent": self._recent[-20:],
         }
@@ -470,7 +477,7 @@ class CoordinatorWorkflow:
             )
             planned.transfers += result.transfers
             if offering:
-                self._offers = result.offers
+                self._idle, self._receivers = result.idle, frozenset(result.receivers)
                 self._offers_seq, self._offers_at = inp.seq, workflow.now().timestamp()
         for spec in planned.transfers:
             inp.seq += 1

@@ -108,9 +108,12 @@ class IdleOffer:
 @dataclass
 class PlanResult:
     transfers: list[TransferSpec]
-    # Receiving shard -> the other shards' idle machines, less what these transfers
-    # take (ADR 0129); filled by a coordinator running the fleet-idle patch.
-    offers: dict[str, list[IdleOffer]] = field(default_factory=dict)
+    # Every shard's idle machines, less what these transfers take (ADR 0129), once:
+    # each receiver is offered those of the others. Filled by a coordinator running
+    # the fleet-idle patch.
+    idle: list[IdleOffer] = field(default_factory=list)
+    # The shards that may take them (the active ones that reported).
+    receivers: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -68,7 +68,8 @@ class Planner:
             self.planned.append(sum(len(r.shortfalls) for r in inp.reports))
             if len(self.planned) <= len(self.plans):
                 return self.plans[len(self.planned) - 1]
-            return cc.PlanResult([], offers=self.plans[-1].offers)
+            last = self.plans[-1]
+            return cc.PlanResult([], idle=last.idle, receivers=last.receivers)
 
         @activity.defn(name=ms.PLAN_MEMBERSHIP)
         async def plan_membership(inp: ms.MembershipPlanInput) -> ms.MembershipPlan:
@@ -113,7 +114,7 @@ async def _start(env: WorkflowEnvironment) -> WorkflowHandle[Any, Any]:
 async def test_after_its_report_a_shard_takes_the_offers_planned_for_it(
     env: WorkflowEnvironment,
 ) -> None:
-    planner = Planner([cc.PlanResult([], offers={RECEIVER: [OFFER], DONOR: []})])
+    planner = Planner([cc.PlanResult([], idle=[OFFER], receivers=[DONOR, RECEIVER])])
     now = [(await env.get_current_time()).timestamp()]
     receiver, engine = _reporter(env, RECEIVER, now)
     donor, donor_engine = _reporter(env, DONOR, now)
@@ -130,6 +131,8 @@ async def test_after_its_report_a_shard_takes_the_offers_planned_for_it(
         )
         assert await donor.send_report()
         status = await handle.query("status")
+        # A shard the round did not name a receiver (draining, say) is offered nothing.
+        stranger = await handle.query(co.CoordinatorWorkflow.fleet_idle, cc.FleetIdleQuery("z"))
 
         # The coordinator stops planning (its worker is gone, say): offers older than
         # stale_after_s are dropped rather than waited for.
@@ -145,6 +148,7 @@ async def test_after_its_report_a_shard_takes_the_offers_planned_for_it(
     # No shard reported a shortfall, yet rounds planned: the offers are wanted every round.
     assert planner.planned and set(planner.planned) == {0}
     assert status["idle_offered"] == {RECEIVER: 2, DONOR: 0}
+    assert stranger.offers == []
     assert stale == ()
     assert not gone and engine.fleet_idle_offers == (), "no coordinator: nothing to wait for"
 
@@ -156,7 +160,7 @@ async def test_the_machines_of_an_idle_transfer_under_way_stay_on_offer_to_its_r
     # need; the round's offers leave them out (they are taken). Until the transfer
     # ends the receiver must still see them, or its need stops waiting and buys.
     idle = _spec(cc.TransferKind.IDLE, count=2)
-    planner = Planner([cc.PlanResult([idle], offers={RECEIVER: [], DONOR: []})])
+    planner = Planner([cc.PlanResult([idle], idle=[], receivers=[DONOR, RECEIVER])])
     release_may_finish = asyncio.Event()
     adopted: list[int] = []
 

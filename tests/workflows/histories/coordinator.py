@@ -105,7 +105,8 @@ class Shards:
                 return co.PlanResult([])
             return co.PlanResult(
                 [_spec(co.TransferKind.IDLE), _spec(co.TransferKind.PREEMPT, below=900_000)],
-                offers={RECEIVER: [offer()], DONOR: []},
+                idle=[offer()],
+                receivers=[DONOR, RECEIVER],
             )
 
         @activity.defn(name=ms.PLAN_MEMBERSHIP)
