@@ -102,7 +102,13 @@ def test_a_cycle_frozen_with_the_survivors_is_collected_once_the_frozen_set_doub
         assert freezer.thaws == 1 and gc.get_freeze_count() == 0
         gc.collect()  # and the next full collection walks everything once
         assert gone() is None
-        assert freezer.baseline == gc.get_freeze_count() > len(keep)
+        # Its survivors are the new baseline. A frozen object that dies by reference
+        # counting leaves the frozen set, and the suite's other threads may drop a few
+        # between the freeze and this read (9 of 2.8 million in one full run): the set
+        # may only have shrunk since, by far less than what this test froze.
+        frozen = gc.get_freeze_count()
+        assert frozen <= freezer.baseline < frozen + len(keep)
+        assert frozen > len(keep)
     finally:
         unhook()
         gc.unfreeze()
