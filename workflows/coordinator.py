@@ -105,6 +105,9 @@ ANSWERED_INTERVALS = 20
 # Marks histories in which every round plans (not only one with a shortfall), so each
 # shard can be told what the others hold idle (ADR 0129).
 FLEET_IDLE_PATCH = "fleet-idle-offers"
+# Marks histories in which no quota is rebalanced away from a shard a shortfall answer
+# has just given some (ADR 0174).
+ANSWERED_PATCH = "no-rebalance-after-an-answer"
 
 
 @workflow.defn(name="TransferWorkflow")
@@ -456,12 +459,18 @@ class CoordinatorWorkflow:
             for r in inp.reports.values()
         ]
         # A rebalance move still in flight (or just finished) is not planned again:
-        # the listing it was computed from does not show its effect yet.
+        # the listing it was computed from does not show its effect yet. Nor is quota
+        # taken from a shard a shortfall answer has just given some (ADR 0174): until
+        # the shard uses it, it looks spare, and the donor that gave its last slots of
+        # the group looks like a shard that just joined.
+        answered = self._answered_receivers(inp) if workflow.patched(ANSWERED_PATCH) else set()
         planned = PlanResult(
             transfers=[
                 s
                 for s in distributed.rebalance
-                if not self._in_flight(_cooldown_key(s)) and _cooldown_key(s) not in inp.cooldown
+                if not self._in_flight(_cooldown_key(s))
+                and _cooldown_key(s) not in inp.cooldown
+                and s.donor not in answered
             ]
         )
         # Before the patch a round planned only for reported shortfalls; now it plans
@@ -551,6 +560,17 @@ class CoordinatorWorkflow:
             outcome = {"seq": seq, "kind": kind, "status": "failed", "outcome": str(err)}
         self._recent.append(outcome)
         self._pending.pop(key, None)
+
+    def _answered_receivers(self, inp: CoordinatorInput) -> set[str]:
+        """Shards a shortfall answer is moving quota or machines to, or just has."""
+        keys = [*inp.cooldown, *(k.split("#", 1)[0] for k in self._pending)]
+        out = set()
+        for key in keys:
+            receiver, _, rest = key.partition("|")
+            cluster, _, _need = rest.partition("|")
+            if cluster and receiver not in ("move", "handover"):
+                out.add(receiver)
+        return out
 
     def _in_flight(self, key: str) -> bool:
         """True while an instruction for ``key`` (receiver|cluster|need) is running."""

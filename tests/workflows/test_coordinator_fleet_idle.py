@@ -54,14 +54,22 @@ class Planner:
     """The coordinator's activities, scripted: the n-th plan is ``plans[n]``, and once
     they run out no transfer, with the last plan's offers."""
 
-    def __init__(self, plans: list[cc.PlanResult]) -> None:
+    def __init__(
+        self, plans: list[cc.PlanResult], rebalance: list[cc.TransferSpec] | None = None
+    ) -> None:
         self.plans = plans
         self.planned: list[int] = []  # shortfalls each plan call saw
+        # What the distribution proposes to even out, every round after the first.
+        self.rebalance = rebalance or []
+        self.distributed = 0
+        self.recorded: list[tuple[float, str]] = []  # (time, need) of each instruction
 
     def activities(self) -> list[Callable[..., Any]]:
         @activity.defn(name=co.DISTRIBUTE)
         async def distribute(inp: cc.DistributeInput) -> cc.DistributeResult:
-            return cc.DistributeResult(adoptions=[])
+            self.distributed += 1
+            later = self.rebalance if self.distributed > 1 else []
+            return cc.DistributeResult(adoptions=[], rebalance=list(later))
 
         @activity.defn(name=co.PLAN)
         async def plan(inp: cc.PlanInput) -> cc.PlanResult:
@@ -77,7 +85,9 @@ class Planner:
 
         @activity.defn(name=co.RECORD_INSTRUCTION)
         async def record_instruction(inp: cc.InstructionRecord) -> None:
-            return None
+            self.recorded.append(
+                (activity.info().current_attempt_scheduled_time.timestamp(), inp.spec.need_key)
+            )
 
         @activity.defn(name=co.FINISH_INSTRUCTION)
         async def finish_instruction(inp: cc.InstructionOutcome) -> None:
@@ -240,3 +250,48 @@ def test_a_gangs_quota_transfer_under_way_is_offered_as_slots_and_a_rebalance_is
     assert co._arriving(slots, donor) == cc.IdleOffer(DONOR, rack, GPU, 0, 1)
     assert co._arriving(rebalance, donor) is None
     assert co._arriving(idle, None) is None
+
+
+async def test_quota_a_shortfall_answer_just_gave_is_not_rebalanced_away(
+    env: WorkflowEnvironment,
+) -> None:
+    """ADR 0174. The answer moves the donor's last GPU slots to the receiver; until the
+    receiver uses them they look spare, and the donor, owning none of the group, looks
+    like a shard that just joined. The rebalance that would hand one back (and leave the
+    receiver short again) waits until the answer has cooled down."""
+    answer = _spec(cc.TransferKind.SPECULATIVE, count=2)
+    back = dataclasses.replace(
+        answer, donor=RECEIVER, receiver=DONOR, count=1, cluster_id="", need_key="rebalance:g"
+    )
+    planner = Planner([cc.PlanResult([answer])], rebalance=[back])
+
+    @activity.defn(name=co.RELEASE_MACHINES)
+    async def release(inp: cc.ReleaseInput) -> cc.ReleaseResult:
+        count = inp.spec.count
+        return cc.ReleaseResult([MachineTarget(f"slot-{i}", PROVIDER) for i in range(count)])
+
+    @activity.defn(name=co.ADOPT_MACHINES)
+    async def adopt(inp: cc.AdoptInput) -> cc.AdoptResult:
+        return cc.AdoptResult(len(inp.machines))
+
+    shard_activities: list[Callable[..., Any]] = [release, adopt]
+    async with (
+        Worker(
+            env.client,
+            task_queue=co.COORDINATOR_QUEUE,
+            workflows=list(COORDINATOR_WORKFLOWS),
+            activities=planner.activities(),
+        ),
+        Worker(env.client, task_queue=f"shard-{DONOR}", activities=shard_activities),
+        Worker(env.client, task_queue=f"shard-{RECEIVER}", activities=shard_activities),
+    ):
+        handle = await _start(env)
+        await handle.signal(co.CoordinatorWorkflow.report, report())
+        await env.sleep(45)  # rounds every 30 s; the answer's cooldown is 60 s
+        during = [need for _t, need in planner.recorded]
+        await env.sleep(120)
+        after = [need for _t, need in planner.recorded]
+        await handle.terminate("done")
+
+    assert during == ["need-speculative"], during
+    assert after[0] == "need-speculative" and "rebalance:g" in after[1:], after
