@@ -9,6 +9,7 @@ names, as in the replay histories.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Callable
 from types import SimpleNamespace
@@ -111,6 +112,28 @@ def _reporter(
     return reporter, engine
 
 
+@contextlib.asynccontextmanager
+async def _workers(
+    env: WorkflowEnvironment,
+    planner: Planner,
+    *,
+    donor: list[Callable[..., Any]],
+    receiver: list[Callable[..., Any]],
+) -> AsyncIterator[None]:
+    """The coordinator's worker with ``planner``'s activities, and each shard's halves."""
+    async with (
+        Worker(
+            env.client,
+            task_queue=co.COORDINATOR_QUEUE,
+            workflows=list(COORDINATOR_WORKFLOWS),
+            activities=planner.activities(),
+        ),
+        Worker(env.client, task_queue=f"shard-{DONOR}", activities=donor),
+        Worker(env.client, task_queue=f"shard-{RECEIVER}", activities=receiver),
+    ):
+        yield
+
+
 async def _start(env: WorkflowEnvironment) -> WorkflowHandle[Any, Any]:
     return await env.client.start_workflow(
         co.CoordinatorWorkflow.run,
@@ -195,16 +218,7 @@ async def test_the_machines_of_an_idle_transfer_under_way_stay_on_offer_to_its_r
         ],
     )
     query = co.CoordinatorWorkflow.fleet_idle
-    async with (
-        Worker(
-            env.client,
-            task_queue=co.COORDINATOR_QUEUE,
-            workflows=list(COORDINATOR_WORKFLOWS),
-            activities=planner.activities(),
-        ),
-        Worker(env.client, task_queue=f"shard-{DONOR}", activities=[release]),
-        Worker(env.client, task_queue=f"shard-{RECEIVER}", activities=[adopt]),
-    ):
+    async with _workers(env, planner, donor=[release], receiver=[adopt]):
         handle = await _start(env)
         await handle.signal(co.CoordinatorWorkflow.report, donor_report)
         await handle.signal(co.CoordinatorWorkflow.report, report())
@@ -274,17 +288,7 @@ async def test_quota_a_shortfall_answer_just_gave_is_not_rebalanced_away(
     async def adopt(inp: cc.AdoptInput) -> cc.AdoptResult:
         return cc.AdoptResult(len(inp.machines))
 
-    shard_activities: list[Callable[..., Any]] = [release, adopt]
-    async with (
-        Worker(
-            env.client,
-            task_queue=co.COORDINATOR_QUEUE,
-            workflows=list(COORDINATOR_WORKFLOWS),
-            activities=planner.activities(),
-        ),
-        Worker(env.client, task_queue=f"shard-{DONOR}", activities=shard_activities),
-        Worker(env.client, task_queue=f"shard-{RECEIVER}", activities=shard_activities),
-    ):
+    async with _workers(env, planner, donor=[release, adopt], receiver=[release, adopt]):
         handle = await _start(env)
         await handle.signal(co.CoordinatorWorkflow.report, report())
         await env.sleep(45)  # rounds every 30 s; the answer's cooldown is 60 s
