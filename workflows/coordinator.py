@@ -286,12 +286,12 @@ class CoordinatorWorkflow:
         self._tasks: set[asyncio.Future[None]] = set()
         # The last round's idle offers (every shard's, once) and the shards they are for,
         # with that round's seq and time, and the machines of transfers under way, per
-        # pending key (ADR 0129). Not carried through continue-as-new: the next run's
-        # first round plans afresh.
-        self._idle: list[IdleOffer] = []
-        self._receivers: frozenset[str] = frozenset()
-        self._offers_seq = 0
-        self._offers_at = 0.0
+        # pending key (ADR 0129). The offers come through continue-as-new in the input;
+        # the transfers under way need not (a run continues as new once none is).
+        self._idle: list[IdleOffer] = list(inp.idle_offers)
+        self._receivers: frozenset[str] = frozenset(inp.idle_receivers)
+        self._offers_seq = inp.offers_seq
+        self._offers_at = inp.offers_at
         self._arriving: dict[str, tuple[str, IdleOffer]] = {}
 
     @workflow.signal(name="report")
@@ -337,8 +337,9 @@ class CoordinatorWorkflow:
         """What the other shards held idle at the last round, for ``query.shard_id``.
 
         With the machines of idle transfers still on their way to it. Empty for
-        a shard that is not active or has not reported, and before this run's
-        first round.
+        a shard that is not active or has not reported, and before the first
+        round of the coordinator's term (a run started by continue-as-new
+        answers with its previous run's last round until its own first).
         """
         return FleetIdleReply(self._offered(query.shard_id), self._offers_seq, self._offers_at)
 
@@ -396,6 +397,8 @@ class CoordinatorWorkflow:
             if workflow.info().is_continue_as_new_suggested():
                 break
         await workflow.wait_condition(lambda: not self._pending)
+        inp.idle_offers, inp.idle_receivers = list(self._idle), sorted(self._receivers)
+        inp.offers_seq, inp.offers_at = self._offers_seq, self._offers_at
         workflow.continue_as_new(inp)
 
     async def _round(self, inp: CoordinatorInput) -> None:

@@ -374,3 +374,12 @@ class CoordinatorInput:
     budget_asks: dict[str, BudgetShareAsk] = field(default_factory=dict)
     budget_asked_at: dict[str, float] = field(default_factory=dict)
     budget_grants: dict[str, dict[str, int]] = field(default_factory=dict)
+    # The last round's idle offers, as ``PlanResult`` gave them, with the shards they
+    # are for and that round's seq and time: a run started by continue-as-new answers
+    # ``fleet_idle`` with them until its first round, so no shard reads an empty fleet
+    # in between (ADR 0129). Transfers under way are not carried: a run continues as
+    # new only once none is.
+    idle_offers: list[IdleOffer] = field(default_factory=list)
+    idle_receivers: list[str] = field(default_factory=list)
+    offers_seq: int = 0
+    offers_at: float = 0.0

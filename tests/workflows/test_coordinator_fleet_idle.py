@@ -56,12 +56,19 @@ class Planner:
     they run out no transfer, with the last plan's offers."""
 
     def __init__(
-        self, plans: list[cc.PlanResult], rebalance: list[cc.TransferSpec] | None = None
+        self,
+        plans: list[cc.PlanResult],
+        rebalance: list[cc.TransferSpec] | None = None,
+        *,
+        hold: asyncio.Event | None = None,
     ) -> None:
         self.plans = plans
         self.planned: list[int] = []  # shortfalls each plan call saw
         # What the distribution proposes to even out, every round after the first.
         self.rebalance = rebalance or []
+        # Every distribution after the first waits for it, if given (holding a round
+        # before it plans).
+        self.hold = hold
         self.distributed = 0
         self.recorded: list[str] = []  # the need of each instruction, in order
 
@@ -69,6 +76,8 @@ class Planner:
         @activity.defn(name=co.DISTRIBUTE)
         async def distribute(inp: cc.DistributeInput) -> cc.DistributeResult:
             self.distributed += 1
+            if self.hold is not None and self.distributed > 1:
+                await self.hold.wait()
             later = self.rebalance if self.distributed > 1 else []
             return cc.DistributeResult(adoptions=[], rebalance=list(later))
 
@@ -132,10 +141,12 @@ async def _workers(
         yield
 
 
-async def _start(env: WorkflowEnvironment) -> WorkflowHandle[Any, Any]:
+async def _start(
+    env: WorkflowEnvironment, *, rounds_per_run: int = 200
+) -> WorkflowHandle[Any, Any]:
     return await env.client.start_workflow(
         co.CoordinatorWorkflow.run,
-        cc.CoordinatorInput(term=3, interval_s=30.0, max_share=0.5),
+        cc.CoordinatorInput(term=3, interval_s=30.0, max_share=0.5, rounds_per_run=rounds_per_run),
         id=co.COORDINATOR_ID,
         task_queue=co.COORDINATOR_QUEUE,
         id_conflict_policy=WorkflowIDConflictPolicy.TERMINATE_EXISTING,
@@ -182,6 +193,38 @@ async def test_after_its_report_a_shard_takes_the_offers_planned_for_it(
     assert stranger.offers == []
     assert stale == ()
     assert not gone and engine.fleet_idle_offers == (), "no coordinator: nothing to wait for"
+
+
+async def test_a_coordinator_that_continued_as_new_offers_the_last_rounds_idle_before_its_first(
+    env: WorkflowEnvironment,
+) -> None:
+    # One round per run: the first run plans the offer and continues as new; the next
+    # run's first round is held before it plans. A shard asking in between must read
+    # the offer (with the round that planned it), not an empty fleet it would buy for.
+    hold = asyncio.Event()
+    planner = Planner([cc.PlanResult([], idle=[OFFER], receivers=[DONOR, RECEIVER])], hold=hold)
+    query = co.CoordinatorWorkflow.fleet_idle
+    async with Worker(
+        env.client,
+        task_queue=co.COORDINATOR_QUEUE,
+        workflows=list(COORDINATOR_WORKFLOWS),
+        activities=planner.activities(),
+    ):
+        first = await _start(env, rounds_per_run=1)
+        await env.sleep(31)  # past the first round's wait for reports
+        await eventually(lambda: planner.distributed >= 2 or None, what="the second run")
+        latest = env.client.get_workflow_handle(co.COORDINATOR_ID)
+        run = (await latest.describe()).run_id
+        between = await latest.query(query, cc.FleetIdleQuery(RECEIVER))
+        status = await latest.query("status")
+        hold.set()
+        await latest.terminate("done")
+
+    assert run != first.result_run_id, "the coordinator continued as new"
+    assert planner.planned == [0], "the new run has not planned yet"
+    assert between.offers == [OFFER]
+    assert between.seq > 0 and between.planned_at > 0, "the round that planned them"
+    assert status["idle_offered"] == {RECEIVER: 2, DONOR: 0}
 
 
 async def test_the_machines_of_an_idle_transfer_under_way_stay_on_offer_to_its_receiver(
