@@ -147,6 +147,9 @@ class ShardShortfall:
     min_unit: Mapping[str, float] = field(default_factory=dict)
     age_cycles: int = 0
     escalated: bool = False
+    #: The shard holds back its own buying for another shard's idle machine (its reason
+    #: is ``REASON_AWAITING_TRANSFER``): it is short of nothing but that machine.
+    awaiting_idle: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,6 +333,11 @@ def plan_transfers(views: Mapping[str, ShardView], *, max_share: float = 0.05) -
     for receiver, sf in shortfalls:
         for kind in (TransferKind.IDLE, TransferKind.SPECULATIVE, TransferKind.PREEMPT):
             if kind is TransferKind.PREEMPT and not sf.escalated:
+                break
+            if kind is not TransferKind.IDLE and sf.awaiting_idle:
+                # It could buy; it waits for a machine already paid for. When that is
+                # gone by now, it buys with its own quota next cycle, and reports what
+                # it still lacks then (ADR 0129).
                 break
             donations = _resolve(donors, receiver, sf, kind, taken, budget, views)
             if not donations and kind is TransferKind.IDLE and _is_gang(sf):

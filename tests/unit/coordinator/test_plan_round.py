@@ -9,9 +9,12 @@ every active shard is told what the others hold idle (ADR 0129).
 
 from __future__ import annotations
 
+import dataclasses
+
 from activities.coordinator import plan_round, shard_view
 from shard_engine.coordination import DOMAIN_LABEL
 from shard_engine.model import Operator
+from shard_engine.pending import REASON_AWAITING_TRANSFER
 from workflows import coordinator_contracts as co
 from workflows.contracts import RequirementSpec
 
@@ -62,6 +65,18 @@ def _report(
 def test_a_profiles_rack_is_read_from_its_labels() -> None:
     view = shard_view(_report("a", _servers("r1", 2), _servers("r2", 0, speculative=3)))
     assert [(s.domain, s.idle, s.speculative) for s in view.supply] == [("r1", 2, 0), ("r2", 0, 3)]
+
+
+def test_a_shortfall_waiting_for_another_shards_idle_is_known_by_its_reason() -> None:
+    waiting = dataclasses.replace(
+        _gang(2), reason=f"{REASON_AWAITING_TRANSFER}: a matching idle machine is held"
+    )
+    short = dataclasses.replace(_gang(2), need_key="gang-2", reason="no matching supply: none")
+    view = shard_view(_report("a", shortfalls=(waiting, short)))
+    assert [(s.need_key, s.awaiting_idle) for s in view.shortfalls] == [
+        ("gang-1", True),
+        ("gang-2", False),
+    ]
 
 
 def test_a_gang_is_not_assembled_from_two_racks_of_one_profile() -> None:

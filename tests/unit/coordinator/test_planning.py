@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -67,6 +69,30 @@ def test_speculative_quota_is_next_when_no_idle_machine_fits() -> None:
     }
     (ins,) = plan_transfers(views)
     assert ins.kind == "speculative" and ins.count == 4
+
+
+def test_a_shortfall_waiting_for_an_idle_machine_is_answered_with_idle_machines_only() -> None:
+    # The receiver held back its own buying for another shard's idle machine, which a
+    # higher shortfall took this round: quota would only move what it could buy with
+    # its own next cycle. With the idle machine still there, the wait is answered.
+    waiting = dataclasses.replace(_gpu_shortfall(2), awaiting_idle=True)
+    gone = {
+        "s1": ShardView("s1", 2000, supply=(_supply(spec=50),)),
+        "s2": ShardView("s2", 2000, shortfalls=(waiting,)),
+    }
+    assert plan_transfers(gone) == []
+    there = {
+        "s1": ShardView("s1", 2000, supply=(_supply(idle=2, spec=50),)),
+        "s2": ShardView("s2", 2000, shortfalls=(waiting,)),
+    }
+    (ins,) = plan_transfers(there)
+    assert (ins.kind, ins.count) == ("idle", 2)
+    escalated = dataclasses.replace(waiting, escalated=True)
+    held = {
+        "s1": ShardView("s1", 2000, supply=(_supply(configured={1: 2}),)),
+        "s2": ShardView("s2", 2000, shortfalls=(escalated,)),
+    }
+    assert plan_transfers(held) == [], "nor by preemption: nothing it waits for runs there"
 
 
 def test_cross_shard_preemption_takes_only_strictly_lower_priorities_and_only_when_escalated() -> (
