@@ -77,6 +77,8 @@ class Counters:
     flaps: int = 0
     abandoned: dict[int, int] = field(default_factory=dict)  # priority -> pods gone unplaced
     waits: list[tuple[int, float]] = field(default_factory=list)
+    # (priority, wait so far) of pods the replay's end found never placed (ADR 0175)
+    cut_off: list[tuple[int, float]] = field(default_factory=list)
     # co-location group (a gang) -> [members arrived, members placed at least once]
     gangs: dict[str, list[int]] = field(default_factory=dict)
 
@@ -93,8 +95,11 @@ class ClusterModel:
         flap_window_s: float = 600.0,
         release_after_s: float = 600.0,
         notify: set[str] | None = None,
+        ends_at: float = math.inf,
     ) -> None:
         self.cluster_id = cluster_id
+        # When the replay ends: a pod leaving then was cut off by it, not given up on.
+        self.ends_at = ends_at
         # Clusters whose pods or nodes changed add their id here (the driver schedules them).
         self._notify = notify if notify is not None else set()
         self.heuristic = heuristic
@@ -251,7 +256,12 @@ class ClusterModel:
             return
         if state.first_placed is None:
             prio = state.spec.priority
-            self.counters.abandoned[prio] = self.counters.abandoned.get(prio, 0) + 1
+            if now >= self.ends_at:
+                # The trace's pods still running at its end leave then; one still waiting
+                # has waited this long so far, which is all the replay can say (ADR 0175).
+                self.counters.cut_off.append((prio, now - state.arrived))
+            else:
+                self.counters.abandoned[prio] = self.counters.abandoned.get(prio, 0) + 1
         if state.node:
             self._unplace(state, now, evicted=False)
         self.pending.pop(name, None)

@@ -138,7 +138,9 @@ def run_policy(
     gap = policy_name == "bigfleet"
     touched: set[str] = set()
     clusters = {
-        c: ClusterModel(c, heuristic=options.heuristic, gap=gap, notify=touched)
+        c: ClusterModel(
+            c, heuristic=options.heuristic, gap=gap, notify=touched, ends_at=trace.duration
+        )
         for c in trace.clusters
     }
     policy = _policy(policy_name, fleet, clusters, options, trace, tap)
@@ -185,7 +187,9 @@ def run_policy(
         worker_cpu = policy.worker_cpu_seconds()
         policy.close()  # answers still on their way (roll-up outcomes) land in the stats
         stats: dict[str, int] = dict(getattr(policy, "stats", {}))
-        summary = recorder.summary(cost=fleet.cost_so_far(), clusters=clusters, stats=stats)
+        summary = recorder.summary(
+            cost=fleet.cost_so_far(), clusters=clusters, stats=stats, ended_at=trace.duration
+        )
         summary["cost_by_category_usd"] = fleet.cost_by_category()
     finally:
         policy.close()

@@ -100,7 +100,9 @@ def _markdown(meta: dict[str, Any], results: Sequence[PolicyResult]) -> str:
         "",
         "## Time to capacity (arrival → first placement), seconds",
         "",
-        _row("priority", [f"{n} p50 / p99 (placed, never)" for n in names]),
+        "A pod the replay's end found waiting counts with its wait so far (ADR 0175).",
+        "",
+        _row("priority", [f"{n} p50 / p99 (placed, never, waiting at the end)" for n in names]),
         "|---|" + "---|" * len(names),
     ]
     tiers = sorted({t for x in s for t in x["time_to_capacity"]}, key=lambda t: -int(t.lstrip("p")))
@@ -111,7 +113,8 @@ def _markdown(meta: dict[str, Any], results: Sequence[PolicyResult]) -> str:
             cells.append(
                 "—"
                 if v is None
-                else f"{v['p50_s']:.0f} / {v['p99_s']:.0f} ({v['placed']}, {v['never_placed']})"
+                else f"{v['p50_s']:.0f} / {v['p99_s']:.0f} "
+                f"({v['placed']}, {v['never_placed']}, {v.get('waiting_at_end', 0)})"
             )
         lines.append(_row(tier, cells))
     lines += ["", "## Plots", ""]
