@@ -11,9 +11,10 @@ Sampled every ``sample_s`` virtual seconds (a step function between samples):
 
 Summary: cost in dollars (exact, from every machine's billed time), the
 time averages of the utilisations, time-to-capacity (arrival → first
-placement) p50/p99 per priority, pods never placed (gone before they ran,
-while the replay went on) and pods the replay's end found still waiting
-(their waits so far count in the percentiles, as lower bounds: ADR 0175),
+placement) p50/p99 per priority over every pod that arrived, pods never
+placed (gone before they ran, while the replay went on) and pods the
+replay's end found still waiting (the waits of both, as long as they had
+lasted, count in the percentiles as lower bounds: ADR 0175),
 evictions by cause
 (preemption, reclaim and consolidation, spot interruption, gap closing),
 flaps (a node drained within 10 minutes of joining), stranded capacity
@@ -108,7 +109,8 @@ class Recorder:
         """The run's figures (see the module docstring); the replay ended at ``ended_at``."""
         waits: dict[int, list[float]] = {}
         unplaced: dict[int, int] = {}
-        cut: dict[int, list[float]] = {}
+        cut: dict[int, list[float]] = {}  # waits so far of pods the end found waiting
+        gone: dict[int, list[float]] = {}  # waits of pods deleted before they ran
         totals = {"preempt": 0, "reclaim": 0, "interrupt": 0, "gap": 0}
         flaps = joined = 0
         gangs = {"total": 0, "pods": 0, "pods_placed": 0}
@@ -127,6 +129,8 @@ class Recorder:
                 unplaced[priority] = unplaced.get(priority, 0) + count
             for priority, wait in c.cut_off:
                 cut.setdefault(priority, []).append(wait)
+            for priority, wait in c.unplaced_waits:
+                gone.setdefault(priority, []).append(wait)
             for state in cluster.pending_pods():  # a trace whose pods outlive the replay
                 if state.first_placed is None:
                     cut.setdefault(state.spec.priority, []).append(ended_at - state.arrived)
@@ -138,9 +142,10 @@ class Recorder:
             joined += c.nodes_joined
         ttc: dict[str, dict[str, float]] = {}
         for priority in sorted(set(waits) | set(unplaced) | set(cut), reverse=True):
-            # A wait the replay's end cut off counts as long as it had lasted: a lower
-            # bound, so the percentiles never leave out a pod still waiting (ADR 0175).
-            observed = waits.get(priority, []) + cut.get(priority, [])
+            # A wait that never ended in a placement (the pod was deleted, or the replay
+            # ended) counts as long as it had lasted: a lower bound, so the percentiles
+            # leave out no pod that arrived (ADR 0175).
+            observed = waits.get(priority, []) + cut.get(priority, []) + gone.get(priority, [])
             values = np.array(observed or [0.0])
             ttc[tier_name(priority)] = {
                 "p50_s": round(float(np.percentile(values, 50)), 1) if observed else 0.0,
