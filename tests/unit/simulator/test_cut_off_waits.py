@@ -12,10 +12,17 @@ from __future__ import annotations
 
 from clusters.packing import Heuristic
 from clusters.pods import PodSpec
+from shard_engine.model import Operator, Requirement
 from simulator.cluster import ClusterModel
+from simulator.driver import RunOptions, run_policy
 from simulator.metrics import Recorder
+from simulator.trace import Arrive, Leave, Trace
 
 END = 1_000.0
+
+
+def _arch(arch: str) -> Requirement:
+    return Requirement("kubernetes.io/arch", Operator.IN, (arch,))
 
 
 def _pod(name: str) -> PodSpec:
@@ -50,3 +57,27 @@ def test_every_pod_that_arrived_counts_in_the_percentiles() -> None:
     tier = _summary()
     assert tier["p50_s"] == 180.0  # between 60 and 300
     assert 880.0 < tier["p99_s"] <= 900.0
+
+
+def test_a_run_counts_a_pod_arriving_just_before_its_end_as_waiting_there() -> None:
+    """End to end, both policies: no machine comes up in the last 20 s of a replay."""
+    # The late pod runs on arm64 only, the early one on amd64 only: the early pod's
+    # machine cannot hold the late one, whatever shape it is.
+    early = PodSpec.build("early", {"cpu": 4.0, "memory": 2.0**30}, requirements=(_arch("amd64"),))
+    late = PodSpec.build("late", {"cpu": 4.0, "memory": 2.0**30}, requirements=(_arch("arm64"),))
+    trace = Trace(
+        events=(
+            Arrive(0.0, "c", early),
+            Arrive(580.0, "c", late),
+            Leave(600.0, "c", early.name),
+            Leave(600.0, "c", late.name),
+        ),
+        duration=600.0,
+    )
+    for policy in ("bigfleet", "baseline"):
+        summary = run_policy(trace, policy, RunOptions(workers=1)).summary
+        tiers = summary["time_to_capacity"]
+        placed = sum(t["placed"] for t in tiers.values())
+        never = sum(t["never_placed"] for t in tiers.values())
+        waiting = sum(t["waiting_at_end"] for t in tiers.values())
+        assert (placed, never, waiting) == (1, 0, 1), (policy, tiers)
