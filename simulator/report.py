@@ -100,7 +100,8 @@ def _markdown(meta: dict[str, Any], results: Sequence[PolicyResult]) -> str:
         "",
         "## Time to capacity (arrival → first placement), seconds",
         "",
-        "A pod the replay's end found waiting counts with its wait so far (ADR 0175).",
+        "Every pod that arrived counts; one never placed (deleted, or still waiting at the "
+        "end) with its wait as long as it lasted (ADR 0175).",
         "",
         _row("priority", [f"{n} p50 / p99 (placed, never, waiting at the end)" for n in names]),
         "|---|" + "---|" * len(names),
