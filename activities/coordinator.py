@@ -31,7 +31,7 @@ from shard_engine.coordination import (
 )
 from shard_engine.dealing import Dealable, deal, rack_of
 from shard_engine.model import Operator, Requirement
-from shard_engine.pending import REASON_AWAITING_TRANSFER
+from shard_engine.shortfalls import awaits_idle
 from workflows import coordinator_contracts as co
 from workflows.contracts import MachineTarget
 
@@ -304,7 +304,7 @@ def shard_view(report: co.ShardReport) -> ShardView:
                 min_unit=s.min_unit,
                 age_cycles=s.age_cycles,
                 escalated=s.escalated,
-                awaiting_idle=s.reason.startswith(REASON_AWAITING_TRANSFER),
+                awaiting_idle=awaits_idle(s.reason),
             )
             for s in report.shortfalls
         ),

@@ -30,7 +30,7 @@ from shard_engine.pending import (
     PendingNeed,
 )
 
-__all__ = ["collect", "explain"]
+__all__ = ["awaits_idle", "collect", "explain"]
 
 
 def explain(pending: PendingNeed, inventory: Inventory) -> str:
@@ -64,6 +64,15 @@ def explain(pending: PendingNeed, inventory: Inventory) -> str:
         f"{REASON_PRIORITY_STARVED}: all {machines} matching machines are held at priority "
         f">= {pending.priority}, in motion, or promised"
     )
+
+
+def awaits_idle(reason: str) -> bool:
+    """Is this :func:`explain` reason a need held back for another shard's idle machine?
+
+    The coordinator answers such a shortfall with idle machines only (ADR 0129);
+    a report carries only the reason, so this reads it back.
+    """
+    return reason.startswith(REASON_AWAITING_TRANSFER)
 
 
 def collect(

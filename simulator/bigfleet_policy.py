@@ -80,7 +80,7 @@ from shard_engine.coordination import (
 from shard_engine.dealing import Dealable, deal, rack_of
 from shard_engine.engine import EngineConfig, ShardEngine
 from shard_engine.model import Action, MachineRecord, MachineState, Need, Shortfall
-from shard_engine.pending import REASON_AWAITING_TRANSFER
+from shard_engine.shortfalls import awaits_idle
 from simulator import engines as ops
 from simulator.cluster import ClusterModel
 from simulator.engines import (
@@ -636,7 +636,7 @@ class BigFleetPolicy:
                 min_unit=need.min_unit if need else {},
                 age_cycles=sf.age_cycles,
                 escalated=sf.escalated,
-                awaiting_idle=sf.reason.startswith(REASON_AWAITING_TRANSFER),
+                awaiting_idle=awaits_idle(sf.reason),
             )
             for sf, need in lacking
         ]
