@@ -75,12 +75,11 @@ class Counters:
     nodes_joined: int = 0
     nodes_left: int = 0
     flaps: int = 0
-    abandoned: dict[int, int] = field(default_factory=dict)  # priority -> pods gone unplaced
     waits: list[tuple[int, float]] = field(default_factory=list)
+    # (priority, how long it waited) of each pod gone before it was ever placed
+    abandoned: list[tuple[int, float]] = field(default_factory=list)
     # (priority, wait so far) of pods the replay's end found never placed (ADR 0175)
     cut_off: list[tuple[int, float]] = field(default_factory=list)
-    # (priority, how long it waited) of each pod gone before it was ever placed
-    unplaced_waits: list[tuple[int, float]] = field(default_factory=list)
     # co-location group (a gang) -> [members arrived, members placed at least once]
     gangs: dict[str, list[int]] = field(default_factory=dict)
 
@@ -263,8 +262,7 @@ class ClusterModel:
                 # has waited this long so far, which is all the replay can say (ADR 0175).
                 self.counters.cut_off.append((prio, now - state.arrived))
             else:
-                self.counters.abandoned[prio] = self.counters.abandoned.get(prio, 0) + 1
-                self.counters.unplaced_waits.append((prio, now - state.arrived))
+                self.counters.abandoned.append((prio, now - state.arrived))
         if state.node:
             self._unplace(state, now, evicted=False)
         self.pending.pop(name, None)

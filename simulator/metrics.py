@@ -108,9 +108,8 @@ class Recorder:
     ) -> dict[str, Any]:
         """The run's figures (see the module docstring); the replay ended at ``ended_at``."""
         waits: dict[int, list[float]] = {}
-        unplaced: dict[int, int] = {}
-        cut: dict[int, list[float]] = {}  # waits so far of pods the end found waiting
         gone: dict[int, list[float]] = {}  # waits of pods deleted before they ran
+        cut: dict[int, list[float]] = {}  # waits so far of pods the end found waiting
         totals = {"preempt": 0, "reclaim": 0, "interrupt": 0, "gap": 0}
         flaps = joined = 0
         gangs = {"total": 0, "pods": 0, "pods_placed": 0}
@@ -125,12 +124,10 @@ class Recorder:
                     whole.append(f"{cluster.cluster_id}/{gang}")
             for priority, wait in c.waits:
                 waits.setdefault(priority, []).append(wait)
-            for priority, count in c.abandoned.items():
-                unplaced[priority] = unplaced.get(priority, 0) + count
+            for priority, wait in c.abandoned:
+                gone.setdefault(priority, []).append(wait)
             for priority, wait in c.cut_off:
                 cut.setdefault(priority, []).append(wait)
-            for priority, wait in c.unplaced_waits:
-                gone.setdefault(priority, []).append(wait)
             for state in cluster.pending_pods():  # a trace whose pods outlive the replay
                 if state.first_placed is None:
                     cut.setdefault(state.spec.priority, []).append(ended_at - state.arrived)
@@ -141,17 +138,18 @@ class Recorder:
             flaps += c.flaps
             joined += c.nodes_joined
         ttc: dict[str, dict[str, float]] = {}
-        for priority in sorted(set(waits) | set(unplaced) | set(cut), reverse=True):
+        for priority in sorted(set(waits) | set(gone) | set(cut), reverse=True):
             # A wait that never ended in a placement (the pod was deleted, or the replay
             # ended) counts as long as it had lasted: a lower bound, so the percentiles
-            # leave out no pod that arrived (ADR 0175).
-            observed = waits.get(priority, []) + cut.get(priority, []) + gone.get(priority, [])
-            values = np.array(observed or [0.0])
+            # leave out no pod that arrived (ADR 0175). Every tier here has some wait.
+            values = np.array(
+                waits.get(priority, []) + gone.get(priority, []) + cut.get(priority, [])
+            )
             ttc[tier_name(priority)] = {
-                "p50_s": round(float(np.percentile(values, 50)), 1) if observed else 0.0,
-                "p99_s": round(float(np.percentile(values, 99)), 1) if observed else 0.0,
+                "p50_s": round(float(np.percentile(values, 50)), 1),
+                "p99_s": round(float(np.percentile(values, 99)), 1),
                 "placed": len(waits.get(priority, [])),
-                "never_placed": unplaced.get(priority, 0),
+                "never_placed": len(gone.get(priority, [])),
                 "waiting_at_end": len(cut.get(priority, [])),
             }
         utilisation = {
