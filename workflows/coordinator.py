@@ -565,15 +565,16 @@ class CoordinatorWorkflow:
         self._pending.pop(key, None)
 
     def _answered_receivers(self, inp: CoordinatorInput) -> set[str]:
-        """Shards a shortfall answer is moving quota or machines to, or just has."""
-        keys = [*inp.cooldown, *(k.split("#", 1)[0] for k in self._pending)]
-        out = set()
-        for key in keys:
-            receiver, _, rest = key.partition("|")
-            cluster, _, _need = rest.partition("|")
-            if cluster and receiver not in ("move", "handover"):
-                out.add(receiver)
-        return out
+        """Shards a shortfall answer is moving quota or machines to, or just has.
+
+        A rebalance names no cluster; the cooldown holds the answer keys
+        (``answer_key``) of the transfers that ended.
+        """
+        specs = self._pending.values()
+        moving = {s.receiver for s in specs if isinstance(s, TransferSpec) and s.cluster_id}
+        keys = (key.split("|", 2) for key in inp.cooldown)
+        cooling = {receiver for receiver, cluster, _need in keys if cluster}
+        return moving | cooling
 
     def _in_flight(self, key: str) -> bool:
         """True while an instruction for ``key`` (receiver|cluster|need) is running."""
