@@ -37,7 +37,7 @@ def _row(label: str, values: Sequence[Any]) -> str:
 
 def _floor_lines(floor: dict[str, Any] | None) -> list[str]:
     """The cost floor (``simulator.floor``) in a sentence, when the run has one."""
-    if not floor or not floor.get("pods"):
+    if not floor or not (floor.get("pods") or floor.get("other_pods")):
         return []
     if floor.get("usd") is None:
         return [
@@ -46,12 +46,25 @@ def _floor_lines(floor: dict[str, Any] | None) -> list[str]:
             f"each, reach {floor['peak_servers']} at once against {floor.get('servers', 0)} "
             "such servers: no policy places them all on arrival (`simulator/floor.py`).",
         ]
+    gpu = (
+        f"{floor['pods']} GPU pods only undeletable servers hold, one each, need "
+        f"{floor['peak_servers']} servers at their peak at ${floor['price_per_hour']:g}/h "
+        "from when each is first needed"
+        if floor.get("pods")
+        else "no GPU pod needs a server of its own"
+    )
+    # Summaries written before the second term have no ``other_usd``.
+    other = (
+        f"; the machines of {floor['other_pods']} pods no GPU machine holds cost at least "
+        f"${floor['other_usd']:,.2f}, their reservations at the cheapest price per core or "
+        "per byte of a machine able to hold them"
+        if floor.get("other_pods")
+        else ""
+    )
     return [
         "",
         f"Cost floor: ${floor['usd']:,.2f} — no policy that places pods on arrival pays less: "
-        f"{floor['pods']} GPU pods only undeletable servers hold, one each, need "
-        f"{floor['peak_servers']} servers at their peak at ${floor['price_per_hour']:g}/h "
-        "from when each is first needed (`simulator/floor.py`).",
+        f"{gpu}{other} (`simulator/floor.py`).",
     ]
 
 

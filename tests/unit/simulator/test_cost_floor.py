@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from clusters.pods import PodSpec
-from shard_engine.model import CapacityType, MachineRecord, MachineState
+from shard_engine.model import CapacityType, MachineRecord, MachineState, Operator, Requirement
 from simulator.floor import cost_floor
 from simulator.trace import Arrive, Leave, Trace
 
@@ -78,3 +78,72 @@ def test_no_floor_when_the_fleet_cannot_hold_the_peak_on_arrival() -> None:
     floor = cost_floor(trace, [_server("s1"), _server("s2")], ["metal"])
     assert (floor.usd, floor.peak, floor.servers) == (None, 3, 2)
     assert floor.to_json()["usd"] is None
+
+
+NO_GPU = Requirement("nvidia.com/gpu.count", Operator.DOES_NOT_EXIST)
+
+
+def _machine(
+    machine_id: str, cores: float, gib: float, price: float, *, gpus: float = 0.0
+) -> MachineRecord:
+    labels = {"nvidia.com/gpu.count": str(int(gpus))} if gpus else {}
+    return MachineRecord(
+        id=machine_id,
+        state=MachineState.SPECULATIVE,
+        provider="cloud",
+        instance_type=machine_id,
+        zone="a",
+        capacity_type=CapacityType.ON_DEMAND,
+        price_per_hour=price,
+        interruption_probability=0.0,
+        labels=labels,
+        allocatable={"cpu": cores, "memory": gib * GI, "nvidia.com/gpu": gpus},
+    )
+
+
+def _cpu_pod(name: str, cores: float, gib: float, *, no_gpu: bool = True) -> PodSpec:
+    return PodSpec.build(
+        name, {"cpu": cores, "memory": gib * GI}, requirements=(NO_GPU,) if no_gpu else ()
+    )
+
+
+def test_the_other_pods_pay_their_reservations_at_the_cheapest_rate_able_to_hold_them() -> None:
+    # small: 4 cores, 16 GiB at $0.20/h ($0.05 a core, $0.0125 a GiB);
+    # big: 64 cores, 512 GiB at $4.80/h ($0.075 a core, $0.009375 a GiB).
+    # p: 2 cores, 4 GiB for 1 h; both hold it: cores 2 × 0.05 = $0.10, memory 4 × 0.009375.
+    # q: 1 core, 24 GiB for 1 h; only big holds it: cores 0.075, memory 24 × 0.009375 = 0.225.
+    # Cores add to $0.175, memory to $0.2625: the larger is the floor of their machines.
+    trace = Trace(
+        events=(
+            Arrive(0.0, "c", _cpu_pod("p", 2.0, 4.0)),
+            Arrive(1800.0, "c", _cpu_pod("q", 1.0, 24.0)),
+            Leave(3600.0, "c", "p"),
+            Leave(5400.0, "c", "q"),
+        ),
+        duration=7200.0,
+    )
+    machines = [_machine("small", 4.0, 16.0, 0.20), _machine("big", 64.0, 512.0, 4.80)]
+    floor = cost_floor(trace, machines, [])
+    assert floor.other_pods == 2
+    assert floor.other_usd == pytest.approx(0.2625)
+    assert floor.usd == pytest.approx(0.2625)
+    assert floor.to_json()["other_usd"] == pytest.approx(0.26, abs=0.01)
+
+
+def test_a_pod_a_gpu_machine_could_hold_or_no_machine_holds_adds_nothing() -> None:
+    gpu = _machine("gpu", 96.0, 1000.0, 28.0, gpus=8.0)
+    small = _machine("small", 4.0, 16.0, 0.20)
+    trace = Trace(
+        events=(
+            # No requirement keeps it off the GPU server, whose machine the GPU term may count.
+            Arrive(0.0, "c", _cpu_pod("free", 2.0, 4.0, no_gpu=False)),
+            # Nothing holds 200 cores: it is never placed, and the bound is for placed pods.
+            Arrive(0.0, "c", _cpu_pod("huge", 200.0, 4.0)),
+            # Kept off the GPU server; still running when the run ends at 2 h: 2 h × 2 × $0.05.
+            Arrive(0.0, "c", _cpu_pod("kept", 2.0, 4.0)),
+        ),
+        duration=7200.0,
+    )
+    floor = cost_floor(trace, [gpu, small], [])
+    assert floor.other_pods == 1
+    assert floor.other_usd == pytest.approx(0.20)
