@@ -60,12 +60,14 @@ __all__ = [
     "Instruction",
     "ProfileSupply",
     "RemoteIdle",
+    "RemoteWant",
     "ShardShortfall",
     "ShardView",
     "TransferKind",
     "answer_key",
     "deal_count",
     "distribute_evenly",
+    "fleet_wants",
     "grant_count",
     "idle_offers",
     "labels_satisfy",
@@ -205,6 +207,50 @@ class RemoteIdle:
     #: a gang short of a rack of idle machines may take them and claim the rest of
     #: the rack there (ADR 0173). Needs that are not gangs wait for idle machines only.
     speculative: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteWant:
+    """A need another shard could not meet at its last report (its shortfall).
+
+    What :func:`fleet_wants` hands a shard beside the idle offers: before a
+    need takes one of the shard's idle machines, Phase 1 asks whether an
+    older need of another shard, of at least its priority, could use it
+    (``fleet_idle.FleetIdle.yields``, ADR 0176).
+    """
+
+    shard_id: str
+    priority: int
+    requirements: tuple[Requirement, ...]
+    deficit: Mapping[str, float]
+    min_unit: Mapping[str, float]
+    #: Consecutive cycles the need has been short (its shard's count).
+    age_cycles: int
+
+
+def fleet_wants(
+    views: Mapping[str, ShardView], *, receivers: Collection[str] | None = None
+) -> dict[str, tuple[RemoteWant, ...]]:
+    """For each receiving shard, every *other* shard's shortfalls as :class:`RemoteWant`.
+
+    ``receivers`` as for :func:`idle_offers` (every reporting shard when
+    None); each gets an entry, empty when no other shard lacks anything.
+    """
+    wants = [
+        RemoteWant(
+            shard_id=sid,
+            priority=sf.priority,
+            requirements=tuple(sf.requirements),
+            deficit=dict(sf.deficit),
+            min_unit=dict(sf.min_unit),
+            age_cycles=sf.age_cycles,
+        )
+        for sid, view in views.items()
+        for sf in view.shortfalls
+        if any(amount > 0 for amount in sf.deficit.values())
+    ]
+    targets = views.keys() if receivers is None else receivers
+    return {r: tuple(w for w in wants if w.shard_id != r) for r in targets}
 
 
 def idle_offers(

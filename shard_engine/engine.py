@@ -41,7 +41,7 @@ from shard_engine.catalog import Profile, ProfileCatalog
 from shard_engine.clusters import NO_CLUSTER, ClusterIndex
 from shard_engine.config import EngineConfig, VictimWeights
 from shard_engine.demand_history import DemandHistory
-from shard_engine.fleet_idle import FleetIdle, RemoteIdle
+from shard_engine.fleet_idle import FleetIdle, RemoteIdle, RemoteWant
 from shard_engine.inventory import (
     FLAG_IN_FLIGHT,
     FLAG_PROMISED,
@@ -272,18 +272,28 @@ class ShardEngine:
         return held
 
     # -- observations ------------------------------------------------------------
-    def set_fleet_idle(self, offers: Sequence[RemoteIdle]) -> None:
-        """The idle machines the *other* shards hold, as the coordinator last saw them.
+    def set_fleet_idle(
+        self, offers: Sequence[RemoteIdle], wants: Sequence[RemoteWant] = ()
+    ) -> None:
+        """The idle machines the *other* shards hold, and what they lack, as last seen.
 
-        Replaces the previous set. A need they cover waits for them
+        Replaces the previous sets. A need the offers cover waits for them
         (``fleet_idle``, ADR 0129) rather than creating or claiming capacity,
-        for at most ``fleet_idle_wait_seconds``. The offers come from
-        ``coordination.idle_offers`` every coordinator round: production's
-        shard reads its own after each report (``CoordinatorReporter``), the
-        simulator's coordinator round posts them. Until the first call (or
-        after an empty one) the shard buys as a lone shard would.
+        for at most ``fleet_idle_wait_seconds``. A need leaves this shard's
+        idle machines to an older or more important want that could use them
+        (ADR 0176), for at most as long. Offers and wants come from
+        ``coordination.idle_offers`` and ``coordination.fleet_wants`` every
+        coordinator round: production's shard reads its own after each report
+        (``CoordinatorReporter``), the simulator's coordinator round posts
+        them. Until the first call (or after an empty one) the shard buys as a
+        lone shard would.
         """
-        self._fleet_idle.update(offers)
+        self._fleet_idle.update(offers, wants)
+
+    @property
+    def fleet_wants(self) -> tuple[RemoteWant, ...]:
+        """The other shards' shortfalls as last set (:meth:`set_fleet_idle`)."""
+        return self._fleet_idle.wants
 
     @property
     def fleet_idle_offers(self) -> tuple[RemoteIdle, ...]:
@@ -467,7 +477,8 @@ class ShardEngine:
             masks=self._masks,
             tolerance=RELATIVE_TOLERANCE,
             max_spread_steps=config.max_spread_steps,
-            fleet=self._fleet_idle if self._fleet_idle.offers else None,
+            fleet=self._fleet_idle if self._fleet_idle.active else None,
+            ages=self._memory.ages,
         )
         lap("phase1")
         pending = preemption.preempt(

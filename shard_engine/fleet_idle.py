@@ -38,10 +38,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 # RemoteIdle is the coordinator's word (``coordination.idle_offers`` computes them).
-from shard_engine.coordination import RemoteIdle, labels_satisfy
+from shard_engine.coordination import RemoteIdle, RemoteWant, labels_satisfy
 from shard_engine.model import Need, Operator
 
-__all__ = ["FleetIdle", "OwnRack", "RemoteIdle"]
+__all__ = ["FleetIdle", "IdleShape", "OwnRack", "RemoteIdle", "RemoteWant"]
+
+
+@dataclass(frozen=True, slots=True)
+class IdleShape:
+    """Idle machines of one profile the shard holds and a need could take."""
+
+    labels: Mapping[str, str]
+    allocatable: Mapping[str, float]
+    count: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,17 +75,64 @@ class FleetIdle:
     wait_seconds: float = 60.0
     offers: tuple[RemoteIdle, ...] = ()
     waiting_since: dict[tuple[int, str], float] = field(default_factory=dict)
+    #: The other shards' shortfalls at the last round (ADR 0176).
+    wants: tuple[RemoteWant, ...] = ()
+    #: Since when each need has left the shard's idle machines to an older want.
+    yielding_since: dict[tuple[int, str], float] = field(default_factory=dict)
     _left: list[int] = field(default_factory=list)
     _left_slots: list[int] = field(default_factory=list)
 
-    def update(self, offers: Sequence[RemoteIdle]) -> None:
-        """Replace what the other shards hold idle (an empty sequence: nothing).
+    def update(self, offers: Sequence[RemoteIdle], wants: Sequence[RemoteWant] = ()) -> None:
+        """Replace what the other shards hold idle and lack (empty sequences: nothing).
 
         An offer of unclaimed slots alone (no idle machine) is kept: it is the
         rest of a rack a gang waits for, still on its way (ADR 0173).
         """
         self.offers = tuple(o for o in offers if o.count > 0 or o.speculative > 0)
+        self.wants = tuple(wants)
         self.begin_cycle()
+
+    @property
+    def active(self) -> bool:
+        """Is there anything of the fleet for Phase 1 to consult?"""
+        return bool(self.offers or self.wants)
+
+    def yields(
+        self,
+        *,
+        cluster: int,
+        key: str,
+        need: Need,
+        age_cycles: int,
+        idle: Sequence[IdleShape],
+        now: float,
+    ) -> bool:
+        """Should this need leave the shard's idle machines to an older need of another shard?
+
+        Idle first is fleet-wide, and so is oldest first (ADR 0176): a need
+        does not take an idle machine that a want of another shard could use
+        when that want is of a higher priority, or of the same priority and
+        short for more cycles than this need has been (``age_cycles``). A
+        want could use ``idle`` when its requirements hold on a machine's
+        labels and its ``min_unit`` fits; a gang's want needs, in one of its
+        domains, the machines its deficit takes. The coordinator's idle step
+        moves them at its next round. A need yields for at most
+        ``wait_seconds`` from the first time, then takes what it finds: the
+        want may not have been able to use them after all. A need that
+        yields to nothing forgets its wait.
+        """
+        since_key = (cluster, key)
+        for want in self.wants:
+            if want.priority < need.priority or (
+                want.priority == need.priority and want.age_cycles <= age_cycles
+            ):
+                continue
+            if not _usable(want, idle):
+                continue
+            started = self.yielding_since.setdefault(since_key, now)
+            return now - started < self.wait_seconds
+        self.yielding_since.pop(since_key, None)
+        return False
 
     def begin_cycle(self) -> None:
         """Every offer is whole again at the start of a cycle."""
@@ -234,6 +290,28 @@ class FleetIdle:
     def met(self, cluster: int, key: str) -> None:
         """The need is covered: a later shortage waits afresh."""
         self.waiting_since.pop((cluster, key), None)
+        self.yielding_since.pop((cluster, key), None)
+
+
+def _usable(want: RemoteWant, idle: Sequence[IdleShape]) -> bool:
+    """Could ``want`` use these idle machines (a gang: enough of them in one domain)?"""
+    same = tuple(r.key for r in want.requirements if r.operator is Operator.SAME)
+    per_domain: dict[tuple[str, ...], int] = {}
+    for shape in idle:
+        if shape.count <= 0 or not labels_satisfy(want.requirements, shape.labels):
+            continue
+        if any(shape.allocatable.get(k, 0.0) < v for k, v in want.min_unit.items() if v > 0):
+            continue
+        needed = _machines_for(want.deficit, shape.allocatable)
+        if needed <= 0:
+            continue
+        if not same:
+            return True
+        domain = tuple(shape.labels.get(k, "") for k in same)
+        per_domain[domain] = per_domain.get(domain, 0) + shape.count
+        if per_domain[domain] >= needed:
+            return True
+    return False
 
 
 def _machines_for(deficit: Mapping[str, float], allocatable: Mapping[str, float]) -> int:

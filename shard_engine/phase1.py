@@ -27,7 +27,7 @@ one need become one batched :class:`Provision` (recorded as segments of an
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
 import numpy as np
@@ -38,7 +38,7 @@ from shard_engine.binding import pinned_first
 from shard_engine.catalog import ProfileCatalog
 from shard_engine.claims import Claims, claim
 from shard_engine.costs import dominant_dimension, effective_cost
-from shard_engine.fleet_idle import FleetIdle, OwnRack
+from shard_engine.fleet_idle import FleetIdle, IdleShape, OwnRack
 from shard_engine.linear import combine
 from shard_engine.needs import Demand, NeedsTable
 from shard_engine.pending import PendingNeed
@@ -290,12 +290,16 @@ def assign(
     tolerance: float,
     max_spread_steps: int,
     fleet: FleetIdle | None = None,
+    ages: Mapping[tuple[int, str], int] | None = None,
 ) -> list[PendingNeed]:
     """Run Phase 1 over every short need; return those still short, in cycle order.
 
     ``fleet`` holds the idle machines other shards reported: a need one of
     them fits waits for it (a shortfall the coordinator answers with an idle
-    transfer) instead of drawing on speculative capacity, for a while.
+    transfer) instead of drawing on speculative capacity, for a while. It
+    also holds the other shards' shortfalls: a need leaves its shard's idle
+    machines to an older one of them that could use them (ADR 0176), judged
+    against ``ages``, the cycles each of this shard's needs has been short.
     """
     alloc = catalog.alloc
     names = catalog.dims.names
@@ -325,11 +329,18 @@ def assign(
         if not gang and untouched:
             have = cluster_have(sheet, demand, alloc, tolerance)[0][index]
         own: FloatArray | None = None
+        # Oldest first, fleet-wide: an older (or more important) shortfall of another
+        # shard that this shard's idle machines could serve gets them (ADR 0176).
+        yielded = fleet is not None and _yields(
+            fleet, sheet, catalog, demand, index, scope, (ages or {}).get(starved_key, 0)
+        )
         if gang:
             own = own_supply(sheet, demand, index, alloc)
             base = masks.mask(demand.mask_keys[index])
             codes = domain_codes(catalog, gang)
             idle = sheet.free[TIER_IDLE].astype(np.float64)
+            if yielded:
+                idle = np.zeros_like(idle)
             free = idle + sheet.free[TIER_SPECULATIVE]
             entry = table.entry(demand.cluster)
             previous = entry.gang_domain.get(demand.keys[index]) if entry is not None else None
@@ -368,7 +379,7 @@ def assign(
             whole = gang and not demand.pinned[index]
             deficit = aggregate.copy() if whole else np.maximum(deficit, 0.0)
             pending.append(PendingNeed(demand, index, deficit, mask, block))
-            if untouched:
+            if untouched and not yielded:  # a yield ends by the clock: look again
                 sheet.memo.starved[starved_key] = Starved(
                     before, arrivals, deficit.copy(), mask, block, scope
                 )
@@ -431,6 +442,8 @@ def assign(
                 candidates = (mask & (sheet.free[tier] > 0)).nonzero()[0]
                 if len(candidates) == 0:
                     continue
+                if tier == TIER_IDLE and yielded:
+                    continue  # an older need of another shard gets them (ADR 0176)
                 cost = effective_cost(
                     price[candidates], probability[candidates], need.interruption_penalty
                 )
@@ -466,13 +479,56 @@ def assign(
             pending.append(
                 PendingNeed(demand, index, deficit, mask, block, awaiting_transfer=awaiting)
             )
-        if untouched and not took and np.count_nonzero(deficit) and not awaiting:
+        if untouched and not took and np.count_nonzero(deficit) and not awaiting and not yielded:
             sheet.memo.starved[starved_key] = Starved(
                 before, arrivals, deficit.copy(), mask, block, scope
             )
         else:
             sheet.memo.starved.pop(starved_key, None)
     return pending
+
+
+def _yields(
+    fleet: FleetIdle,
+    sheet: Worksheet,
+    catalog: ProfileCatalog,
+    demand: Demand,
+    index: int,
+    scope: BoolArray,
+    age_cycles: int,
+) -> bool:
+    """Does need ``index`` leave the idle machines ``scope`` allows to another shard's want?"""
+    if not fleet.wants:
+        return False
+    idle = np.flatnonzero(scope & (sheet.free[TIER_IDLE] > 0))
+    if len(idle) == 0:
+        return False
+    return fleet.yields(
+        cluster=demand.cluster,
+        key=demand.keys[index],
+        need=demand.needs[index],
+        age_cycles=age_cycles,
+        idle=_idle_shapes(sheet, catalog, idle),
+        now=sheet.now,
+    )
+
+
+def _idle_shapes(
+    sheet: Worksheet, catalog: ProfileCatalog, profiles: npt.NDArray[np.intp]
+) -> list[IdleShape]:
+    """The shard's idle machines of these profiles, as ``FleetIdle.yields`` reads them."""
+    names = catalog.dims.names
+    idle = sheet.free[TIER_IDLE]
+    return [
+        IdleShape(
+            labels=catalog.labels(p),
+            allocatable={
+                names[d]: float(catalog.alloc[p, d]) for d in np.flatnonzero(catalog.alloc[p])
+            },
+            count=int(idle[p]),
+        )
+        for p in profiles.tolist()
+    ]
 
 
 def _own_racks(

@@ -74,6 +74,7 @@ from shard_engine.coordination import (
     ShardView,
     TransferKind,
     answer_key,
+    fleet_wants,
     idle_offers,
     plan_transfers,
 )
@@ -564,15 +565,16 @@ class BigFleetPolicy:
         otherwise the supply comes from the engines' per-profile counters.
         """
         self._cooldown = {k: until for k, until in self._cooldown.items() if until > now}
+        reported = dict(
+            zip(self.shards, self.engines.call_each(self.shards, ops.lacking), strict=True)
+        )
         lacking = {
             sid: tuple(
                 (sf, need)
                 for sf, need in shortfalls
                 if not self._answered(answer_key(sid, sf.cluster_id, sf.need_key))
             )
-            for sid, shortfalls in zip(
-                self.shards, self.engines.call_each(self.shards, ops.lacking), strict=True
-            )
+            for sid, shortfalls in reported.items()
         }
         if any(sf.escalated for shortfalls in lacking.values() for sf, _ in shortfalls):
             busy = self.engines.call_each(self.shards, ops.busy)
@@ -601,8 +603,13 @@ class BigFleetPolicy:
         for instruction in planned:
             self.stats[f"transfer:{instruction.kind}"] += 1
             self._transfer(instruction, now)
+        # Every shortfall the shards reported is a want, answered or not: production's
+        # coordinator answers its ``fleet_idle`` query from the reports themselves.
+        wants = fleet_wants(
+            {sid: replace(views[sid], shortfalls=self._shortfalls(reported[sid])) for sid in views}
+        )
         for sid, offers in idle_offers(views, planned=planned).items():
-            self.engines.post(sid, ops.fleet_idle, offers)
+            self.engines.post(sid, ops.fleet_idle, offers, wants.get(sid, ()))
 
     def _supply(self, shard: _Shard, busy: frozenset[str]) -> tuple[ProfileSupply, ...]:
         """Supply per profile with the configured column, machine by machine (production's rule)."""
@@ -626,7 +633,19 @@ class BigFleetPolicy:
         lacking: tuple[tuple[Shortfall, Need | None], ...],
     ) -> ShardView:
         """What the shard reports: its supply and its shortfalls."""
-        shortfalls = [
+        return ShardView(
+            shard_id=shard.shard_id,
+            total_machines=len(shard.state.owned),
+            supply=supply,
+            shortfalls=self._shortfalls(lacking),
+        )
+
+    @staticmethod
+    def _shortfalls(
+        lacking: tuple[tuple[Shortfall, Need | None], ...],
+    ) -> tuple[ShardShortfall, ...]:
+        """The shortfalls as the report carries them."""
+        return tuple(
             ShardShortfall(
                 cluster_id=sf.cluster_id,
                 need_key=sf.need_key,
@@ -639,12 +658,6 @@ class BigFleetPolicy:
                 awaiting_idle=awaits_idle(sf.reason),
             )
             for sf, need in lacking
-        ]
-        return ShardView(
-            shard_id=shard.shard_id,
-            total_machines=len(shard.state.owned),
-            supply=supply,
-            shortfalls=tuple(shortfalls),
         )
 
     def _transfer(self, instruction: Instruction, now: float) -> None:

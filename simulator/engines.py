@@ -60,7 +60,7 @@ from bigfleet.shard.convert import InvalidRollup, rollup_from_wire
 from bigfleet.shard.supply import Free, ProfileKey, profile_key
 from bigfleet.v1alpha1 import capacity_pb2
 from shard_engine.catalog import Profile
-from shard_engine.coordination import ProfileSupply, RemoteIdle
+from shard_engine.coordination import ProfileSupply, RemoteIdle, RemoteWant
 from shard_engine.engine import EngineConfig, RollupRejected, ShardEngine
 from shard_engine.model import Action, MachineRecord, MachineState, Need, Shortfall
 
@@ -184,9 +184,11 @@ def lacking(engine: ShardEngine) -> tuple[tuple[Shortfall, Need | None], ...]:
     return tuple(out)
 
 
-def fleet_idle(engine: ShardEngine, offers: tuple[RemoteIdle, ...]) -> None:
-    """The other shards' idle machines, this coordinator round (``set_fleet_idle``)."""
-    engine.set_fleet_idle(offers)
+def fleet_idle(
+    engine: ShardEngine, offers: tuple[RemoteIdle, ...], wants: tuple[RemoteWant, ...] = ()
+) -> None:
+    """The other shards' idle machines and shortfalls, this round (``set_fleet_idle``)."""
+    engine.set_fleet_idle(offers, wants)
 
 
 def cycle(engine: ShardEngine, now: float) -> tuple[Action, ...]:

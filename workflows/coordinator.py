@@ -90,6 +90,7 @@ from workflows.coordinator_contracts import (
     TransferKind,
     TransferResult,
     TransferSpec,
+    WantOffer,
     answer_key,
     deal_shares,
 )
@@ -341,7 +342,31 @@ class CoordinatorWorkflow:
         round of the coordinator's term (a run started by continue-as-new
         answers with its previous run's last round until its own first).
         """
-        return FleetIdleReply(self._offered(query.shard_id), self._offers_seq, self._offers_at)
+        return FleetIdleReply(
+            self._offered(query.shard_id),
+            self._offers_seq,
+            self._offers_at,
+            self._wanted(query.shard_id),
+        )
+
+    def _wanted(self, shard_id: str) -> list[WantOffer]:
+        """The other active shards' shortfalls, in their latest reports (ADR 0176)."""
+        if self._state is None or shard_id not in self._receivers:
+            return []
+        return [
+            WantOffer(
+                shard_id=report.shard_id,
+                priority=sf.priority,
+                deficit=dict(sf.deficit),
+                requirements=list(sf.requirements),
+                min_unit=dict(sf.min_unit),
+                age_cycles=sf.age_cycles,
+            )
+            for report in self._state.reports.values()
+            if report.shard_id != shard_id and report.shard_id in self._receivers
+            for sf in report.shortfalls
+            if any(amount > 0 for amount in sf.deficit.values())
+        ]
 
     def _offered(self, shard_id: str) -> list[IdleOffer]:
         """The other shards' idle machines for ``shard_id``, and what is on its way to it."""

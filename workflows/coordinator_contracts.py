@@ -124,6 +124,18 @@ class FleetIdleQuery:
 
 
 @dataclass
+class WantOffer:
+    """A shortfall another shard reported (``coordination.RemoteWant``, ADR 0176)."""
+
+    shard_id: str
+    priority: int
+    deficit: dict[str, float]
+    requirements: list[RequirementSpec] = field(default_factory=list)
+    min_unit: dict[str, float] = field(default_factory=dict)
+    age_cycles: int = 0
+
+
+@dataclass
 class FleetIdleReply:
     """The idle machines the coordinator's last round offered one shard.
 
@@ -131,12 +143,15 @@ class FleetIdleReply:
     to the shard: its need keeps waiting for them rather than buying while
     they move. ``seq`` is the round's sequence (0: no round yet) and
     ``planned_at`` its time (the coordinator's clock), so a shard can tell
-    offers gone stale from a coordinator that stopped planning.
+    offers gone stale from a coordinator that stopped planning. ``wants`` are
+    the other shards' shortfalls in their latest reports: a need of the
+    shard leaves its idle machines to an older one that could use them.
     """
 
     offers: list[IdleOffer] = field(default_factory=list)
     seq: int = 0
     planned_at: float = 0.0
+    wants: list[WantOffer] = field(default_factory=list)
 
 
 @dataclass

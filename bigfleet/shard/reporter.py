@@ -38,9 +38,9 @@ from bigfleet.shard.lease import LeaseKeeper
 from bigfleet.shard.state import ShardState
 from bigfleet.shard.supply import Held, profile_supply
 from bigfleet.shard.terms import CoordinatorTerms
-from shard_engine.coordination import RemoteIdle
+from shard_engine.coordination import RemoteIdle, RemoteWant
 from shard_engine.engine import ShardEngine
-from shard_engine.model import Shortfall
+from shard_engine.model import Operator, Requirement, Shortfall
 from workflows import coordinator as co
 from workflows import coordinator_contracts as cc
 
@@ -171,6 +171,7 @@ class CoordinatorReporter:
         ``stale_after_s``: a need must not wait for a transfer nobody plans.
         """
         offers: tuple[RemoteIdle, ...] = ()
+        wants: tuple[RemoteWant, ...] = ()
         try:
             handle = self._temporal.get_workflow_handle(co.COORDINATOR_ID)
             reply = await within(
@@ -184,10 +185,10 @@ class CoordinatorReporter:
         else:
             age = self._clock() - reply.planned_at
             if reply.seq > 0 and age <= self._stale_after_s:
-                offers = remote_idle(reply)
+                offers, wants = remote_idle(reply), remote_wants(reply)
             elif reply.seq > 0:
                 log.info("idle offers %.0f s old ignored: the coordinator is not planning", age)
-        self._state.engine.set_fleet_idle(offers)
+        self._state.engine.set_fleet_idle(offers, wants)
         return offers
 
     def budget_ask(self) -> cc.BudgetShareAsk:
@@ -276,3 +277,31 @@ def remote_idle(reply: cc.FleetIdleReply) -> tuple[RemoteIdle, ...]:
         for o in reply.offers
         if o.count > 0 or o.speculative > 0
     )
+
+
+def remote_wants(reply: cc.FleetIdleReply) -> tuple[RemoteWant, ...]:
+    """The other shards' shortfalls as the engine takes them (ADR 0176).
+
+    A want whose requirement operator this shard does not know (a newer
+    coordinator) is left out: the shard cannot tell what it could use.
+    """
+    wants: list[RemoteWant] = []
+    for w in reply.wants:
+        try:
+            requirements = tuple(
+                Requirement(r.key, Operator(r.operator), tuple(r.values)) for r in w.requirements
+            )
+        except ValueError:
+            log.debug("want of shard %s with an unknown operator left out", w.shard_id)
+            continue
+        wants.append(
+            RemoteWant(
+                shard_id=w.shard_id,
+                priority=w.priority,
+                requirements=requirements,
+                deficit=dict(w.deficit),
+                min_unit=dict(w.min_unit),
+                age_cycles=w.age_cycles,
+            )
+        )
+    return tuple(wants)

@@ -27,8 +27,11 @@ from bigfleet.shard.reporter import CoordinatorReporter, remote_idle
 from bigfleet.shard.state import ShardState
 from bigfleet.shard.terms import CoordinatorTerms
 from shard_engine.config import EngineConfig
-from shard_engine.coordination import RemoteIdle
+from shard_engine.coordination import RemoteIdle, RemoteWant
 from shard_engine.engine import ShardEngine
+from shard_engine.model import Operator
+from tests.rollups import apply
+from tests.unit.engine.engine_fleet import need, rollup, same
 from tests.waiting import eventually
 from tests.workflows.harness import PROVIDER
 from tests.workflows.histories.coordinator import DONOR, RECEIVER, _spec, report
@@ -340,3 +343,44 @@ async def test_quota_a_shortfall_answer_just_gave_is_not_rebalanced_away(
 
     assert during == ["need-speculative"], during
     assert after[0] == "need-speculative" and "rebalance:g" in after[1:], after
+
+
+async def test_with_its_offers_a_shard_learns_the_other_shards_shortfalls(
+    env: WorkflowEnvironment,
+) -> None:
+    # ADR 0176: a need leaves its shard's idle machines to an older shortfall of
+    # another shard; the shard learns those from the same query as the offers.
+    planner = Planner([cc.PlanResult([], idle=[], receivers=[DONOR, RECEIVER])])
+    now = [(await env.get_current_time()).timestamp()]
+    receiver, engine = _reporter(env, RECEIVER, now)
+    donor, donor_engine = _reporter(env, DONOR, now)
+    gang = need(gpu=16.0, priority=900_000, requirements=[same("topology.kubernetes.io/rack")])
+    apply(donor_engine, rollup("train", 1, gang), now=0)
+    donor_engine.cycle(now=1)  # it holds nothing: short of the whole gang
+    [short] = donor_engine.shortfalls()
+
+    async def wanted() -> tuple[RemoteWant, ...]:
+        await receiver.read_fleet_idle()
+        return engine.fleet_wants
+
+    async with Worker(
+        env.client,
+        task_queue=co.COORDINATOR_QUEUE,
+        workflows=list(COORDINATOR_WORKFLOWS),
+        activities=planner.activities(),
+    ):
+        handle = await _start(env)
+        assert await donor.send_report()
+        assert await receiver.send_report()
+        wants = await eventually(wanted, within=60.0, what="the donor's shortfall as a want")
+        assert await donor.send_report()
+        own = donor_engine.fleet_wants
+        await handle.terminate("done")
+
+    [want] = wants
+    assert (want.shard_id, want.priority, want.age_cycles) == (DONOR, 900_000, short.age_cycles)
+    assert dict(want.deficit) == dict(short.deficit)
+    assert [(r.key, r.operator) for r in want.requirements] == [
+        ("topology.kubernetes.io/rack", Operator.SAME)
+    ]
+    assert own == (), "a shard is told none of its own shortfalls"

@@ -1,0 +1,154 @@
+"""Oldest first, fleet-wide (ADR 0176).
+
+A shard's idle machine goes to the need that has waited longest for it,
+whichever shard that need is in: a need leaves its shard's idle machines to
+a shortfall of another shard that could use them when that shortfall is of
+a higher priority, or of the same priority and older. It yields for at most
+``fleet_idle_wait_seconds``; the coordinator's idle step moves the machines
+meanwhile.
+
+The trace these come from (the scarce fleet, seed 5): a cluster released
+two empty GPU servers of one rack, and its own shard gave them to the
+cluster's gang that had arrived a minute before, while a gang of two of
+another shard's cluster, of the same priority, had waited for such a pair
+for 37 minutes. It never ran.
+"""
+
+from __future__ import annotations
+
+from shard_engine.config import EngineConfig
+from shard_engine.coordination import RemoteWant, ShardShortfall, ShardView, fleet_wants
+from shard_engine.engine import ShardEngine
+from shard_engine.model import AssignIdle, MachineState, Need, Provision
+from tests.rollups import apply
+from tests.unit.engine.engine_fleet import fleet, need, of_kind, rollup, same
+
+RACK = "topology.kubernetes.io/rack"
+PRIORITY = 900_000
+
+
+def shard(*, idle_racks: dict[str, int], slots: int = 0, wait: float = 60.0) -> ShardEngine:
+    """A shard with idle 8-GPU servers per rack, and ``slots`` unclaimed ones in rack r9."""
+    engine = ShardEngine(EngineConfig(fleet_idle_wait_seconds=wait))
+    for rack, count in idle_racks.items():
+        fleet(engine, count, prefix=f"idle-{rack}", gpu=8.0, cpu=96.0, labels={RACK: rack})
+    if slots:
+        fleet(
+            engine,
+            slots,
+            prefix="slot-r9",
+            state=MachineState.SPECULATIVE,
+            gpu=8.0,
+            cpu=96.0,
+            labels={RACK: "r9"},
+        )
+    return engine
+
+
+def gang_of(servers: int, *, priority: int = PRIORITY) -> Need:
+    """A gang of ``servers`` 8-GPU pods in one rack."""
+    return need(
+        cpu=96.0 * servers,
+        memory=0.0,
+        gpu=8.0 * servers,
+        priority=priority,
+        requirements=[same(RACK)],
+    )
+
+
+def want(servers: int, *, age: int, priority: int = PRIORITY, rack: str = "") -> RemoteWant:
+    """Another shard's gang of ``servers`` servers, short for ``age`` cycles."""
+    return RemoteWant(
+        shard_id="other",
+        priority=priority,
+        requirements=(same(RACK, *((rack,) if rack else ())),),
+        deficit={"nvidia.com/gpu": 8.0 * servers, "cpu": 96.0 * servers},
+        min_unit={},
+        age_cycles=age,
+    )
+
+
+def assigned(engine: ShardEngine, now: float) -> list[str]:
+    return [a.machine_id for a in of_kind(engine.cycle(now=now), AssignIdle)]
+
+
+def test_a_new_gang_leaves_a_rack_of_idle_servers_to_an_older_gang_of_another_shard() -> None:
+    engine = shard(idle_racks={"r1": 2})
+    engine.set_fleet_idle([], [want(2, age=220)])
+    apply(engine, rollup("young", 1, gang_of(2)), now=0)
+
+    plan = engine.cycle(now=10)
+
+    assert of_kind(plan, AssignIdle) == []
+    [shortfall] = plan.shortfalls
+    assert shortfall.cluster_id == "young"
+
+
+def test_without_the_older_want_the_gang_takes_its_shards_idle_servers() -> None:
+    engine = shard(idle_racks={"r1": 2})
+    apply(engine, rollup("young", 1, gang_of(2)), now=0)
+
+    assert len(assigned(engine, 10)) == 2
+
+
+def test_a_want_that_is_younger_lower_or_unable_to_use_them_is_not_yielded_to() -> None:
+    cases = {
+        "younger": want(2, age=0),
+        "lower priority": want(2, age=220, priority=PRIORITY - 1),
+        "a rack of three": want(3, age=220),
+        "pinned to another rack": want(2, age=220, rack="r7"),
+    }
+    for case, other in cases.items():
+        engine = shard(idle_racks={"r1": 2})
+        engine.set_fleet_idle([], [other])
+        apply(engine, rollup("young", 1, gang_of(2)), now=0)
+        assert len(assigned(engine, 10)) == 2, case
+
+
+def test_a_want_of_higher_priority_is_yielded_to_however_young() -> None:
+    engine = shard(idle_racks={"r1": 2})
+    engine.set_fleet_idle([], [want(2, age=0, priority=PRIORITY + 1)])
+    apply(engine, rollup("young", 1, gang_of(2)), now=0)
+
+    assert assigned(engine, 10) == []
+
+
+def test_a_need_yields_for_at_most_the_wait_then_takes_the_servers() -> None:
+    engine = shard(idle_racks={"r1": 2}, wait=60.0)
+    engine.set_fleet_idle([], [want(2, age=220)])
+    apply(engine, rollup("young", 1, gang_of(2)), now=0)
+
+    assert assigned(engine, 10) == []
+    assert assigned(engine, 60) == []
+    # 60 s after it first yielded the transfer has not come: the want could not use them.
+    assert len(assigned(engine, 70)) == 2
+
+
+def test_a_need_that_yields_its_idle_servers_may_still_buy_new_ones() -> None:
+    # Idle first stays idle first: the yielding gang takes unclaimed slots of its own
+    # shard, and the idle pair goes to the older gang.
+    engine = shard(idle_racks={"r1": 2}, slots=4)
+    engine.set_fleet_idle([], [want(2, age=220)])
+    apply(engine, rollup("young", 1, gang_of(2)), now=0)
+
+    plan = engine.cycle(now=10)
+
+    assert of_kind(plan, AssignIdle) == []
+    assert sum(len(p.machine_ids) for p in of_kind(plan, Provision)) == 2
+
+
+def test_the_fleet_wants_a_shard_is_told_are_the_other_shards_shortfalls() -> None:
+    short = ShardShortfall("c", "k", PRIORITY, {"nvidia.com/gpu": 16.0}, age_cycles=5)
+    empty = ShardShortfall("c", "met", PRIORITY, {"nvidia.com/gpu": 0.0})
+    views = {
+        "a": ShardView("a", total_machines=1, shortfalls=(short, empty)),
+        "b": ShardView("b", total_machines=1),
+    }
+
+    wants = fleet_wants(views)
+
+    assert wants["a"] == ()
+    [only] = wants["b"]
+    assert (only.shard_id, only.priority, only.age_cycles) == ("a", PRIORITY, 5)
+    assert dict(only.deficit) == {"nvidia.com/gpu": 16.0}
+    assert fleet_wants(views, receivers=["c"]) == {"c": (only,)}
