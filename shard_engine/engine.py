@@ -875,6 +875,42 @@ class ShardEngine:
         """Every machine's latest observation."""
         return self._inventory.records()
 
+    def serving_priorities(self) -> dict[str, int]:
+        """The priority each machine bound to a cluster serves now, as Phase 2 values victims.
+
+        The highest priority among its cluster's needs in force that its
+        profile can serve; 0 when it can serve none of them (it is excess:
+        the cluster's gang left, say). Machines bound to no cluster, or to
+        one that never sent a roll-up, are left out: what they serve is not
+        known here (the provider's echo of their workload says).
+        """
+        inventory = self._inventory
+        live = np.asarray(inventory.ids.live_rows(), dtype=np.int64)
+        rows = live[inventory.cluster[live] >= 0] if len(live) else live
+        out: dict[str, int] = {}
+        if not len(rows):
+            return out
+        clusters = inventory.cluster[rows].astype(np.int64)
+        profiles = inventory.profile[rows].astype(np.int64)
+        id_of = inventory.ids.id_of
+        for cluster in np.unique(clusters).tolist():
+            entry = self._table.entry(cluster)
+            if entry is None:
+                continue
+            mine = clusters == cluster
+            demand = self._table.demand(entry)
+            held = profiles[mine]
+            served = np.zeros(len(held), dtype=np.int64)
+            if demand.needs:
+                inside = held < len(demand.serving)
+                need = np.full(len(held), -1, dtype=np.int64)
+                need[inside] = demand.serving[held[inside]]
+                serves = need >= 0
+                served[serves] = demand.priority[need[serves]]
+            for row, priority in zip(rows[mine].tolist(), served.tolist(), strict=True):
+                out[id_of(row)] = priority
+        return out
+
     def in_flight(self) -> Mapping[str, str]:
         """machine_id -> target cluster ("" for a drain to idle or a release)."""
         ids = self._inventory.ids

@@ -614,13 +614,14 @@ class BigFleetPolicy:
     def _supply(self, shard: _Shard, busy: frozenset[str]) -> tuple[ProfileSupply, ...]:
         """Supply per profile with the configured column, machine by machine (production's rule)."""
         state = shard.state
+        serving = state.priorities()  # what each serves now (ADR 0177), as production reports
         return profile_supply(
             Held(
                 sample=self.profiles[self.profile_of[mid]],
                 state=self.state_of[mid],
                 # The mirror keeps states only: a settled machine is bound iff configured.
                 bound=self.state_of[mid] is MachineState.CONFIGURED,
-                priority=state.priority(mid),
+                priority=serving.get(mid, 0),
                 busy=mid in busy or mid in shard.ops or state.is_leaving(mid),
             )
             for mid in state.owned

@@ -165,6 +165,11 @@ def machines(engine: ShardEngine) -> tuple[MachineRecord, ...]:
     return tuple(engine.machines())
 
 
+def serving_priorities(engine: ShardEngine) -> dict[str, int]:
+    """``serving_priorities``: what each bound machine serves now."""
+    return engine.serving_priorities()
+
+
 def in_flight(engine: ShardEngine) -> dict[str, str]:
     """``in_flight``."""
     return dict(engine.in_flight())
@@ -580,6 +585,10 @@ class EngineHandle:
     def needs_of(self, cluster_id: str) -> tuple[Need, ...]:
         needs: tuple[Need, ...] = self._engines().call(self._shard_id, needs_of, cluster_id)
         return needs
+
+    def serving_priorities(self) -> Mapping[str, int]:
+        served: dict[str, int] = self._engines().call(self._shard_id, serving_priorities)
+        return served
 
     def in_flight(self) -> Mapping[str, str]:
         flights: dict[str, str] = self._engines().call(self._shard_id, in_flight)

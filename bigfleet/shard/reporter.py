@@ -93,12 +93,13 @@ class CoordinatorReporter:
         engine = self._state.engine
         busy = self._state.busy()
         records = list(engine.machines())
+        serving = self._state.priorities()  # what each serves now (ADR 0177)
         supply = profile_supply(
             Held(
                 sample=r,
                 state=r.state,
                 bound=bool(r.cluster),
-                priority=self._state.priority(r.id),
+                priority=serving.get(r.id, 0),
                 busy=r.id in busy,
             )
             for r in records

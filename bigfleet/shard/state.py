@@ -56,6 +56,8 @@ class EngineView(Protocol):
 
     def needs_of(self, cluster_id: str) -> tuple[Need, ...]: ...
 
+    def serving_priorities(self) -> Mapping[str, int]: ...
+
     def in_flight(self) -> Mapping[str, str]: ...
 
     def promised(self) -> Mapping[str, str]: ...
@@ -209,7 +211,21 @@ class ShardState(Generic[E]):
         return self._priorities.get(machine_id, 0)
 
     def priorities(self) -> Mapping[str, int]:
-        return MappingProxyType(self._priorities)
+        """Per machine, the priority it serves now: what reports and victim choices read.
+
+        The engine's view where it has one (the highest priority among the
+        machine's cluster's needs in force that it can serve, 0 when none:
+        a machine whose cluster no longer needs it is excess, as Phase 2
+        already takes it). Else the workload its provider echoes it was
+        configured for (:meth:`priority`). Without the engine's view a
+        cluster's empty machines kept the priority of the gang that had
+        left, so another shard's need could never preempt them across the
+        border while the machines' own shard could (ADR 0177).
+        """
+        now = self._engine.serving_priorities()
+        merged = dict(self._priorities)
+        merged.update(now)
+        return MappingProxyType(merged)
 
     def need(self, cluster_id: str, need_key: str) -> Need | None:
         """The need in force for a cluster with that key (the engine's), or None."""

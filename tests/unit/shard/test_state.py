@@ -159,3 +159,28 @@ def test_unbinding_forgets_the_workload_and_victim_terms_come_from_the_needs_in_
     assert state.need("c1", need.key) is not None
     state.observe(_record("m1", MachineState.IDLE), Workload())
     assert state.priority("m1") == 0 and state.victim_terms() == {}
+
+
+def test_a_machine_its_cluster_no_longer_needs_is_reported_at_priority_zero() -> None:
+    # ADR 0177: a cluster's gang left; its machines echo the gang's priority, but they
+    # serve nothing now. Phase 2 of their own shard already takes them for any need; the
+    # report and the donor's victim choice read the same: 0, so another shard's need may
+    # preempt them across the border too.
+    state, _ = _state()
+    need = Need(
+        requirements=(Requirement("node.kubernetes.io/instance-type", Op.IN, ("m6i.large",)),),
+        aggregate={"cpu": 2.0},
+        priority=900_000,
+    )
+    apply(state.engine, Rollup("c1", timestamp_ns=1, needs=(need,)), now=100.0)
+    state.hold("m1", "simcloud")
+    state.observe(_record("m1", MachineState.CONFIGURED, "c1"), Workload(900_000, need.key))
+    state.hold("idle", "simcloud")
+    state.observe(_record("idle"), Workload())
+    assert state.priorities()["m1"] == 900_000
+
+    apply(state.engine, Rollup("c1", timestamp_ns=2, needs=()), now=110.0)  # the gang left
+
+    assert state.priorities()["m1"] == 0
+    assert state.priority("m1") == 900_000, "the echo still says what it was configured for"
+    assert "idle" not in state.priorities()
