@@ -216,3 +216,48 @@ def test_a_higher_priority_preempts_across_shards_exactly_what_it_lacks() -> Non
     assert (low["placed"], low["never_placed"]) == (8, 0)
     # Idle only from the end of the drains to the assignment: well under a minute each.
     assert summary["cost_by_category_usd"].get("bare-metal-gpu/idle", 0.0) < 2 * 28.0 / 60
+
+
+# oldest-first-two-shards: two racks of 4 H100 servers, claimed at t = 10 s and 20 s and
+# billed to the end of the run's last tick, 10,801 s; no other GPU server exists.
+BOTH_RACKS = 4 * 28.0 * (10_801 - 10) / 3600 + 4 * 28.0 * (10_801 - 20) / 3600  # $671.13
+
+
+class Assignments(Provisions):
+    """Provisions, and when each cluster was handed idle machines."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.assigned: list[tuple[float, str, str, str]] = []
+
+    def plan(self, shard_id: str, now: float, actions: Sequence[Action]) -> None:
+        super().plan(shard_id, now, actions)
+        self.assigned += [
+            (now, shard_id, a.cluster_id, a.machine_id)
+            for a in actions
+            if isinstance(a, AssignIdle)
+        ]
+
+
+def test_a_rack_its_cluster_no_longer_needs_goes_to_the_gang_waiting_longest() -> None:
+    tap = Assignments()
+    summary = replay("oldest-first-two-shards", tap, shards=2)
+
+    assert summary["cost_usd"] == pytest.approx(BOTH_RACKS, abs=0.01)
+    assert summary["actions"]["transfer:preempt"] == 2
+    assert summary["actions"]["preemptions_cross_shard"] == 8
+    b_r03 = [(t, s, c) for t, s, c, m in tap.assigned if "b-r03" in m]
+    a_r04 = [(t, s, c) for t, s, c, m in tap.assigned if "a-r04" in m]
+    # ga1's rack, excess from 3,610 s, goes to train-b's gb2 (waiting since 1,000 s) on the
+    # other shard before gc1 (its own shard's) has even arrived at 4,000 s ...
+    assert {(s, c) for _t, s, c in b_r03} == {("shard-01", "train-b")} and len(b_r03) == 4
+    assert max(t for t, _s, _c in b_r03) < 4_000
+    # ... and gb1's rack, excess from 6,000 s, to train-c's gc1 across the border in turn.
+    assert {(s, c) for _t, s, c in a_r04} == {("shard-00", "train-c")} and len(a_r04) == 4
+    assert min(t for t, _s, _c in a_r04) > 6_000
+    assert summary["gangs"]["whole"] == [
+        "train-a/ga1",
+        "train-b/gb1",
+        "train-b/gb2",
+        "train-c/gc1",
+    ]
