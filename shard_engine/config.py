@@ -8,7 +8,7 @@ Nothing in the engine reads configuration from anywhere else.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 
 from shard_engine.model import CapacityType
@@ -119,6 +119,17 @@ class EngineConfig:
     # its inventory size at startup avoids that by reserving it.
     expected_machines: int = 0
 
+    def __reduce__(self) -> tuple[object, tuple[dict[str, object]]]:
+        """Pickle as its fields, the read-only hold table as a plain dict.
+
+        The simulator hands the config to engines in worker processes (a
+        cross-shard victim choice carries it), and a mapping proxy does not
+        pickle.
+        """
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+        values["idle_hold_seconds"] = dict(self.idle_hold_seconds)
+        return (_rebuilt, (values,))
+
     def __post_init__(self) -> None:
         if self.max_shortfalls < 0:
             raise ValueError("max_shortfalls: must not be negative")
@@ -154,3 +165,10 @@ class EngineConfig:
             return self.idle_hold_seconds.get(CapacityType(capacity_type))
         except ValueError:
             return None
+
+
+def _rebuilt(values: dict[str, object]) -> EngineConfig:
+    """An unpickled :class:`EngineConfig`: its hold table read-only again."""
+    hold = values["idle_hold_seconds"]
+    assert isinstance(hold, Mapping)
+    return EngineConfig(**{**values, "idle_hold_seconds": MappingProxyType(dict(hold))})  # type: ignore[arg-type]

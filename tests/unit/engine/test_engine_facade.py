@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import math
+import pickle
 from dataclasses import replace
+from types import MappingProxyType
 
 import pytest
 
 from shard_engine.engine import EngineConfig, RollupRejected, ShardEngine
-from shard_engine.model import MachineState, Need, Operator, Requirement, TopologySpread
+from shard_engine.model import (
+    CapacityType,
+    MachineState,
+    Need,
+    Operator,
+    Requirement,
+    TopologySpread,
+)
 from tests.rollups import apply
 from tests.unit.engine.engine_fleet import fleet, machine, machine_ids, need, rollup
 
@@ -252,3 +261,17 @@ def test_a_ten_million_unit_need_at_priority_zero_is_accepted_and_starves_polite
     [short] = plan.shortfalls
     assert short.cluster_id == "greedy"
     assert short.deficit["cpu"] == pytest.approx(1e7 - 160)
+
+
+def test_an_engine_config_travels_to_another_process_as_it_is() -> None:
+    # The simulator's engines may live in worker processes, and a cross-shard victim
+    # choice carries the config there: it must pickle, hold table and all.
+    config = EngineConfig(
+        fleet_idle_wait_seconds=5.0,
+        idle_hold_seconds=MappingProxyType({CapacityType.SPOT: 30.0, CapacityType.RESERVED: None}),
+    )
+    copy = pickle.loads(pickle.dumps(config))
+
+    assert copy == config
+    assert isinstance(copy.idle_hold_seconds, MappingProxyType)
+    assert copy.hold_seconds(CapacityType.SPOT) == 30.0

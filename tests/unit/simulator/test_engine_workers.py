@@ -12,7 +12,7 @@ import pytest
 from shard_engine.engine import EngineConfig, ShardEngine
 from shard_engine.model import CapacityType, MachineRecord, MachineState
 from simulator import engines as ops
-from simulator.driver import RunOptions, simulate
+from simulator.driver import RunOptions, run_policy, simulate
 from simulator.engines import LocalEngines, Result, WorkerEngines, WorkerFailed
 from simulator.golden import GOLDEN, TRACES, expected_path, figures
 from simulator.trace import load_trace
@@ -66,6 +66,22 @@ def test_a_golden_trace_replays_to_its_expected_summary_with_engines_in_two_work
     policies = ["bigfleet", "bigfleet-no-gap"]
     results = simulate(load_trace(TRACES / f"{name}.jsonl"), options, policies=policies)
     assert {r.policy: figures(r.summary) for r in results} == {p: expected[p] for p in policies}
+    assert multiprocessing.active_children() == []
+
+
+def test_a_cross_shard_preemption_decides_the_same_with_engines_in_two_workers() -> None:
+    # The donor's victim choice carries the engine config to the worker (ADR 0177's
+    # trace: two preemptions across the shard border); it must pickle.
+    trace = load_trace(TRACES / "oldest-first-two-shards.jsonl")
+    summaries = [
+        run_policy(
+            trace, "bigfleet", RunOptions(quota_scale=1.0, seed=7, shards=2, workers=workers)
+        ).summary
+        for workers in (1, 2)
+    ]
+    local, remote = (figures(s) for s in summaries)
+    assert summaries[1]["actions"]["transfer:preempt"] == 2
+    assert remote == local
     assert multiprocessing.active_children() == []
 
 
