@@ -354,14 +354,7 @@ class CoordinatorWorkflow:
         if self._state is None or shard_id not in self._receivers:
             return []
         return [
-            WantOffer(
-                shard_id=report.shard_id,
-                priority=sf.priority,
-                deficit=dict(sf.deficit),
-                requirements=list(sf.requirements),
-                min_unit=dict(sf.min_unit),
-                age_cycles=sf.age_cycles,
-            )
+            WantOffer(report.shard_id, sf)
             for report in self._state.reports.values()
             if report.shard_id != shard_id and report.shard_id in self._receivers
             for sf in report.shortfalls

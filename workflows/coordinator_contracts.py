@@ -125,14 +125,11 @@ class FleetIdleQuery:
 
 @dataclass
 class WantOffer:
-    """A shortfall another shard reported (``coordination.RemoteWant``, ADR 0176)."""
+    """A shortfall another shard reported, as it reported it (``coordination.RemoteWant``,
+    ADR 0176)."""
 
     shard_id: str
-    priority: int
-    deficit: dict[str, float]
-    requirements: list[RequirementSpec] = field(default_factory=list)
-    min_unit: dict[str, float] = field(default_factory=dict)
-    age_cycles: int = 0
+    shortfall: ShortfallReport
 
 
 @dataclass

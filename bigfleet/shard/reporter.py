@@ -288,9 +288,10 @@ def remote_wants(reply: cc.FleetIdleReply) -> tuple[RemoteWant, ...]:
     """
     wants: list[RemoteWant] = []
     for w in reply.wants:
+        sf = w.shortfall
         try:
             requirements = tuple(
-                Requirement(r.key, Operator(r.operator), tuple(r.values)) for r in w.requirements
+                Requirement(r.key, Operator(r.operator), tuple(r.values)) for r in sf.requirements
             )
         except ValueError:
             log.debug("want of shard %s with an unknown operator left out", w.shard_id)
@@ -298,11 +299,11 @@ def remote_wants(reply: cc.FleetIdleReply) -> tuple[RemoteWant, ...]:
         wants.append(
             RemoteWant(
                 shard_id=w.shard_id,
-                priority=w.priority,
+                priority=sf.priority,
                 requirements=requirements,
-                deficit=dict(w.deficit),
-                min_unit=dict(w.min_unit),
-                age_cycles=w.age_cycles,
+                deficit=dict(sf.deficit),
+                min_unit=dict(sf.min_unit),
+                age_cycles=sf.age_cycles,
             )
         )
     return tuple(wants)

@@ -122,6 +122,16 @@ def _reporter(
     return reporter, engine
 
 
+def _coordinator(env: WorkflowEnvironment, planner: Planner) -> Worker:
+    """The coordinator's worker with ``planner``'s activities."""
+    return Worker(
+        env.client,
+        task_queue=co.COORDINATOR_QUEUE,
+        workflows=list(COORDINATOR_WORKFLOWS),
+        activities=planner.activities(),
+    )
+
+
 @contextlib.asynccontextmanager
 async def _workers(
     env: WorkflowEnvironment,
@@ -132,12 +142,7 @@ async def _workers(
 ) -> AsyncIterator[None]:
     """The coordinator's worker with ``planner``'s activities, and each shard's halves."""
     async with (
-        Worker(
-            env.client,
-            task_queue=co.COORDINATOR_QUEUE,
-            workflows=list(COORDINATOR_WORKFLOWS),
-            activities=planner.activities(),
-        ),
+        _coordinator(env, planner),
         Worker(env.client, task_queue=f"shard-{DONOR}", activities=donor),
         Worker(env.client, task_queue=f"shard-{RECEIVER}", activities=receiver),
     ):
@@ -163,12 +168,7 @@ async def test_after_its_report_a_shard_takes_the_offers_planned_for_it(
     now = [(await env.get_current_time()).timestamp()]
     receiver, engine = _reporter(env, RECEIVER, now)
     donor, donor_engine = _reporter(env, DONOR, now)
-    async with Worker(
-        env.client,
-        task_queue=co.COORDINATOR_QUEUE,
-        workflows=list(COORDINATOR_WORKFLOWS),
-        activities=planner.activities(),
-    ):
+    async with _coordinator(env, planner):
         handle = await _start(env)
         assert await receiver.send_report()
         offers = await eventually(
@@ -207,12 +207,7 @@ async def test_a_coordinator_that_continued_as_new_offers_the_last_rounds_idle_b
     hold = asyncio.Event()
     planner = Planner([cc.PlanResult([], idle=[OFFER], receivers=[DONOR, RECEIVER])], hold=hold)
     query = co.CoordinatorWorkflow.fleet_idle
-    async with Worker(
-        env.client,
-        task_queue=co.COORDINATOR_QUEUE,
-        workflows=list(COORDINATOR_WORKFLOWS),
-        activities=planner.activities(),
-    ):
+    async with _coordinator(env, planner):
         first = await _start(env, rounds_per_run=1)
         await env.sleep(31)  # past the first round's wait for reports
         await eventually(lambda: planner.distributed >= 2 or None, what="the second run")
@@ -363,12 +358,7 @@ async def test_with_its_offers_a_shard_learns_the_other_shards_shortfalls(
         await receiver.read_fleet_idle()
         return engine.fleet_wants
 
-    async with Worker(
-        env.client,
-        task_queue=co.COORDINATOR_QUEUE,
-        workflows=list(COORDINATOR_WORKFLOWS),
-        activities=planner.activities(),
-    ):
+    async with _coordinator(env, planner):
         handle = await _start(env)
         assert await donor.send_report()
         assert await receiver.send_report()
