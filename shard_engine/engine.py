@@ -489,6 +489,8 @@ class ShardEngine:
             config=config,
             drain_seconds=self._memory.drain_seconds,
             tolerance=RELATIVE_TOLERANCE,
+            fleet=self._fleet_idle if self._fleet_idle.wants else None,
+            ages=self._memory.ages,
         )
         lap("preemption")
         capped = reclaim.reclaim_excess(

@@ -38,6 +38,7 @@ from shard_engine.actions import ActionKind
 from shard_engine.catalog import ProfileCatalog
 from shard_engine.config import EngineConfig, VictimWeights
 from shard_engine.costs import drain_grace_seconds
+from shard_engine.fleet_idle import FleetIdle, IdleShape
 from shard_engine.linear import combine
 from shard_engine.model import MachineState
 from shard_engine.needs import Demand
@@ -60,6 +61,7 @@ __all__ = [
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
 
 EXCESS_PRIORITY = -(2**31) - 1
 """Priority of a configured machine that serves no need of its cluster: below every need."""
@@ -236,8 +238,16 @@ def preempt(
     config: EngineConfig,
     drain_seconds: Mapping[int, float],
     tolerance: float,
+    fleet: FleetIdle | None = None,
+    ages: Mapping[tuple[int, str], int] | None = None,
 ) -> list[PendingNeed]:
-    """Run Phase 2 over the needs Phase 1 left short; returns them with updated deficits."""
+    """Run Phase 2 over the needs Phase 1 left short; returns them with updated deficits.
+
+    With ``fleet`` (the other shards' shortfalls) a need leaves excess machines (those
+    their cluster no longer needs) to an older or more important want of another shard
+    that could use them, as Phase 1 leaves idle ones (ADR 0177): the coordinator's
+    cross-shard preemption takes them at its next round. ``ages`` as for Phase 1.
+    """
     if not pending:
         return pending
     groups = VictimGroups(
@@ -255,8 +265,46 @@ def preempt(
     for item in pending:
         if not item.unsatisfied or item.awaiting_transfer:
             continue  # a need waiting for another shard's idle machine does not preempt
-        _preempt_for(sheet, item, groups, catalog, alloc, weights, config, tolerance)
+        _preempt_for(
+            sheet, item, groups, catalog, alloc, weights, config, tolerance, fleet, ages or {}
+        )
     return pending
+
+
+def _excess_yielded(
+    sheet: Worksheet,
+    item: PendingNeed,
+    groups: VictimGroups,
+    eligible: BoolArray,
+    catalog: ProfileCatalog,
+    fleet: FleetIdle,
+    ages: Mapping[tuple[int, str], int],
+) -> BoolArray:
+    """The eligible excess groups the need leaves to an older want of another shard."""
+    excess = eligible & (groups.priority == EXCESS_PRIORITY)
+    at = np.flatnonzero(excess)
+    if not fleet.wants or len(at) == 0:
+        return np.zeros(len(eligible), dtype=np.bool_)
+    names = catalog.dims.names
+    shapes = [
+        IdleShape(
+            labels=catalog.labels(p),
+            allocatable={
+                names[d]: float(catalog.alloc[p, d]) for d in np.flatnonzero(catalog.alloc[p])
+            },
+            count=int(n),
+        )
+        for p, n in zip(groups.profile[at].tolist(), groups.available[at].tolist(), strict=True)
+    ]
+    yields = fleet.yields(
+        cluster=item.cluster,
+        key=item.key,
+        need=item.need,
+        age_cycles=ages.get((item.cluster, item.key), 0),
+        idle=shapes,
+        now=sheet.now,
+    )
+    return excess if yields else np.zeros(len(eligible), dtype=np.bool_)
 
 
 def _preempt_for(
@@ -268,6 +316,8 @@ def _preempt_for(
     weights: VictimWeights,
     config: EngineConfig,
     tolerance: float,
+    fleet: FleetIdle | None,
+    ages: Mapping[tuple[int, str], int],
 ) -> None:
     priority = item.priority
     mask = item.mask
@@ -277,6 +327,8 @@ def _preempt_for(
         & (groups.available > 0)
         & mask[groups.profile]
     )
+    if fleet is not None:
+        eligible &= ~_excess_yielded(sheet, item, groups, eligible, catalog, fleet, ages)
     demand = item.demand
     gang = demand.gang_keys[item.index]
     aggregate = demand.aggregate[item.index]

@@ -19,7 +19,7 @@ from __future__ import annotations
 from shard_engine.config import EngineConfig
 from shard_engine.coordination import RemoteWant, ShardShortfall, ShardView, fleet_wants
 from shard_engine.engine import ShardEngine
-from shard_engine.model import AssignIdle, MachineState, Need, Provision
+from shard_engine.model import AssignIdle, MachineState, Need, Preempt, Provision
 from tests.rollups import apply
 from tests.unit.engine.engine_fleet import fleet, need, of_kind, rollup, same
 
@@ -152,3 +152,37 @@ def test_the_fleet_wants_a_shard_is_told_are_the_other_shards_shortfalls() -> No
     assert (only.shard_id, only.priority, only.age_cycles) == ("a", PRIORITY, 5)
     assert dict(only.deficit) == {"nvidia.com/gpu": 16.0}
     assert fleet_wants(views, receivers=["c"]) == {"c": (only,)}
+
+
+def excess_shard() -> ShardEngine:
+    """A shard whose cluster ``done`` holds two servers of rack r1 it no longer needs."""
+    engine = ShardEngine(EngineConfig())
+    fleet(
+        engine,
+        2,
+        prefix="done-r1",
+        state=MachineState.CONFIGURED,
+        cluster="done",
+        gpu=8.0,
+        cpu=96.0,
+        labels={RACK: "r1"},
+    )
+    apply(engine, rollup("done", 1), now=0)  # its gang has left: no need in force
+    return engine
+
+
+def test_a_new_gang_leaves_a_clusters_excess_servers_to_an_older_gang_of_another_shard() -> None:
+    # ADR 0177: Phase 2 takes a cluster's excess for any need of its shard; an older want
+    # of another shard gets them first, through the coordinator's cross-shard preemption.
+    engine = excess_shard()
+    engine.set_fleet_idle([], [want(2, age=220)])
+    apply(engine, rollup("young", 2, gang_of(2)), now=0)
+
+    assert of_kind(engine.cycle(now=10), Preempt) == []
+
+
+def test_without_the_older_want_the_gang_preempts_the_excess_servers() -> None:
+    engine = excess_shard()
+    apply(engine, rollup("young", 2, gang_of(2)), now=0)
+
+    assert len(of_kind(engine.cycle(now=10), Preempt)) == 2

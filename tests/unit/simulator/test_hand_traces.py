@@ -9,6 +9,7 @@ real engine.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -242,7 +243,27 @@ class Assignments(Provisions):
 def test_a_rack_its_cluster_no_longer_needs_goes_to_the_gang_waiting_longest() -> None:
     tap = Assignments()
     summary = replay("oldest-first-two-shards", tap, shards=2)
+    _gb2_first_then_gc1(summary, tap)
 
+
+def test_a_gang_of_the_racks_own_shard_leaves_it_to_the_gang_waiting_longer() -> None:
+    # The same, with gc1 arriving at 3,000 s: it already waits on shard-00 when ga1's rack
+    # turns excess there, and shard-00's Phase 2 would take the rack for it within a
+    # cycle. gb2 on shard-01 has waited since 1,000 s: gc1 leaves the rack to it (ADR 0177).
+    trace = load_trace(TRACES / "oldest-first-two-shards.jsonl")
+    earlier = tuple(
+        sorted(
+            (replace(e, t=3_000.0) if e.cluster == "train-c" else e for e in trace.events),
+            key=lambda e: e.t,
+        )
+    )
+    tap = Assignments()
+    options = RunOptions(quota_scale=1.0, seed=7, shards=2, workers=1)
+    summary = run_policy(replace(trace, events=earlier), "bigfleet", options, tap=tap).summary
+    _gb2_first_then_gc1(summary, tap)
+
+
+def _gb2_first_then_gc1(summary: dict[str, Any], tap: Assignments) -> None:
     assert summary["cost_usd"] == pytest.approx(BOTH_RACKS, abs=0.01)
     assert summary["actions"]["transfer:preempt"] == 2
     assert summary["actions"]["preemptions_cross_shard"] == 8
