@@ -56,6 +56,7 @@ __all__ = [
     "claims_now",
     "cluster_have",
     "demand_supply",
+    "idle_shapes",
     "memo_key",
     "shortages",
 ]
@@ -508,26 +509,25 @@ def _yields(
         key=demand.keys[index],
         need=demand.needs[index],
         age_cycles=age_cycles,
-        idle=_idle_shapes(sheet, catalog, idle),
+        idle=idle_shapes(catalog, idle.tolist(), sheet.free[TIER_IDLE][idle].tolist()),
         now=sheet.now,
     )
 
 
-def _idle_shapes(
-    sheet: Worksheet, catalog: ProfileCatalog, profiles: npt.NDArray[np.intp]
+def idle_shapes(
+    catalog: ProfileCatalog, profiles: Sequence[int], counts: Sequence[int]
 ) -> list[IdleShape]:
-    """The shard's idle machines of these profiles, as ``FleetIdle.yields`` reads them."""
+    """Machines of these profiles, so many of each, as ``FleetIdle.yields`` reads them."""
     names = catalog.dims.names
-    idle = sheet.free[TIER_IDLE]
     return [
         IdleShape(
             labels=catalog.labels(p),
             allocatable={
                 names[d]: float(catalog.alloc[p, d]) for d in np.flatnonzero(catalog.alloc[p])
             },
-            count=int(idle[p]),
+            count=int(n),
         )
-        for p in profiles.tolist()
+        for p, n in zip(profiles, counts, strict=True)
     ]
 
 

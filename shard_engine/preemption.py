@@ -38,12 +38,12 @@ from shard_engine.actions import ActionKind
 from shard_engine.catalog import ProfileCatalog
 from shard_engine.config import EngineConfig, VictimWeights
 from shard_engine.costs import drain_grace_seconds
-from shard_engine.fleet_idle import FleetIdle, IdleShape
+from shard_engine.fleet_idle import FleetIdle
 from shard_engine.linear import combine
 from shard_engine.model import MachineState
 from shard_engine.needs import Demand
 from shard_engine.pending import PendingNeed
-from shard_engine.phase1 import claims_now
+from shard_engine.phase1 import claims_now, idle_shapes
 from shard_engine.pools import TIER_BOUND, TIER_IDLE, TIER_SPECULATIVE, PoolKey
 from shard_engine.selection import cover_in_order, cover_with_spread, settle_deficit
 from shard_engine.topology import SpreadState, choose_gang_domain, domain_codes
@@ -285,17 +285,7 @@ def _excess_yielded(
     at = np.flatnonzero(excess)
     if not fleet.wants or len(at) == 0:
         return np.zeros(len(eligible), dtype=np.bool_)
-    names = catalog.dims.names
-    shapes = [
-        IdleShape(
-            labels=catalog.labels(p),
-            allocatable={
-                names[d]: float(catalog.alloc[p, d]) for d in np.flatnonzero(catalog.alloc[p])
-            },
-            count=int(n),
-        )
-        for p, n in zip(groups.profile[at].tolist(), groups.available[at].tolist(), strict=True)
-    ]
+    shapes = idle_shapes(catalog, groups.profile[at].tolist(), groups.available[at].tolist())
     yields = fleet.yields(
         cluster=item.cluster,
         key=item.key,
