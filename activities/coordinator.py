@@ -30,7 +30,6 @@ from shard_engine.coordination import (
     quota_group,
 )
 from shard_engine.dealing import Dealable, deal, rack_of
-from shard_engine.model import Operator, Requirement
 from shard_engine.shortfalls import awaits_idle
 from workflows import coordinator_contracts as co
 from workflows.contracts import MachineTarget
@@ -297,10 +296,7 @@ def shard_view(report: co.ShardReport) -> ShardView:
                 need_key=s.need_key,
                 priority=s.priority,
                 deficit=s.deficit,
-                requirements=tuple(
-                    Requirement(r.key, Operator(r.operator), tuple(r.values))
-                    for r in s.requirements
-                ),
+                requirements=s.engine_requirements(),
                 min_unit=s.min_unit,
                 age_cycles=s.age_cycles,
                 escalated=s.escalated,

@@ -40,7 +40,7 @@ from bigfleet.shard.supply import Held, profile_supply
 from bigfleet.shard.terms import CoordinatorTerms
 from shard_engine.coordination import RemoteIdle, RemoteWant
 from shard_engine.engine import ShardEngine
-from shard_engine.model import Operator, Requirement, Shortfall
+from shard_engine.model import Shortfall
 from workflows import coordinator as co
 from workflows import coordinator_contracts as cc
 
@@ -290,9 +290,7 @@ def remote_wants(reply: cc.FleetIdleReply) -> tuple[RemoteWant, ...]:
     for w in reply.wants:
         sf = w.shortfall
         try:
-            requirements = tuple(
-                Requirement(r.key, Operator(r.operator), tuple(r.values)) for r in sf.requirements
-            )
+            requirements = sf.engine_requirements()
         except ValueError:
             log.debug("want of shard %s with an unknown operator left out", w.shard_id)
             continue
