@@ -471,8 +471,18 @@ def assign(
                 _emit(sheet, demand, index, tier, candidates, picks)
                 took = took or bool(picks)
         else:
+            # A need that yields leaves the idle tier to the older want (ADR 0176).
             deficit, blocked, took = _fill_spread(
-                sheet, demand, index, mask, deficit, spread, catalog, tolerance, max_spread_steps
+                sheet,
+                demand,
+                index,
+                mask,
+                deficit,
+                spread,
+                catalog,
+                tolerance,
+                max_spread_steps,
+                idle_too=not yielded,
             )
             if blocked and np.count_nonzero(deficit):
                 block = "hard topology spread leaves no allowed domain with free capacity"
@@ -577,6 +587,8 @@ def _fill_spread(
     catalog: ProfileCatalog,
     tolerance: float,
     max_steps: int,
+    *,
+    idle_too: bool = True,
 ) -> tuple[FloatArray, bool, bool]:
     """Water-fill a spread need from idle and speculative capacity together.
 
@@ -586,11 +598,12 @@ def _fill_spread(
     The emptiest allowed domain wins; within it idle beats speculative, and
     cheaper effective cost per dominant unit beats dearer. Returns the
     residual deficit, whether a hard spread blocked progress, and whether
-    anything was taken.
+    anything was taken. Without ``idle_too`` (the need yields its shard's idle
+    machines to an older want of another shard, ADR 0176) speculative only.
     """
     alloc = catalog.alloc
     need = demand.needs[index]
-    idle = np.flatnonzero(mask & (sheet.free[TIER_IDLE] > 0))
+    idle = np.flatnonzero(mask & (sheet.free[TIER_IDLE] > 0)) if idle_too else np.zeros(0, np.intp)
     spec = np.flatnonzero(mask & (sheet.free[TIER_SPECULATIVE] > 0))
     profiles = np.concatenate([idle, spec]).astype(np.int64)
     if len(profiles) == 0:

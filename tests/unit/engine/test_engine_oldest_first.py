@@ -21,9 +21,10 @@ from shard_engine.coordination import RemoteWant, ShardShortfall, ShardView, fle
 from shard_engine.engine import ShardEngine
 from shard_engine.model import AssignIdle, MachineState, Need, Preempt, Provision
 from tests.rollups import apply
-from tests.unit.engine.engine_fleet import fleet, need, of_kind, rollup, same
+from tests.unit.engine.engine_fleet import fleet, need, of_kind, rollup, same, spread_over
 
 RACK = "topology.kubernetes.io/rack"
+ZONE = "topology.kubernetes.io/zone"
 PRIORITY = 900_000
 
 
@@ -186,3 +187,29 @@ def test_without_the_older_want_the_gang_preempts_the_excess_servers() -> None:
     apply(engine, rollup("young", 2, gang_of(2)), now=0)
 
     assert len(of_kind(engine.cycle(now=10), Preempt)) == 2
+
+
+def test_a_spread_need_leaves_its_shards_idle_machines_to_an_older_want_too() -> None:
+    # A spread need takes idle and new machines in one water-fill; when it yields, the
+    # fill draws on new machines only (here there are none: it takes nothing).
+    def spread_shard() -> ShardEngine:
+        engine = ShardEngine(EngineConfig())
+        for zone in ("zone-a", "zone-b"):
+            fleet(engine, 1, prefix=f"idle-{zone}", zone=zone)
+        apply(engine, rollup("web", 1, need(cpu=8.0, spread=[spread_over(ZONE)])), now=0)
+        return engine
+
+    older = RemoteWant(
+        shard_id="other",
+        priority=1000,
+        requirements=(),
+        deficit={"cpu": 4.0},
+        min_unit={},
+        age_cycles=50,
+    )
+    yielding = spread_shard()
+    yielding.set_fleet_idle([], [older])
+    taking = spread_shard()
+
+    assert assigned(yielding, 10) == []
+    assert sorted(assigned(taking, 10)) == ["idle-zone-a-0000", "idle-zone-b-0000"]
