@@ -903,10 +903,8 @@ class ShardEngine:
             demand = self._table.demand(entry)
             held = profiles[mine]
             served = np.zeros(len(held), dtype=np.int64)
-            if demand.needs:
-                inside = held < len(demand.serving)
-                need = np.full(len(held), -1, dtype=np.int64)
-                need[inside] = demand.serving[held[inside]]
+            if demand.needs:  # compiled against the whole catalog: every profile has a column
+                need = demand.serving[held]
                 serves = need >= 0
                 served[serves] = demand.priority[need[serves]]
             for row, priority in zip(rows[mine].tolist(), served.tolist(), strict=True):

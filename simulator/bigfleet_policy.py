@@ -565,18 +565,22 @@ class BigFleetPolicy:
         otherwise the supply comes from the engines' per-profile counters.
         """
         self._cooldown = {k: until for k, until in self._cooldown.items() if until > now}
-        reported = dict(
-            zip(self.shards, self.engines.call_each(self.shards, ops.lacking), strict=True)
-        )
+        # Every shortfall as the shards report it, and those not being answered.
+        reported = {
+            sid: self._shortfalls(shortfalls)
+            for sid, shortfalls in zip(
+                self.shards, self.engines.call_each(self.shards, ops.lacking), strict=True
+            )
+        }
         lacking = {
             sid: tuple(
-                (sf, need)
-                for sf, need in shortfalls
+                sf
+                for sf in shortfalls
                 if not self._answered(answer_key(sid, sf.cluster_id, sf.need_key))
             )
             for sid, shortfalls in reported.items()
         }
-        if any(sf.escalated for shortfalls in lacking.values() for sf, _ in shortfalls):
+        if any(sf.escalated for shortfalls in lacking.values() for sf in shortfalls):
             busy = self.engines.call_each(self.shards, ops.busy)
             supplies = [
                 self._supply(shard, taken)
@@ -605,9 +609,7 @@ class BigFleetPolicy:
             self._transfer(instruction, now)
         # Every shortfall the shards reported is a want, answered or not: production's
         # coordinator answers its ``fleet_idle`` query from the reports themselves.
-        wants = fleet_wants(
-            {sid: replace(views[sid], shortfalls=self._shortfalls(reported[sid])) for sid in views}
-        )
+        wants = fleet_wants({sid: replace(views[sid], shortfalls=reported[sid]) for sid in views})
         for sid, offers in idle_offers(views, planned=planned).items():
             self.engines.post(sid, ops.fleet_idle, offers, wants.get(sid, ()))
 
@@ -631,14 +633,14 @@ class BigFleetPolicy:
         self,
         shard: _Shard,
         supply: tuple[ProfileSupply, ...],
-        lacking: tuple[tuple[Shortfall, Need | None], ...],
+        lacking: tuple[ShardShortfall, ...],
     ) -> ShardView:
         """What the shard reports: its supply and its shortfalls."""
         return ShardView(
             shard_id=shard.shard_id,
             total_machines=len(shard.state.owned),
             supply=supply,
-            shortfalls=self._shortfalls(lacking),
+            shortfalls=lacking,
         )
 
     @staticmethod

@@ -110,11 +110,11 @@ def _price_if_counted(
 ) -> tuple[float, frozenset[str]] | None:
     """The cheapest server for ``pod`` and every server able to hold it, if only undeletable
     servers, one pod each, hold it."""
-    need = np.array(pod.placement(gap=False), dtype=np.float64)
+    need = _size(pod)
     best: float | None = None
     able: set[str] = set()
     for alloc, record in machines:
-        if not _holds(pod, alloc, record.labels):
+        if not _holds(pod, need, alloc, record.labels):
             continue
         if record.provider not in undeletable or (alloc + 1e-9 >= 2 * need).all():
             return None
@@ -123,9 +123,13 @@ def _price_if_counted(
     return None if best is None else (best, frozenset(able))
 
 
-def _holds(pod: PodSpec, alloc: np.ndarray, labels: Mapping[str, str]) -> bool:
-    """Could a machine of ``alloc`` and ``labels`` hold ``pod`` alone?"""
-    need = np.array(pod.placement(gap=False), dtype=np.float64)
+def _size(pod: PodSpec) -> np.ndarray:
+    """What a node must hold for ``pod`` whatever the policy (no gap to borrow)."""
+    return np.array(pod.placement(gap=False), dtype=np.float64)
+
+
+def _holds(pod: PodSpec, need: np.ndarray, alloc: np.ndarray, labels: Mapping[str, str]) -> bool:
+    """Could a machine of ``alloc`` and ``labels`` hold ``pod`` (of size ``need``) alone?"""
     if not (alloc + 1e-9 >= need).all():
         return False
     if pod.colocation_key and pod.colocation_key not in labels:
@@ -138,10 +142,11 @@ def _rates_if_counted(
 ) -> tuple[float, float] | None:
     """The cheapest $/h per core and per byte over the machines able to hold ``pod``,
     if no machine able to hold it has a GPU (and some machine can)."""
+    need = _size(pod)
     per_core: float | None = None
     per_byte: float | None = None
     for alloc, price, labels in shapes:
-        if not _holds(pod, alloc, labels):
+        if not _holds(pod, need, alloc, labels):
             continue
         if alloc[_GPU] > 0:
             return None
