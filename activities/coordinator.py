@@ -28,6 +28,7 @@ from shard_engine.coordination import (
     offered_idle,
     plan_transfers,
     quota_group,
+    requirements_from,
 )
 from shard_engine.dealing import Dealable, deal, rack_of
 from shard_engine.shortfalls import awaits_idle
@@ -296,7 +297,7 @@ def shard_view(report: co.ShardReport) -> ShardView:
                 need_key=s.need_key,
                 priority=s.priority,
                 deficit=s.deficit,
-                requirements=s.engine_requirements(),
+                requirements=requirements_from(s.requirements),
                 min_unit=s.min_unit,
                 age_cycles=s.age_cycles,
                 escalated=s.escalated,

@@ -50,6 +50,7 @@ from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Protocol
 
 from shard_engine.model import Operator, Requirement
 
@@ -61,6 +62,7 @@ __all__ = [
     "ProfileSupply",
     "RemoteIdle",
     "RemoteWant",
+    "RequirementWire",
     "ShardShortfall",
     "ShardView",
     "TransferKind",
@@ -74,6 +76,7 @@ __all__ = [
     "plan_transfers",
     "quota_group",
     "quota_kind",
+    "requirements_from",
     "units_needed",
 ]
 
@@ -226,6 +229,28 @@ class RemoteWant:
     min_unit: Mapping[str, float]
     #: Consecutive cycles the need has been short (its shard's count).
     age_cycles: int
+
+
+class RequirementWire(Protocol):
+    """A requirement as a report carries it: the operator as its wire number."""
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def operator(self) -> int: ...
+
+    @property
+    def values(self) -> Sequence[str]: ...
+
+
+def requirements_from(specs: Iterable[RequirementWire]) -> tuple[Requirement, ...]:
+    """Reported requirements as the planner and the engine take them.
+
+    Raises ValueError for an operator number this code does not know (a
+    report from newer code).
+    """
+    return tuple(Requirement(r.key, Operator(r.operator), tuple(r.values)) for r in specs)
 
 
 def fleet_wants(

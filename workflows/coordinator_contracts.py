@@ -20,7 +20,6 @@ from shard_engine.coordination import Instruction
 from shard_engine.coordination import TransferKind as TransferKind
 from shard_engine.coordination import answer_key as answer_key
 from shard_engine.coordination import grant_count as grant_count
-from shard_engine.model import Operator, Requirement
 from workflows.contracts import DrainInput, MachineTarget, RequirementSpec
 
 COORDINATOR_ID = "bigfleet-coordinator"
@@ -67,16 +66,6 @@ class ShortfallReport:
     escalated: bool = False
     # Why the shard could not meet it (e.g. "drain requested 12 min ago, priority 1000000 waiting").
     reason: str = ""
-
-    def engine_requirements(self) -> tuple[Requirement, ...]:
-        """The requirements as the engine and the planner take them.
-
-        Raises ValueError for an operator number this code does not know (a
-        report from newer code).
-        """
-        return tuple(
-            Requirement(r.key, Operator(r.operator), tuple(r.values)) for r in self.requirements
-        )
 
 
 @dataclass

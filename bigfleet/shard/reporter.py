@@ -38,7 +38,7 @@ from bigfleet.shard.lease import LeaseKeeper
 from bigfleet.shard.state import ShardState
 from bigfleet.shard.supply import Held, profile_supply
 from bigfleet.shard.terms import CoordinatorTerms
-from shard_engine.coordination import RemoteIdle, RemoteWant
+from shard_engine.coordination import RemoteIdle, RemoteWant, requirements_from
 from shard_engine.engine import ShardEngine
 from shard_engine.model import Shortfall
 from workflows import coordinator as co
@@ -290,7 +290,7 @@ def remote_wants(reply: cc.FleetIdleReply) -> tuple[RemoteWant, ...]:
     for w in reply.wants:
         sf = w.shortfall
         try:
-            requirements = sf.engine_requirements()
+            requirements = requirements_from(sf.requirements)
         except ValueError:
             log.debug("want of shard %s with an unknown operator left out", w.shard_id)
             continue
