@@ -63,6 +63,9 @@ class _Share:
     nominated: dict[str, str] = field(default_factory=dict)  # pod -> machine launching for it
     launching: dict[str, list[str]] = field(default_factory=dict)  # machine -> pods
     empty_since: dict[str, float] = field(default_factory=dict)
+    # machine launched for a gang -> the gang; its pods stay nominated until all have landed
+    gang_of: dict[str, str] = field(default_factory=dict)
+    landed: dict[str, list[str]] = field(default_factory=dict)  # gang -> its landed pods
 
 
 class BaselinePolicy:
@@ -228,14 +231,15 @@ class BaselinePolicy:
                 break
             _, key, packed, bins = best
             mids = candidates.pop(key)
+            gang = pods[0].colocation if colocation else ""
             for bin_pods, mid in zip(bins, mids, strict=False):
                 names = [pods[i].name for i in bin_pods]
-                self._launch(cluster_id, share, mid, names, now)
+                self._launch(cluster_id, share, mid, names, now, gang=gang)
                 free.remove(mid)
             remaining = [i for i in remaining if i not in set(packed)]
 
     def _launch(
-        self, cluster_id: str, share: _Share, mid: str, pods: list[str], now: float
+        self, cluster_id: str, share: _Share, mid: str, pods: list[str], now: float, *, gang: str
     ) -> None:
         core = self.fleet.providers[self.records[mid].provider]
         try:
@@ -248,6 +252,8 @@ class BaselinePolicy:
             return
         self.stats["launches"] += 1
         share.launching[mid] = pods
+        if gang:
+            share.gang_of[mid] = gang
         for name in pods:
             share.nominated[name] = mid
 
@@ -306,9 +312,24 @@ class BaselinePolicy:
                     cluster.remove_node(mid, now, reason="interrupt")
 
     def _forget_launch(self, share: _Share, mid: str) -> None:
-        for name in share.launching.pop(mid, []):
-            if share.nominated.get(name) == mid:
-                del share.nominated[name]
+        """A launch has landed or failed: its pods are no longer waiting for it.
+
+        A gang's pods stay nominated until every machine launched for the
+        gang has landed or failed: a gang scheduler binds none of them
+        before all are ready, and forgetting the first machine's pods as it
+        landed had the next batch launch again for pods whose machines were
+        a few seconds behind.
+        """
+        pods = share.launching.pop(mid, [])
+        gang = share.gang_of.pop(mid, "")
+        if gang:
+            share.landed.setdefault(gang, []).extend(pods)
+            if gang in share.gang_of.values():
+                return
+            pods = share.landed.pop(gang)
+        for name in pods:
+            if gang or share.nominated.get(name) == mid:
+                share.nominated.pop(name, None)
 
     def machines_by_state(self) -> Counter[str]:
         """Machines per state over every cluster's share (for the time series)."""
