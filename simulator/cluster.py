@@ -13,6 +13,9 @@ way under both policies:
   size against ``allocatable − placed``; best-effort pods (gap on) borrow
   ``allocatable − reservations − borrowed`` and are evicted first when a
   guaranteed pod closes the gap (``clusters.gap``);
+* a **gang** none of whose pods runs is placed all or nothing, in one
+  domain of its key, as a gang scheduler does (ADR 0178); once it runs, a
+  member evicted alone comes back to the domain its peers hold;
 * a pod that cannot be placed although the matching nodes hold its request
   in total is **fragmented**; the roll-up asks once more for it. Every such
   pod counts, including the ones the pass did not try because a no-larger
@@ -382,9 +385,19 @@ class ClusterModel:
         # Free room in total over a kind's matching nodes, as of ``placed`` placements.
         totals: dict[tuple[tuple[Requirement, ...], bool], tuple[int, FloatArray]] = {}
         placed = 0
+        gangs_tried: set[str] = set()
         for name in order:
+            if name not in self.pending:
+                continue  # placed earlier in this pass, with its gang
             state = self.pods[name]
             pod = state.spec
+            if pod.colocation and not self._gang_pinned(pod):
+                # A gang none of whose pods runs is placed whole in one domain, or not at all.
+                if pod.colocation not in gangs_tried:
+                    gangs_tried.add(pod.colocation)
+                    members = [n for n in order if self.pods[n].spec.colocation == pod.colocation]
+                    placed += self._place_gang(members, now)
+                continue
             placement, reservation, borrowing = self._vectors(pod)
             need = reservation if borrowing else placement
             reqs = self._gang_requirements(pod)
@@ -419,6 +432,59 @@ class ClusterModel:
             if not borrowing:
                 self._close_gap(row, now)
         return placed
+
+    def _gang_pinned(self, pod: PodSpec) -> bool:
+        """Whether some pod of ``pod``'s gang runs (and so holds the gang's domain)."""
+        return any(
+            other.node and other.spec.colocation == pod.colocation for other in self.pods.values()
+        )
+
+    def _place_gang(self, members: list[str], now: float) -> int:
+        """Place a gang's pending pods together in one domain of its key, or none of them.
+
+        Training gangs run under a gang scheduler (coscheduling's PodGroup,
+        Volcano, Kueue): none of a gang's pods binds until the scheduler
+        finds room for all of them (ADR 0178). Each domain whose nodes
+        satisfy the gang's requirements is tried in turn (by its label's
+        value), its members placed in scheduling order with the packing
+        heuristic on a copy of its nodes' free room; the gang lands in the
+        first domain that holds every member. A gang that fits nowhere
+        waits whole and is not fragmented: its need already asks for all of
+        its pods in one domain.
+        """
+        first = self.pods[members[0]].spec
+        key = first.colocation_key
+        reqs = (*first.requirements, Requirement(key, Operator.EXISTS))
+        rows = np.flatnonzero(self._mask(reqs))
+        domains: dict[str, list[int]] = {}
+        for r in rows.tolist():
+            domains.setdefault(self._labels[r].get(key, ""), []).append(r)
+        for name in members:
+            self.pods[name].fragmented = False
+        for value in sorted(domains):
+            chosen = self._fit_gang(members, np.array(domains[value]))
+            if chosen is None:
+                continue
+            for name, row in zip(members, chosen, strict=True):
+                self._place(self.pods[name], row, now)
+                if not self._vectors(self.pods[name].spec)[2]:
+                    self._close_gap(row, now)
+            return len(members)
+        return 0
+
+    def _fit_gang(self, members: list[str], rows: np.ndarray) -> list[int] | None:
+        """The node (row) each member would take on ``rows``, or None if one finds no room."""
+        free = {b: self._free(rows, b).copy() for b in (False, True)}
+        chosen: list[int] = []
+        for name in members:
+            placement, reservation, borrowing = self._vectors(self.pods[name].spec)
+            need = reservation if borrowing else placement
+            pick = choose_node(need, free[borrowing], self._alloc[rows], self.heuristic)
+            if pick < 0:
+                return None
+            free[borrowing][pick] -= need
+            chosen.append(int(rows[pick]))
+        return chosen
 
     def _free(self, rows: np.ndarray, borrowing: bool) -> FloatArray:
         """Room left on these nodes (never negative): the gap for borrowers, else unplaced."""

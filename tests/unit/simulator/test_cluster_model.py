@@ -82,3 +82,83 @@ def test_a_full_gap_asks_for_its_best_effort_pods_whole() -> None:
     cluster.add_node("n2", {"cpu": 16.0, "memory": 128 * GI}, {}, 1.0)
     assert cluster.schedule(1.0) == 2
     assert _best_effort_cpu(cluster.rollup(2)) == 0.0
+
+
+RACK = "topology.kubernetes.io/rack"
+_GPU_SERVER = {"cpu": 96.0, "memory": 1024 * GI, "nvidia.com/gpu": 8.0}
+
+
+def _gang_pod(gang: str, member: int) -> PodSpec:
+    return PodSpec.build(
+        f"{gang}-{member}",
+        {"cpu": 88.0, "memory": 900 * GI, "nvidia.com/gpu": 8.0},
+        priority=900_000,
+        colocation=gang,
+        colocation_key=RACK,
+    )
+
+
+def _gpu_cluster(racks: dict[str, int]) -> ClusterModel:
+    """A cluster with ``racks[name]`` empty 8-GPU servers in each rack."""
+    cluster = ClusterModel("c", heuristic=Heuristic.DOT_PRODUCT, gap=False)
+    for rack, servers in racks.items():
+        for i in range(servers):
+            cluster.add_node(f"{rack}-{i}", _GPU_SERVER, {RACK: rack}, 0.0)
+    return cluster
+
+
+def test_a_gang_no_rack_holds_whole_waits_whole_and_is_not_fragmented() -> None:
+    # Three servers free, but two in one rack and one in the other: a gang of three
+    # binds none of its pods (a pod-by-pod scheduler put two in r1 and pinned the gang).
+    cluster = _gpu_cluster({"r1": 2, "r2": 1})
+    for member in range(3):
+        cluster.arrive(_gang_pod("train-a", member), 1.0)
+    assert cluster.schedule(1.0) == 0
+    assert cluster.pending_counts() == (3, 0)
+    assert cluster.counters.gangs["train-a"] == [3, 0]
+    # Nothing runs, so nothing pins the gang: its need asks for any one rack.
+    (need,) = cluster.rollup(0).needs
+    assert need.aggregate_resources["nvidia.com/gpu"] == "24"
+    assert [(r.key, r.operator, list(r.values)) for r in need.requirements] == [
+        (RACK, capacity_pb2.NodeSelectorRequirement.OPERATOR_SAME, [])
+    ]
+    # Two more servers join r1: the gang lands there, whole, a pod on each of three.
+    cluster.add_node("r1-2", _GPU_SERVER, {RACK: "r1"}, 2.0)
+    cluster.add_node("r1-3", _GPU_SERVER, {RACK: "r1"}, 2.0)
+    assert cluster.schedule(2.0) == 3
+    nodes = {cluster.pods[f"train-a-{m}"].node for m in range(3)}
+    assert len(nodes) == 3 and all(n.startswith("r1-") for n in nodes)
+    assert sum(cluster.pods_on(n) for n in cluster.node_ids()) == 3
+    # Each pod is on the books of its one node: they all leave, and every node is empty.
+    for m in range(3):
+        cluster.leave(f"train-a-{m}", 3.0)
+    assert [cluster.pods_on(n) for n in cluster.node_ids()] == [0] * 5
+
+
+def test_two_gangs_each_take_the_rack_that_holds_it() -> None:
+    cluster = _gpu_cluster({"r1": 2, "r2": 3})
+    for member in range(3):
+        cluster.arrive(_gang_pod("train-a", member), 1.0)
+    for member in range(2):
+        cluster.arrive(_gang_pod("train-b", member), 2.0)
+    assert cluster.schedule(2.0) == 5
+    where = {
+        gang: {cluster.pods[f"{gang}-{m}"].node.split("-")[0] for m in range(n)}
+        for gang, n in (("train-a", 3), ("train-b", 2))
+    }
+    assert where == {"train-a": {"r2"}, "train-b": {"r1"}}
+    assert [cluster.pods_on(n) for n in cluster.node_ids()] == [1] * 5
+
+
+def test_a_running_gangs_evicted_pod_comes_back_alone_to_its_rack() -> None:
+    cluster = _gpu_cluster({"r1": 2, "r2": 1})
+    for member in range(2):
+        cluster.arrive(_gang_pod("train-a", member), 1.0)
+    assert cluster.schedule(1.0) == 2
+    lost = cluster.pods["train-a-0"].node
+    cluster.remove_node(lost, 5.0, reason="interrupt")
+    # The other rack has a free server, but the gang runs in r1: the pod waits for r1.
+    assert cluster.schedule(5.0) == 0
+    cluster.add_node("r1-9", _GPU_SERVER, {RACK: "r1"}, 6.0)
+    assert cluster.schedule(6.0) == 1
+    assert cluster.pods["train-a-0"].node == "r1-9"
