@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from clusters.packing import Heuristic, pack
+from clusters.packing import FloatArray, Heuristic, pack
 from clusters.pods import DIMENSIONS, PodSpec
 from providers.errors import ProviderError
 from shard_engine.coordination import distribute_evenly, labels_satisfy
@@ -44,6 +44,7 @@ from simulator.fleet import Fleet
 __all__ = ["BaselineOptions", "BaselinePolicy"]
 
 GI = float(2**30)
+_EPS = 1e-9
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +151,8 @@ class BaselinePolicy:
     def _provision(self, cluster_id: str, cluster: ClusterModel, now: float) -> None:
         share = self.shares[cluster_id]
         waiting = [s.spec for s in cluster.pending_pods() if s.spec.name not in share.nominated]
+        if waiting and share.launching:
+            waiting = self._into_flight(cluster, share, waiting)
         if not waiting:
             return
         groups: dict[tuple[tuple[Requirement, ...], str], list[PodSpec]] = defaultdict(list)
@@ -164,6 +167,64 @@ class BaselinePolicy:
         for (requirements, colocation), pods in groups.items():
             self._launch_for(cluster_id, share, pods, requirements, colocation, free, now)
 
+    def _into_flight(
+        self, cluster: ClusterModel, share: _Share, waiting: list[PodSpec]
+    ) -> list[PodSpec]:
+        """Nominate waiting pods to machines in flight that still have room; the rest.
+
+        A machine's room is its allocatable less the pods nominated to it
+        that still wait: the cluster's scheduler may have put another pod
+        on the first machine to land, and the pod launched for it then
+        waits for the machine that pod was launched for. Karpenter counts
+        the capacity of machines in flight, not which pod each was launched
+        for, so it does not launch again for that pod. A gang keeps its own
+        machines (its pods must share a rack), and its pods are left out.
+        """
+        rooms: dict[str, FloatArray] = {}
+        for mid, names in share.launching.items():
+            if mid in share.gang_of:
+                continue
+            room = self._allocatable(mid)
+            for name in names:
+                state = cluster.pods.get(name)
+                if (
+                    state is not None
+                    and name in cluster.pending
+                    and share.nominated.get(name) == mid
+                ):
+                    room = room - self._size(cluster, state.spec)
+            rooms[mid] = room
+        left: list[PodSpec] = []
+        for pod in waiting:
+            size = self._size(cluster, pod)
+            home = None
+            if not pod.colocation:
+                home = next(
+                    (
+                        mid
+                        for mid, room in rooms.items()
+                        if np.all(room + _EPS >= size)
+                        and labels_satisfy(pod.requirements, self.records[mid].labels)
+                    ),
+                    None,
+                )
+            if home is None:
+                left.append(pod)
+                continue
+            rooms[home] = rooms[home] - size
+            share.launching[home].append(pod.name)
+            share.nominated[pod.name] = home
+        return left
+
+    def _allocatable(self, mid: str) -> FloatArray:
+        record = self.records[mid]
+        return np.array([record.allocatable.get(d, 0.0) for d in DIMENSIONS])
+
+    @staticmethod
+    def _size(cluster: ClusterModel, pod: PodSpec) -> FloatArray:
+        """What a pod takes of a node, as the cluster's scheduler counts it."""
+        return np.array(pod.placement(gap=False) if pod.in_gap else pod.placement(gap=cluster.gap))
+
     def _launch_for(
         self,
         cluster_id: str,
@@ -174,10 +235,8 @@ class BaselinePolicy:
         free: list[str],
         now: float,
     ) -> None:
-        gap = self.clusters[cluster_id].gap
-        sizes = np.array(
-            [p.placement(gap=False) if p.in_gap else p.placement(gap=gap) for p in pods]
-        )
+        cluster = self.clusters[cluster_id]
+        sizes = np.array([self._size(cluster, p) for p in pods])
         if not sizes.any():
             return
         gang_key = pods[0].colocation_key if colocation else ""
@@ -206,7 +265,7 @@ class BaselinePolicy:
             ) = None
             for key, mids in candidates.items():
                 record = self.records[mids[0]]
-                alloc = np.array([record.allocatable.get(d, 0.0) for d in DIMENSIONS])
+                alloc = self._allocatable(mids[0])
                 items = sizes[remaining]
                 packing = pack(items, alloc, Heuristic.FFD_SUM)
                 nodes = min(packing.nodes, len(mids))
