@@ -14,8 +14,10 @@ way under both policies:
   ``allocatable − reservations − borrowed`` and are evicted first when a
   guaranteed pod closes the gap (``clusters.gap``);
 * a **gang** none of whose pods runs is placed all or nothing, in one
-  domain of its key, as a gang scheduler does (ADR 0178); once it runs, a
-  member evicted alone comes back to the domain its peers hold;
+  domain of its key, as a gang scheduler does (ADR 0178); one that does
+  not fit yet holds the room its pods were assumed on against younger
+  pods; once it runs, a member evicted alone comes back to the domain its
+  peers hold;
 * a pod that cannot be placed although the matching nodes hold its request
   in total is **fragmented**; the roll-up asks once more for it. Every such
   pod counts, including the ones the pass did not try because a no-larger
@@ -386,6 +388,8 @@ class ClusterModel:
         totals: dict[tuple[tuple[Requirement, ...], bool], tuple[int, FloatArray]] = {}
         placed = 0
         gangs_tried: set[str] = set()
+        # Room waiting gangs hold this pass (their pods wait on the nodes they were assumed on).
+        held = np.zeros_like(self._alloc)
         for name in order:
             if name not in self.pending:
                 continue  # placed earlier in this pass, with its gang
@@ -396,7 +400,7 @@ class ClusterModel:
                 if pod.colocation not in gangs_tried:
                     gangs_tried.add(pod.colocation)
                     members = [n for n in order if self.pods[n].spec.colocation == pod.colocation]
-                    placed += self._place_gang(members, now)
+                    placed += self._place_gang(members, now, held)
                 continue
             placement, reservation, borrowing = self._vectors(pod)
             need = reservation if borrowing else placement
@@ -421,6 +425,7 @@ class ClusterModel:
                 free = self._alloc[rows] - self._reserved[rows] - self._borrowed[rows]
             else:
                 free = self._alloc[rows] - self._placed[rows]
+            free = free - held[rows]
             pick = choose_node(need, free, self._alloc[rows], self.heuristic)
             if pick < 0:
                 state.fragmented = bool(np.all(np.maximum(free, 0).sum(axis=0) + _EPS >= need))
@@ -439,18 +444,24 @@ class ClusterModel:
             other.node and other.spec.colocation == pod.colocation for other in self.pods.values()
         )
 
-    def _place_gang(self, members: list[str], now: float) -> int:
+    def _place_gang(self, members: list[str], now: float, held: FloatArray) -> int:
         """Place a gang's pending pods together in one domain of its key, or none of them.
 
-        Training gangs run under a gang scheduler (coscheduling's PodGroup,
-        Volcano, Kueue): none of a gang's pods binds until the scheduler
-        finds room for all of them (ADR 0178). Each domain whose nodes
-        satisfy the gang's requirements is tried in turn (by its label's
-        value), its members placed in scheduling order with the packing
-        heuristic on a copy of its nodes' free room; the gang lands in the
-        first domain that holds every member. A gang that fits nowhere
-        waits whole and is not fragmented: its need already asks for all of
-        its pods in one domain.
+        Training gangs run under a gang scheduler (coscheduling's PodGroup):
+        none of a gang's pods binds until there is room for all of them
+        (ADR 0178). Each domain whose nodes satisfy the gang's requirements
+        is tried in turn (by its label's value), its members placed in
+        scheduling order with the packing heuristic on a copy of its nodes'
+        free room less what older gangs hold; the gang lands in the first
+        domain that holds every member.
+
+        A gang that fits nowhere waits whole, and is not fragmented: its
+        need already asks for all of its pods in one domain. Its pods wait
+        on the nodes they were assumed on, as coscheduling's Permit stage
+        holds them: it holds, for the rest of the pass (``held``), the room
+        its members take in the domain where most of them fit. So a younger
+        gang does not take the nodes of a rack an older one is being
+        completed in, the moment enough of them have joined for itself.
         """
         first = self.pods[members[0]].spec
         key = first.colocation_key
@@ -461,29 +472,35 @@ class ClusterModel:
             domains.setdefault(self._labels[r].get(key, ""), []).append(r)
         for name in members:
             self.pods[name].fragmented = False
+        most: list[tuple[int, FloatArray]] = []
         for value in sorted(domains):
-            chosen = self._fit_gang(members, np.array(domains[value]))
-            if chosen is None:
-                continue
-            for name, row in zip(members, chosen, strict=True):
-                self._place(self.pods[name], row, now)
-                if not self._vectors(self.pods[name].spec)[2]:
-                    self._close_gap(row, now)
-            return len(members)
+            chosen = self._fit_gang(members, np.array(domains[value]), held)
+            if len(chosen) == len(members):
+                for name, (row, _) in zip(members, chosen, strict=True):
+                    self._place(self.pods[name], row, now)
+                    if not self._vectors(self.pods[name].spec)[2]:
+                        self._close_gap(row, now)
+                return len(members)
+            if len(chosen) > len(most):
+                most = chosen
+        for row, need in most:
+            held[row] += need
         return 0
 
-    def _fit_gang(self, members: list[str], rows: np.ndarray) -> list[int] | None:
-        """The node (row) each member would take on ``rows``, or None if one finds no room."""
-        free = {b: self._free(rows, b).copy() for b in (False, True)}
-        chosen: list[int] = []
+    def _fit_gang(
+        self, members: list[str], rows: np.ndarray, held: FloatArray
+    ) -> list[tuple[int, FloatArray]]:
+        """The node (row) and room each member takes on ``rows``, up to the first without room."""
+        free = {b: self._free(rows, b) - held[rows] for b in (False, True)}
+        chosen: list[tuple[int, FloatArray]] = []
         for name in members:
             placement, reservation, borrowing = self._vectors(self.pods[name].spec)
             need = reservation if borrowing else placement
             pick = choose_node(need, free[borrowing], self._alloc[rows], self.heuristic)
             if pick < 0:
-                return None
+                break
             free[borrowing][pick] -= need
-            chosen.append(int(rows[pick]))
+            chosen.append((int(rows[pick]), need))
         return chosen
 
     def _free(self, rows: np.ndarray, borrowing: bool) -> FloatArray:

@@ -162,3 +162,31 @@ def test_a_running_gangs_evicted_pod_comes_back_alone_to_its_rack() -> None:
     cluster.add_node("r1-9", _GPU_SERVER, {RACK: "r1"}, 6.0)
     assert cluster.schedule(6.0) == 1
     assert cluster.pods["train-a-0"].node == "r1-9"
+
+
+def test_a_younger_gang_does_not_take_the_rack_an_older_one_is_completed_in() -> None:
+    # An older gang of three waits for r1, which has two servers and a third on its way;
+    # a younger gang of two that the two servers would hold arrives. As coscheduling's
+    # Permit stage does, the older gang's pods wait on the servers they were assumed on.
+    cluster = _gpu_cluster({"r1": 2})
+    for member in range(3):
+        cluster.arrive(_gang_pod("train-a", member), 1.0)
+    for member in range(2):
+        cluster.arrive(_gang_pod("train-b", member), 2.0)
+    assert cluster.schedule(2.0) == 0
+    cluster.add_node("r1-2", _GPU_SERVER, {RACK: "r1"}, 3.0)
+    assert cluster.schedule(3.0) == 3
+    assert {cluster.pods[f"train-a-{m}"].node for m in range(3)} == {"r1-0", "r1-1", "r1-2"}
+    assert all(not cluster.pods[f"train-b-{m}"].node for m in range(2))
+
+
+def test_a_younger_gang_takes_a_rack_the_older_one_does_not_wait_on() -> None:
+    # The older gang holds room in one rack only (the one where most of it fits): a
+    # younger gang still runs in another.
+    cluster = _gpu_cluster({"r1": 2, "r2": 2})
+    for member in range(3):
+        cluster.arrive(_gang_pod("train-a", member), 1.0)
+    for member in range(2):
+        cluster.arrive(_gang_pod("train-b", member), 2.0)
+    assert cluster.schedule(2.0) == 2
+    assert {cluster.pods[f"train-b-{m}"].node for m in range(2)} == {"r2-0", "r2-1"}
