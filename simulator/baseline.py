@@ -8,7 +8,10 @@ operator sizing each cluster's quota for its workload would — and
 autoscales alone:
 
 * **provisioning** every ``batch_s``: the cluster's pending pods that no
-  launching node is meant for are grouped by their constraints; for each
+  machine in flight has room for (its allocatable less the pods still
+  waiting for it, as Karpenter counts capacity in flight; a gang's pods
+  wait for all of the gang's machines, ADR 0179) are grouped by their
+  constraints; for each
   group every instance type it may use (from the cluster's own free slots
   and idle bare metal) is tried by packing the pods onto it with FFD, and
   the type with the lowest ``price × nodes / dominant units packed`` wins
