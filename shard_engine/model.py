@@ -346,6 +346,9 @@ class Shortfall:
     escalated: bool
     reason: str
     interruption_penalty: float = 0.0
+    # A gang that holds part of one domain but runs nothing is short of what that
+    # domain lacks, and names it (the value of its Same key; ADR 0180). "" otherwise.
+    domain: str = ""
 
 
 class Plan:

@@ -48,6 +48,8 @@ class PendingNeed:
     # Phase 1 left it for an idle machine another shard holds (``fleet_idle``):
     # Phase 2 does not preempt for it and the coordinator is asked for a transfer.
     awaiting_transfer: bool = False
+    # The domain a gang holding part of it is short in, named in its shortfall (ADR 0180).
+    domain: str = ""
 
     @property
     def cluster(self) -> int:

@@ -37,14 +37,17 @@ from shard_engine.actions import ActionKind
 from shard_engine.binding import pinned_first
 from shard_engine.catalog import ProfileCatalog
 from shard_engine.claims import Claims, claim
+from shard_engine.coordination import RemoteIdle, labels_satisfy
 from shard_engine.costs import dominant_dimension, effective_cost
 from shard_engine.fleet_idle import FleetIdle, IdleShape, OwnRack
 from shard_engine.linear import combine
+from shard_engine.model import Need
 from shard_engine.needs import Demand, NeedsTable
 from shard_engine.pending import PendingNeed
 from shard_engine.pools import TIER_IDLE, TIER_SPECULATIVE, PoolKey
 from shard_engine.requirements import RequirementMasks
-from shard_engine.selection import cover_by_cost, cover_by_units, cover_with_spread
+from shard_engine.selection import cover_by_cost, cover_by_units, cover_with_spread, settle_deficit
+from shard_engine.shortfalls import reported_requirements
 from shard_engine.topology import SpreadState, choose_gang_domain, domain_codes
 from shard_engine.usable import have_rows, usable_shapes
 from shard_engine.worksheet import MemoKey, Starved, Worksheet
@@ -97,14 +100,19 @@ def memo_key(sheet: Worksheet, demand: Demand) -> MemoKey:
 
 
 def cluster_have(
-    sheet: Worksheet, demand: Demand, alloc: FloatArray, tolerance: float
+    sheet: Worksheet,
+    demand: Demand,
+    alloc: FloatArray,
+    tolerance: float,
+    catalog: ProfileCatalog | None = None,
 ) -> tuple[FloatArray, list[int]]:
     """Have per need of one cluster and which needs are short, reused while nothing changed.
 
     A cluster this cycle already moved supply for is always recomputed from
     the worksheet; any other cluster's result is remembered under its
     inventory and needs versions, so a steady cluster costs a dictionary
-    lookup per cycle.
+    lookup per cycle. With ``catalog``, a gang whose machines cover it in
+    total but in no one domain is short too (ADR 0180).
     """
     cluster = demand.cluster
     touched = sheet.touched(cluster)
@@ -130,9 +138,44 @@ def cluster_have(
     deficit = demand.aggregate - have
     slack = demand.slack(tolerance)
     short: list[int] = np.logical_or.reduce(deficit > slack, axis=1).nonzero()[0].tolist()
+    if catalog is not None:
+        split = [
+            i
+            for i, gang in enumerate(demand.gang_keys)
+            if gang and i not in short and not _whole_in_a_domain(sheet, demand, i, catalog, slack)
+        ]
+        if split:
+            short = sorted((*short, *split))
     if not touched:
         sheet.memo.have[cluster] = (key, have, short)
     return have, short
+
+
+def _whole_in_a_domain(
+    sheet: Worksheet, demand: Demand, index: int, catalog: ProfileCatalog, slack: FloatArray
+) -> bool:
+    """Do the machines gang ``index`` may count hold it whole in one domain of its key?
+
+    A gang's pods all land in one domain, so machines it holds in several
+    do not cover it, however many: a cluster that held three empty servers
+    of one rack and two of another counted five for a new gang of four,
+    and the gang waited, never short, until its cluster gave some up (the
+    `mixed` day, one day, seed 3: 4,100 s).
+    """
+    alloc = catalog.alloc
+    own = own_supply(sheet, demand, index, alloc)
+    codes = domain_codes(catalog, demand.gang_keys[index])
+    rows = np.flatnonzero(demand.matrix[index] & (codes >= 0) & (own > 0))
+    if len(rows) == 0:
+        return False
+    aggregate = demand.aggregate[index]
+    for code in np.unique(codes[rows]).tolist():
+        mask = np.zeros(len(own), dtype=bool)
+        mask[rows[codes[rows] == code]] = True
+        have = _need_have(demand, index, mask, sheet, alloc, own)
+        if np.all(aggregate - have <= slack[index]):
+            return True
+    return False
 
 
 def claims_now(
@@ -225,14 +268,15 @@ def _claimed_have(sheet: Worksheet, demand: Demand, index: int, alloc: FloatArra
 
 
 def shortages(
-    demands: list[Demand], sheet: Worksheet, alloc: FloatArray, tolerance: float
+    demands: list[Demand], sheet: Worksheet, catalog: ProfileCatalog, tolerance: float
 ) -> list[tuple[Demand, int]]:
     """Needs short of anything, in cycle order (priority descending, then arrival)."""
     found: list[tuple[int, int, Demand, int]] = []
+    alloc = catalog.alloc
     for demand in demands:
         if not demand.needs:
             continue
-        _, short = cluster_have(sheet, demand, alloc, tolerance)
+        _, short = cluster_have(sheet, demand, alloc, tolerance, catalog)
         for i in short:
             found.append((-int(demand.priority[i]), int(demand.arrival[i]), demand, i))
     found.sort(key=lambda t: (t[0], t[1]))
@@ -307,7 +351,7 @@ def assign(
     pending: list[PendingNeed] = []
     price = catalog.price
     probability = catalog.interruption_probability
-    for demand, index in shortages(demands, sheet, alloc, tolerance):
+    for demand, index in shortages(demands, sheet, catalog, tolerance):
         need = demand.needs[index]
         aggregate = demand.aggregate[index]
         mask = demand.matrix[index]
@@ -322,13 +366,20 @@ def assign(
             starved = sheet.memo.starved.get(starved_key)
             if starved is not None and starved.key == before and starved.arrivals == arrivals:
                 pending.append(
-                    PendingNeed(demand, index, starved.deficit.copy(), starved.mask, starved.block)
+                    PendingNeed(
+                        demand,
+                        index,
+                        starved.deficit.copy(),
+                        starved.mask,
+                        starved.block,
+                        domain=starved.domain,
+                    )
                 )
                 continue
         took = False
         have: FloatArray | None = None
         if not gang and untouched:
-            have = cluster_have(sheet, demand, alloc, tolerance)[0][index]
+            have = cluster_have(sheet, demand, alloc, tolerance, catalog)[0][index]
         own: FloatArray | None = None
         # Oldest first, fleet-wide: an older (or more important) shortfall of another
         # shard that this shard's idle machines could serve gets them (ADR 0176).
@@ -370,19 +421,31 @@ def assign(
                 have = _need_have(demand, index, mask, sheet, alloc, own)
         deficit = aggregate - have
         deficit = np.where(deficit > demand.slack(tolerance)[index], deficit, 0.0)
-        if block and np.count_nonzero(deficit):
+        # A blocked gang is short even when its machines in several domains add up to it.
+        if block and (np.count_nonzero(deficit) or (gang and not demand.pinned[index])):
             # A gang no domain can hold is short of a whole domain, not of the sum of
             # what several domains lack: it asks the coordinator for all of it, which
             # one donor's rack can then give whole (ADR 0126). A pinned gang (its
             # running pods hold a rack, which its Same requirement names) can only
             # grow where it runs: it asks for what that rack lacks of it, or no donor
             # could ever complete the rack around the machines it already has (ADR 0160).
+            # A gang that holds at least half of itself in one domain but runs nothing,
+            # where other shards hold idle machines that would complete it, asks for what
+            # that domain lacks and names it: completing it reuses idle machines and moves
+            # fewer than a whole domain elsewhere would (ADR 0180).
             whole = gang and not demand.pinned[index]
-            deficit = aggregate.copy() if whole else np.maximum(deficit, 0.0)
-            pending.append(PendingNeed(demand, index, deficit, mask, block))
+            named = ""
+            if whole and own is not None and fleet is not None and fleet.offers:
+                named, lacking = _held_domain(
+                    catalog, need, gang, base, own, aggregate, alloc, tolerance, fleet.offers
+                )
+                if named:
+                    deficit = lacking
+            deficit = aggregate.copy() if whole and not named else np.maximum(deficit, 0.0)
+            pending.append(PendingNeed(demand, index, deficit, mask, block, domain=named))
             if untouched and not yielded:  # a yield ends by the clock: look again
                 sheet.memo.starved[starved_key] = Starved(
-                    before, arrivals, deficit.copy(), mask, block, scope
+                    before, arrivals, deficit.copy(), mask, block, scope, named
                 )
             continue
         if block or not np.count_nonzero(deficit):
@@ -539,6 +602,71 @@ def idle_shapes(
         )
         for p, n in zip(profiles, counts, strict=True)
     ]
+
+
+def _held_domain(
+    catalog: ProfileCatalog,
+    need: Need,
+    gang: Sequence[str],
+    base: BoolArray,
+    own: FloatArray,
+    aggregate: FloatArray,
+    alloc: FloatArray,
+    tolerance: float,
+    offers: Sequence[RemoteIdle],
+) -> tuple[str, FloatArray]:
+    """The domain a blocked gang holds at least half of itself in, and what it lacks there.
+
+    ``own`` is the cluster's supply as the gang may count it. Of the domains
+    its mask allows, the one holding the largest share of the gang (its
+    positive dimensions averaged, as :func:`choose_gang_domain` scores them)
+    is named when that share is at least half, and when the other shards'
+    idle machines there (``offers``, with the unclaimed slots offered beside
+    them) hold what it lacks: completing it then reuses machines already
+    paid for and moves no more of them than the gang already holds there.
+    ("", zeros) when no domain qualifies, or the gang spans several topology
+    keys (a domain is then a combination the wire cannot name in one value).
+    """
+    nothing = ("", np.zeros_like(aggregate))
+    positive = aggregate > 0
+    if len(gang) != 1 or not positive.any():
+        return nothing
+    codes = domain_codes(catalog, gang)
+    holding = np.flatnonzero(base & (codes >= 0) & (own > 0))
+    if len(holding) == 0:
+        return nothing
+    best: tuple[float, int] | None = None
+    for code in np.unique(codes[holding]).tolist():
+        rows = holding[codes[holding] == code]
+        have = combine(own[rows], alloc[rows])
+        share = float(
+            (np.minimum(have[positive], aggregate[positive]) / aggregate[positive]).mean()
+        )
+        if best is None or share > best[0] + 1e-12:
+            best = (share, int(code))
+    assert best is not None
+    share, code = best
+    if share < 0.5 - 1e-9:
+        return nothing
+    rows = holding[codes[holding] == code]
+    have = combine(own[rows], alloc[rows])
+    lacking = settle_deficit(np.maximum(aggregate - have, 0.0), aggregate, tolerance)
+    if not np.count_nonzero(lacking):
+        return nothing
+    value = catalog.labels(int(rows[0])).get(gang[0], "")
+    if not value:
+        return nothing
+    there = reported_requirements(need.requirements, value)
+    names = catalog.dims.names
+    offered = np.zeros_like(aggregate)
+    for offer in offers:
+        if offer.labels.get(gang[0]) != value or not labels_satisfy(there, offer.labels):
+            continue
+        shape = np.array([offer.allocatable.get(name, 0.0) for name in names])
+        offered += (offer.count + offer.speculative) * shape
+    if np.any(offered[lacking > 0] + 1e-9 < lacking[lacking > 0]):
+        return nothing
+    return value, lacking
 
 
 def _own_racks(

@@ -20,7 +20,7 @@ import numpy.typing as npt
 
 from shard_engine.config import EngineConfig
 from shard_engine.inventory import Inventory
-from shard_engine.model import Shortfall
+from shard_engine.model import Operator, Requirement, Shortfall
 from shard_engine.pending import (
     REASON_AWAITING_TRANSFER,
     REASON_NO_SUPPLY,
@@ -30,7 +30,7 @@ from shard_engine.pending import (
     PendingNeed,
 )
 
-__all__ = ["awaits_idle", "collect", "explain"]
+__all__ = ["awaits_idle", "collect", "explain", "reported_requirements"]
 
 
 def explain(pending: PendingNeed, inventory: Inventory) -> str:
@@ -75,6 +75,24 @@ def awaits_idle(reason: str) -> bool:
     return reason.startswith(REASON_AWAITING_TRANSFER)
 
 
+def reported_requirements(
+    requirements: Sequence[Requirement], domain: str
+) -> tuple[Requirement, ...]:
+    """A shortfall's requirements as a report carries them.
+
+    A gang short in a domain it holds part of (``Shortfall.domain``) names
+    it: its ``Same`` requirement allows that value only, as a pinned gang's
+    roll-up already does (ADRs 0160 and 0180), so a donor's machines of
+    another domain never answer it.
+    """
+    if not domain:
+        return tuple(requirements)
+    return tuple(
+        Requirement(r.key, Operator.SAME, (domain,)) if r.operator is Operator.SAME else r
+        for r in requirements
+    )
+
+
 def collect(
     *,
     pending: Sequence[PendingNeed],
@@ -112,6 +130,7 @@ def collect(
                 escalated=age > config.escalate_after_cycles,
                 reason=reason,
                 interruption_penalty=item.need.interruption_penalty,
+                domain=item.domain,
             )
         )
     ages.clear()

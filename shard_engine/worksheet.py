@@ -52,6 +52,7 @@ class Starved:
     mask: npt.NDArray[np.bool_]
     block: str
     scope: npt.NDArray[np.bool_]
+    domain: str = ""
 
 
 @dataclass(slots=True)

@@ -81,7 +81,7 @@ from shard_engine.coordination import (
 from shard_engine.dealing import Dealable, deal, rack_of
 from shard_engine.engine import EngineConfig, ShardEngine
 from shard_engine.model import Action, MachineRecord, MachineState, Need, Shortfall
-from shard_engine.shortfalls import awaits_idle
+from shard_engine.shortfalls import awaits_idle, reported_requirements
 from simulator import engines as ops
 from simulator.cluster import ClusterModel
 from simulator.engines import (
@@ -654,7 +654,7 @@ class BigFleetPolicy:
                 need_key=sf.need_key,
                 priority=sf.priority,
                 deficit=sf.deficit,
-                requirements=need.requirements if need else (),
+                requirements=reported_requirements(need.requirements, sf.domain) if need else (),
                 min_unit=need.min_unit if need else {},
                 age_cycles=sf.age_cycles,
                 escalated=sf.escalated,

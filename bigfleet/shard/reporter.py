@@ -41,6 +41,7 @@ from bigfleet.shard.terms import CoordinatorTerms
 from shard_engine.coordination import RemoteIdle, RemoteWant, requirements_from
 from shard_engine.engine import ShardEngine
 from shard_engine.model import Shortfall
+from shard_engine.shortfalls import reported_requirements
 from workflows import coordinator as co
 from workflows import coordinator_contracts as cc
 
@@ -127,7 +128,11 @@ class CoordinatorReporter:
                     need_key=sf.need_key,
                     priority=sf.priority,
                     deficit=dict(sf.deficit),
-                    requirements=requirement_specs(need.requirements) if need else [],
+                    requirements=(
+                        requirement_specs(reported_requirements(need.requirements, sf.domain))
+                        if need
+                        else []
+                    ),
                     min_unit=dict(need.min_unit) if need else {},
                     age_cycles=sf.age_cycles,
                     escalated=sf.escalated,

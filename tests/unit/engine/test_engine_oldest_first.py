@@ -17,9 +17,16 @@ for 37 minutes. It never ran.
 from __future__ import annotations
 
 from shard_engine.config import EngineConfig
-from shard_engine.coordination import RemoteWant, ShardShortfall, ShardView, fleet_wants
+from shard_engine.coordination import (
+    RemoteIdle,
+    RemoteWant,
+    ShardShortfall,
+    ShardView,
+    fleet_wants,
+)
 from shard_engine.engine import ShardEngine
 from shard_engine.model import AssignIdle, MachineState, Need, Preempt, Provision
+from shard_engine.shortfalls import reported_requirements
 from tests.rollups import apply
 from tests.unit.engine.engine_fleet import fleet, need, of_kind, rollup, same, spread_over
 
@@ -213,3 +220,104 @@ def test_a_spread_need_leaves_its_shards_idle_machines_to_an_older_want_too() ->
 
     assert assigned(yielding, 10) == []
     assert sorted(assigned(taking, 10)) == ["idle-zone-a-0000", "idle-zone-b-0000"]
+
+
+# -- a gang that holds part of a rack asks for what the rack lacks (ADR 0180) ---------------
+#
+# Traced on the `mixed` day (one day, seed 3): a gang of four arrived in a cluster that held
+# three empty servers of rack b-r03, freed by its previous gang; another shard held idle
+# servers of the same rack. A gang that runs nothing asked the coordinator for a whole rack
+# of four, which no shard held idle, and waited 9,591 s.
+
+
+def holding(engine: ShardEngine, servers: int, rack: str, *, cluster: str = "c") -> None:
+    """``servers`` empty 8-GPU servers of ``rack``, configured for ``cluster``."""
+    fleet(
+        engine,
+        servers,
+        prefix=f"held-{rack}",
+        state=MachineState.CONFIGURED,
+        gpu=8.0,
+        cpu=96.0,
+        labels={RACK: rack},
+        cluster=cluster,
+    )
+
+
+def idle_elsewhere(rack: str, count: int = 1) -> RemoteIdle:
+    """``count`` idle 8-GPU servers of ``rack`` that another shard holds."""
+    return RemoteIdle(
+        shard_id="other",
+        labels={RACK: rack},
+        allocatable={"nvidia.com/gpu": 8.0, "cpu": 96.0},
+        count=count,
+    )
+
+
+def test_a_gang_holding_three_of_its_four_servers_in_a_rack_asks_for_one_there() -> None:
+    engine = shard(idle_racks={})
+    holding(engine, 3, "b-r03")
+    engine.set_fleet_idle([idle_elsewhere("b-r03")])
+    apply(engine, rollup("c", 1, gang_of(4)), now=0)
+
+    [shortfall] = engine.cycle(now=10).shortfalls
+
+    assert shortfall.domain == "b-r03"
+    assert shortfall.deficit == {"nvidia.com/gpu": 8.0, "cpu": 96.0}
+    [need] = engine.needs_of("c")
+    assert reported_requirements(need.requirements, shortfall.domain) == (same(RACK, "b-r03"),)
+
+
+def test_a_gang_asks_for_a_whole_rack_when_it_holds_less_than_half_or_none_is_idle() -> None:
+    cases = {
+        "one of four held": (1, [idle_elsewhere("b-r03", 3)]),
+        "nothing idle in its rack": (3, [idle_elsewhere("a-r04", 4)]),
+        "nothing idle anywhere": (3, []),
+    }
+    for case, (held, offers) in cases.items():
+        engine = shard(idle_racks={})
+        holding(engine, held, "b-r03")
+        engine.set_fleet_idle(offers)
+        apply(engine, rollup("c", 1, gang_of(4)), now=0)
+
+        [shortfall] = engine.cycle(now=10).shortfalls
+
+        assert shortfall.domain == "", case
+        assert shortfall.deficit == {"nvidia.com/gpu": 32.0, "cpu": 384.0}, case
+
+
+def test_machines_in_two_racks_do_not_cover_a_gang_none_of_them_holds() -> None:
+    # The trace's cluster held three empty servers of b-r03 and two of a-r04: five for a
+    # gang of four, counted as covering it, so the gang was never short and waited.
+    engine = shard(idle_racks={})
+    holding(engine, 3, "b-r03")
+    holding(engine, 2, "a-r04")
+    apply(engine, rollup("c", 1, gang_of(4)), now=0)
+
+    [shortfall] = engine.cycle(now=10).shortfalls
+
+    assert shortfall.cluster_id == "c"
+    assert shortfall.deficit["nvidia.com/gpu"] == 32.0
+
+
+def test_the_named_rack_lets_another_shard_yield_its_idle_server_there() -> None:
+    # The other side: a shard with one idle server of b-r03 and a new gang of its own
+    # leaves the server to the older want, which names b-r03; a whole-rack want of four
+    # it could not use, and it took the server (the trace's 23,150 s).
+    engine = shard(idle_racks={"b-r03": 1})
+    named = RemoteWant(
+        shard_id="other",
+        priority=PRIORITY,
+        requirements=(same(RACK, "b-r03"),),
+        deficit={"nvidia.com/gpu": 8.0, "cpu": 96.0},
+        min_unit={},
+        age_cycles=50,
+    )
+    engine.set_fleet_idle([], [named])
+    apply(engine, rollup("young", 1, gang_of(1)), now=0)
+    assert assigned(engine, 10) == []
+
+    engine = shard(idle_racks={"b-r03": 1})
+    engine.set_fleet_idle([], [want(4, age=50)])
+    apply(engine, rollup("young", 1, gang_of(1)), now=0)
+    assert len(assigned(engine, 10)) == 1
