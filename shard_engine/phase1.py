@@ -162,17 +162,29 @@ def _whole_in_a_domain(
     and the gang waited, never short, until its cluster gave some up (the
     `mixed` day, one day, seed 3: 4,100 s).
     """
-    alloc = catalog.alloc
-    own = own_supply(sheet, demand, index, alloc)
+    if demand.pinned[index] or demand.keys[index] in demand.gang_domain:
+        return True  # its mask allows one domain: the have that covered it is all there
     codes = domain_codes(catalog, demand.gang_keys[index])
-    rows = np.flatnonzero(demand.matrix[index] & (codes >= 0) & (own > 0))
+    supply = sheet.supply_row(demand.cluster)
+    width = min(len(codes), len(supply), len(demand.matrix[index]))
+    # The cluster holds a few profiles of thousands: look at those only.
+    present = np.flatnonzero(supply[:width])
+    present = present[demand.matrix[index][present] & (codes[present] >= 0)]
+    found = codes[present]
+    if len(found) and found.min() == found.max():
+        # Everything it could count is in one domain: the have that covered it is there.
+        return True
+    alloc = catalog.alloc
+    own = own_supply(sheet, demand, index, alloc)[:width]
+    rows = present[own[present] > 0]
     if len(rows) == 0:
         return False
     aggregate = demand.aggregate[index]
+    unit = demand.min_unit[index : index + 1]
     for code in np.unique(codes[rows]).tolist():
-        mask = np.zeros(len(own), dtype=bool)
-        mask[rows[codes[rows] == code]] = True
-        have = _need_have(demand, index, mask, sheet, alloc, own)
+        # What the gang has in this domain, as ``_need_have`` counts it over a mask.
+        there = rows[codes[rows] == code]
+        have = combine(own[there], usable_shapes(alloc[there], unit)[0])
         if np.all(aggregate - have <= slack[index]):
             return True
     return False
