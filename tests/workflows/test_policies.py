@@ -150,3 +150,58 @@ def test_the_coordinator_report_carries_blocked_preemption_drains() -> None:
 def _unconnected_store() -> Store:
     """A store over an engine that never connects: assembling the parts reaches nothing."""
     return Store(create_async_engine("postgresql+asyncpg://127.0.0.1:5432/test"))
+
+
+def test_the_report_names_the_rack_a_gang_holding_most_of_it_is_short_in() -> None:
+    # ADR 0180: a gang holding three of its four servers in rack b-r03, where another
+    # shard holds an idle one, is short of one server there; the report writes the rack
+    # into its Same requirement, which is what the coordinator's idle step matches.
+    from bigfleet.shard.options import ShardOptions
+    from bigfleet.shard.parts import assemble
+    from shard_engine.coordination import RemoteIdle, requirements_from
+    from shard_engine.model import MachineState, Operator, Requirement
+    from tests.rollups import apply
+    from tests.unit.engine.engine_fleet import fleet, need, rollup, same
+
+    rack = "topology.kubernetes.io/rack"
+    parts = assemble(
+        ShardOptions(shard_id="s"),
+        store=_unconnected_store(),
+        temporal=None,  # type: ignore[arg-type]
+        providers={},
+        clock=lambda: 1_000.0,
+    )
+    engine = parts.engine
+    fleet(
+        engine,
+        3,
+        prefix="held",
+        state=MachineState.CONFIGURED,
+        gpu=8.0,
+        cpu=96.0,
+        labels={rack: "b-r03"},
+        cluster="train",
+    )
+    engine.set_fleet_idle(
+        [
+            RemoteIdle(
+                shard_id="other",
+                labels={rack: "b-r03"},
+                allocatable={"nvidia.com/gpu": 8.0, "cpu": 96.0},
+                count=1,
+            )
+        ]
+    )
+    apply(
+        engine,
+        rollup("train", 1, need(cpu=384.0, gpu=32.0, requirements=[same(rack)])),
+        now=1_000.0,
+    )
+    engine.cycle(now=1_000.0)
+
+    (shortfall,) = parts.reporter.build_report().shortfalls
+
+    assert shortfall.deficit == {"nvidia.com/gpu": 8.0, "cpu": 96.0}
+    assert requirements_from(shortfall.requirements) == (
+        Requirement(rack, Operator.SAME, ("b-r03",)),
+    )
