@@ -158,12 +158,17 @@ def test_the_report_names_the_rack_a_gang_holding_most_of_it_is_short_in() -> No
     # into its Same requirement, which is what the coordinator's idle step matches.
     from bigfleet.shard.options import ShardOptions
     from bigfleet.shard.parts import assemble
-    from shard_engine.coordination import RemoteIdle, requirements_from
-    from shard_engine.model import MachineState, Operator, Requirement
+    from shard_engine.coordination import requirements_from
+    from shard_engine.model import Operator, Requirement
     from tests.rollups import apply
-    from tests.unit.engine.engine_fleet import fleet, need, rollup, same
+    from tests.unit.engine.engine_fleet import rollup
+    from tests.unit.engine.test_engine_oldest_first import (
+        RACK,
+        gang_of,
+        holding,
+        idle_elsewhere,
+    )
 
-    rack = "topology.kubernetes.io/rack"
     parts = assemble(
         ShardOptions(shard_id="s"),
         store=_unconnected_store(),
@@ -171,37 +176,14 @@ def test_the_report_names_the_rack_a_gang_holding_most_of_it_is_short_in() -> No
         providers={},
         clock=lambda: 1_000.0,
     )
-    engine = parts.engine
-    fleet(
-        engine,
-        3,
-        prefix="held",
-        state=MachineState.CONFIGURED,
-        gpu=8.0,
-        cpu=96.0,
-        labels={rack: "b-r03"},
-        cluster="train",
-    )
-    engine.set_fleet_idle(
-        [
-            RemoteIdle(
-                shard_id="other",
-                labels={rack: "b-r03"},
-                allocatable={"nvidia.com/gpu": 8.0, "cpu": 96.0},
-                count=1,
-            )
-        ]
-    )
-    apply(
-        engine,
-        rollup("train", 1, need(cpu=384.0, gpu=32.0, requirements=[same(rack)])),
-        now=1_000.0,
-    )
-    engine.cycle(now=1_000.0)
+    holding(parts.engine, 3, "b-r03", cluster="train")
+    parts.engine.set_fleet_idle([idle_elsewhere("b-r03")])
+    apply(parts.engine, rollup("train", 1, gang_of(4)), now=1_000.0)
+    parts.engine.cycle(now=1_000.0)
 
     (shortfall,) = parts.reporter.build_report().shortfalls
 
     assert shortfall.deficit == {"nvidia.com/gpu": 8.0, "cpu": 96.0}
     assert requirements_from(shortfall.requirements) == (
-        Requirement(rack, Operator.SAME, ("b-r03",)),
+        Requirement(RACK, Operator.SAME, ("b-r03",)),
     )

@@ -98,6 +98,13 @@ def _gang_pod(gang: str, member: int) -> PodSpec:
     )
 
 
+def _older_three_younger_two(cluster: ClusterModel) -> None:
+    """Gang ``train-a`` of three arrives at 1 s, gang ``train-b`` of two at 2 s."""
+    for gang, size, at in (("train-a", 3, 1.0), ("train-b", 2, 2.0)):
+        for member in range(size):
+            cluster.arrive(_gang_pod(gang, member), at)
+
+
 def _gpu_cluster(racks: dict[str, int]) -> ClusterModel:
     """A cluster with ``racks[name]`` empty 8-GPU servers in each rack."""
     cluster = ClusterModel("c", heuristic=Heuristic.DOT_PRODUCT, gap=False)
@@ -137,10 +144,7 @@ def test_a_gang_no_rack_holds_whole_waits_whole_and_is_not_fragmented() -> None:
 
 def test_two_gangs_each_take_the_rack_that_holds_it() -> None:
     cluster = _gpu_cluster({"r1": 2, "r2": 3})
-    for member in range(3):
-        cluster.arrive(_gang_pod("train-a", member), 1.0)
-    for member in range(2):
-        cluster.arrive(_gang_pod("train-b", member), 2.0)
+    _older_three_younger_two(cluster)
     assert cluster.schedule(2.0) == 5
     where = {
         gang: {cluster.pods[f"{gang}-{m}"].node.split("-")[0] for m in range(n)}
@@ -169,10 +173,7 @@ def test_a_younger_gang_does_not_take_the_rack_an_older_one_is_completed_in() ->
     # a younger gang of two that the two servers would hold arrives. As coscheduling's
     # Permit stage does, the older gang's pods wait on the servers they were assumed on.
     cluster = _gpu_cluster({"r1": 2})
-    for member in range(3):
-        cluster.arrive(_gang_pod("train-a", member), 1.0)
-    for member in range(2):
-        cluster.arrive(_gang_pod("train-b", member), 2.0)
+    _older_three_younger_two(cluster)
     assert cluster.schedule(2.0) == 0
     cluster.add_node("r1-2", _GPU_SERVER, {RACK: "r1"}, 3.0)
     assert cluster.schedule(3.0) == 3
@@ -184,9 +185,6 @@ def test_a_younger_gang_takes_a_rack_the_older_one_does_not_wait_on() -> None:
     # The older gang holds room in one rack only (the one where most of it fits): a
     # younger gang still runs in another.
     cluster = _gpu_cluster({"r1": 2, "r2": 2})
-    for member in range(3):
-        cluster.arrive(_gang_pod("train-a", member), 1.0)
-    for member in range(2):
-        cluster.arrive(_gang_pod("train-b", member), 2.0)
+    _older_three_younger_two(cluster)
     assert cluster.schedule(2.0) == 2
     assert {cluster.pods[f"train-b-{m}"].node for m in range(2)} == {"r2-0", "r2-1"}
