@@ -282,3 +282,21 @@ def _gb2_first_then_gc1(summary: dict[str, Any], tap: Assignments) -> None:
         "train-b/gb2",
         "train-c/gc1",
     ]
+
+
+def test_a_gang_beside_servers_in_two_racks_completes_the_rack_holding_most_of_it() -> None:
+    # gang-two-racks-held (ADR 0180): a gang of 4 arrives while its cluster holds 3 empty
+    # servers in each of two racks; it is short (no rack holds 4 of them) and the shard
+    # claims the one free server of the first rack at once.
+    tap = Provisions()
+    summary = replay("gang-two-racks-held", tap)
+
+    end = 5_401  # the end of the run's last one-second tick: claimed servers bill until then
+    server_seconds = 3 * (end - 10) + 3 * (end - 20) + (end - 1_900)
+    assert summary["cost_usd"] == pytest.approx(28.0 * server_seconds / 3600, abs=0.01)
+    assert summary["gangs"]["whole"] == ["train-0000/ga", "train-0000/gb", "train-0000/gc"]
+    assert summary["time_to_capacity"]["p900000"]["never_placed"] == 0
+    first, second, third = tap.seen
+    assert third == (1_900.0, ("bm-ams1-a-r04-u01",))
+    assert {m.rsplit("-", 1)[0] for m in first[1]} == {"bm-ams1-a-r04"}
+    assert {m.rsplit("-", 1)[0] for m in second[1]} == {"bm-ams1-b-r03"}
