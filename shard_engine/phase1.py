@@ -41,7 +41,6 @@ from shard_engine.coordination import RemoteIdle, labels_satisfy
 from shard_engine.costs import dominant_dimension, effective_cost
 from shard_engine.fleet_idle import FleetIdle, IdleShape, OwnRack
 from shard_engine.linear import combine
-from shard_engine.model import Need
 from shard_engine.needs import Demand, NeedsTable
 from shard_engine.pending import PendingNeed
 from shard_engine.pools import TIER_IDLE, TIER_SPECULATIVE, PoolKey
@@ -100,20 +99,17 @@ def memo_key(sheet: Worksheet, demand: Demand) -> MemoKey:
 
 
 def cluster_have(
-    sheet: Worksheet,
-    demand: Demand,
-    alloc: FloatArray,
-    tolerance: float,
-    catalog: ProfileCatalog | None = None,
+    sheet: Worksheet, demand: Demand, catalog: ProfileCatalog, tolerance: float
 ) -> tuple[FloatArray, list[int]]:
     """Have per need of one cluster and which needs are short, reused while nothing changed.
 
     A cluster this cycle already moved supply for is always recomputed from
     the worksheet; any other cluster's result is remembered under its
     inventory and needs versions, so a steady cluster costs a dictionary
-    lookup per cycle. With ``catalog``, a gang whose machines cover it in
-    total but in no one domain is short too (ADR 0180).
+    lookup per cycle. A gang whose machines cover it in total but in no one
+    domain is short too (ADR 0180).
     """
+    alloc = catalog.alloc
     cluster = demand.cluster
     touched = sheet.touched(cluster)
     key = memo_key(sheet, demand)
@@ -138,14 +134,13 @@ def cluster_have(
     deficit = demand.aggregate - have
     slack = demand.slack(tolerance)
     short: list[int] = np.logical_or.reduce(deficit > slack, axis=1).nonzero()[0].tolist()
-    if catalog is not None:
-        split = [
-            i
-            for i, gang in enumerate(demand.gang_keys)
-            if gang and i not in short and not _whole_in_a_domain(sheet, demand, i, catalog, slack)
-        ]
-        if split:
-            short = sorted((*short, *split))
+    split = [
+        i
+        for i, gang in enumerate(demand.gang_keys)
+        if gang and i not in short and not _whole_in_a_domain(sheet, demand, i, catalog, slack)
+    ]
+    if split:
+        short = sorted((*short, *split))
     if not touched:
         sheet.memo.have[cluster] = (key, have, short)
     return have, short
@@ -174,20 +169,35 @@ def _whole_in_a_domain(
     if len(found) and found.min() == found.max():
         # Everything it could count is in one domain: the have that covered it is there.
         return True
-    alloc = catalog.alloc
-    own = own_supply(sheet, demand, index, alloc)[:width]
-    rows = present[own[present] > 0]
-    if len(rows) == 0:
-        return False
+    own = own_supply(sheet, demand, index, catalog.alloc)[:width]
     aggregate = demand.aggregate[index]
+    held = present[own[present] > 0]
+    return any(
+        np.all(aggregate - have <= slack[index])
+        for _, _, have in _domain_haves(demand, index, codes, held, own, catalog)
+    )
+
+
+def _domain_haves(
+    demand: Demand,
+    index: int,
+    codes: npt.NDArray[np.int64],
+    rows: IntArray,
+    own: FloatArray,
+    catalog: ProfileCatalog,
+) -> list[tuple[int, IntArray, FloatArray]]:
+    """Per domain code among ``rows`` (profiles), its rows and what gang ``index`` has there.
+
+    "Has" as ``_need_have`` counts it over a mask: ``own`` machines per
+    profile, each hosting what its shape can of the need's ``min_unit``.
+    """
     unit = demand.min_unit[index : index + 1]
+    alloc = catalog.alloc
+    out = []
     for code in np.unique(codes[rows]).tolist():
-        # What the gang has in this domain, as ``_need_have`` counts it over a mask.
         there = rows[codes[rows] == code]
-        have = combine(own[there], usable_shapes(alloc[there], unit)[0])
-        if np.all(aggregate - have <= slack[index]):
-            return True
-    return False
+        out.append((int(code), there, combine(own[there], usable_shapes(alloc[there], unit)[0])))
+    return out
 
 
 def claims_now(
@@ -284,11 +294,10 @@ def shortages(
 ) -> list[tuple[Demand, int]]:
     """Needs short of anything, in cycle order (priority descending, then arrival)."""
     found: list[tuple[int, int, Demand, int]] = []
-    alloc = catalog.alloc
     for demand in demands:
         if not demand.needs:
             continue
-        _, short = cluster_have(sheet, demand, alloc, tolerance, catalog)
+        _, short = cluster_have(sheet, demand, catalog, tolerance)
         for i in short:
             found.append((-int(demand.priority[i]), int(demand.arrival[i]), demand, i))
     found.sort(key=lambda t: (t[0], t[1]))
@@ -391,7 +400,7 @@ def assign(
         took = False
         have: FloatArray | None = None
         if not gang and untouched:
-            have = cluster_have(sheet, demand, alloc, tolerance, catalog)[0][index]
+            have = cluster_have(sheet, demand, catalog, tolerance)[0][index]
         own: FloatArray | None = None
         # Oldest first, fleet-wide: an older (or more important) shortfall of another
         # shard that this shard's idle machines could serve gets them (ADR 0176).
@@ -449,7 +458,7 @@ def assign(
             named = ""
             if whole and own is not None and fleet is not None and fleet.offers:
                 named, lacking = _held_domain(
-                    catalog, need, gang, base, own, aggregate, alloc, tolerance, fleet.offers
+                    catalog, demand, index, base, own, tolerance, fleet.offers
                 )
                 if named:
                     deficit = lacking
@@ -618,16 +627,14 @@ def idle_shapes(
 
 def _held_domain(
     catalog: ProfileCatalog,
-    need: Need,
-    gang: Sequence[str],
+    demand: Demand,
+    index: int,
     base: BoolArray,
     own: FloatArray,
-    aggregate: FloatArray,
-    alloc: FloatArray,
     tolerance: float,
     offers: Sequence[RemoteIdle],
 ) -> tuple[str, FloatArray]:
-    """The domain a blocked gang holds at least half of itself in, and what it lacks there.
+    """The domain blocked gang ``index`` holds at least half of itself in, and what it lacks there.
 
     ``own`` is the cluster's supply as the gang may count it. Of the domains
     its mask allows, the one holding the largest share of the gang (its
@@ -639,36 +646,29 @@ def _held_domain(
     ("", zeros) when no domain qualifies, or the gang spans several topology
     keys (a domain is then a combination the wire cannot name in one value).
     """
+    gang = demand.gang_keys[index]
+    aggregate = demand.aggregate[index]
     nothing = ("", np.zeros_like(aggregate))
     positive = aggregate > 0
     if len(gang) != 1 or not positive.any():
         return nothing
     codes = domain_codes(catalog, gang)
     holding = np.flatnonzero(base & (codes >= 0) & (own > 0))
-    if len(holding) == 0:
-        return nothing
-    best: tuple[float, int] | None = None
-    for code in np.unique(codes[holding]).tolist():
-        rows = holding[codes[holding] == code]
-        have = combine(own[rows], alloc[rows])
+    best: tuple[float, IntArray, FloatArray] | None = None
+    for _, rows, have in _domain_haves(demand, index, codes, holding, own, catalog):
         share = float(
             (np.minimum(have[positive], aggregate[positive]) / aggregate[positive]).mean()
         )
         if best is None or share > best[0] + 1e-12:
-            best = (share, int(code))
-    assert best is not None
-    share, code = best
-    if share < 0.5 - 1e-9:
+            best = (share, rows, have)
+    if best is None or best[0] < 0.5 - 1e-9:
         return nothing
-    rows = holding[codes[holding] == code]
-    have = combine(own[rows], alloc[rows])
+    _, rows, have = best
     lacking = settle_deficit(np.maximum(aggregate - have, 0.0), aggregate, tolerance)
-    if not np.count_nonzero(lacking):
-        return nothing
     value = catalog.labels(int(rows[0])).get(gang[0], "")
-    if not value:
+    if not np.count_nonzero(lacking) or not value:
         return nothing
-    there = reported_requirements(need.requirements, value)
+    there = reported_requirements(demand.needs[index].requirements, value)
     names = catalog.dims.names
     offered = np.zeros_like(aggregate)
     for offer in offers:

@@ -229,16 +229,12 @@ def test_every_count_and_have_reused_across_cycles_is_what_a_fresh_one_gives(
         return got
 
     def have(
-        sheet: Worksheet,
-        demand: object,
-        alloc: np.ndarray,
-        tolerance: float,
-        catalog: object = None,
+        sheet: Worksheet, demand: object, catalog: object, tolerance: float
     ) -> tuple[np.ndarray, list[int]]:
-        got = original_have(sheet, demand, alloc, tolerance, catalog)  # type: ignore[arg-type]
+        got = original_have(sheet, demand, catalog, tolerance)  # type: ignore[arg-type]
         cluster = demand.cluster  # type: ignore[attr-defined]
         kept = sheet.memo.have.pop(cluster, None)
-        fresh = original_have(sheet, demand, alloc, tolerance, catalog)  # type: ignore[arg-type]
+        fresh = original_have(sheet, demand, catalog, tolerance)  # type: ignore[arg-type]
         if kept is not None:
             sheet.memo.have[cluster] = kept
         assert got[0].tolist() == fresh[0].tolist(), cluster
