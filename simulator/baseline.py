@@ -189,13 +189,8 @@ class BaselinePolicy:
                 continue
             room = self._allocatable(mid)
             for name in names:
-                state = cluster.pods.get(name)
-                if (
-                    state is not None
-                    and name in cluster.pending
-                    and share.nominated.get(name) == mid
-                ):
-                    room = room - self._size(cluster, state.spec)
+                if name in cluster.pending and share.nominated.get(name) == mid:
+                    room = room - self._size(cluster, cluster.pods[name].spec)
             rooms[mid] = room
         left: list[PodSpec] = []
         for pod in waiting:

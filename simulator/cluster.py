@@ -388,6 +388,9 @@ class ClusterModel:
         totals: dict[tuple[tuple[Requirement, ...], bool], tuple[int, FloatArray]] = {}
         placed = 0
         gangs_tried: set[str] = set()
+        # Gangs with a pod running hold their domain; the others are placed whole or not at
+        # all. Read at the first gang pod the pass meets (most passes meet none).
+        running: set[str] | None = None
         # Room waiting gangs hold this pass (their pods wait on the nodes they were assumed on).
         held = np.zeros_like(self._alloc)
         for name in order:
@@ -395,13 +398,18 @@ class ClusterModel:
                 continue  # placed earlier in this pass, with its gang
             state = self.pods[name]
             pod = state.spec
-            if pod.colocation and not self._gang_pinned(pod):
-                # A gang none of whose pods runs is placed whole in one domain, or not at all.
-                if pod.colocation not in gangs_tried:
-                    gangs_tried.add(pod.colocation)
-                    members = [n for n in order if self.pods[n].spec.colocation == pod.colocation]
-                    placed += self._place_gang(members, now, held)
-                continue
+            if pod.colocation:
+                if running is None:
+                    running = self._running_gangs()
+                if pod.colocation not in running:
+                    # A gang none of whose pods runs is placed whole in one domain, or not at all.
+                    if pod.colocation not in gangs_tried:
+                        gangs_tried.add(pod.colocation)
+                        members = [
+                            n for n in order if self.pods[n].spec.colocation == pod.colocation
+                        ]
+                        placed += self._place_gang(members, now, held)
+                    continue
             placement, reservation, borrowing = self._vectors(pod)
             need = reservation if borrowing else placement
             reqs = self._gang_requirements(pod)
@@ -438,11 +446,9 @@ class ClusterModel:
                 self._close_gap(row, now)
         return placed
 
-    def _gang_pinned(self, pod: PodSpec) -> bool:
-        """Whether some pod of ``pod``'s gang runs (and so holds the gang's domain)."""
-        return any(
-            other.node and other.spec.colocation == pod.colocation for other in self.pods.values()
-        )
+    def _running_gangs(self) -> set[str]:
+        """The co-location groups with a pod placed (each holds the domain it runs in)."""
+        return {p.spec.colocation for p in self.pods.values() if p.node and p.spec.colocation}
 
     def _place_gang(self, members: list[str], now: float, held: FloatArray) -> int:
         """Place a gang's pending pods together in one domain of its key, or none of them.

@@ -162,19 +162,24 @@ def test_the_fleet_wants_a_shard_is_told_are_the_other_shards_shortfalls() -> No
     assert fleet_wants(views, receivers=["c"]) == {"c": (only,)}
 
 
+def holding(engine: ShardEngine, servers: int, rack: str, *, cluster: str = "c") -> None:
+    """``servers`` empty 8-GPU servers of ``rack``, configured for ``cluster``."""
+    fleet(
+        engine,
+        servers,
+        prefix=f"{cluster}-{rack}",
+        state=MachineState.CONFIGURED,
+        gpu=8.0,
+        cpu=96.0,
+        labels={RACK: rack},
+        cluster=cluster,
+    )
+
+
 def excess_shard() -> ShardEngine:
     """A shard whose cluster ``done`` holds two servers of rack r1 it no longer needs."""
     engine = ShardEngine(EngineConfig())
-    fleet(
-        engine,
-        2,
-        prefix="done-r1",
-        state=MachineState.CONFIGURED,
-        cluster="done",
-        gpu=8.0,
-        cpu=96.0,
-        labels={RACK: "r1"},
-    )
+    holding(engine, 2, "r1", cluster="done")
     apply(engine, rollup("done", 1), now=0)  # its gang has left: no need in force
     return engine
 
@@ -228,20 +233,6 @@ def test_a_spread_need_leaves_its_shards_idle_machines_to_an_older_want_too() ->
 # three empty servers of rack b-r03, freed by its previous gang; another shard held idle
 # servers of the same rack. A gang that runs nothing asked the coordinator for a whole rack
 # of four, which no shard held idle, and waited 9,591 s.
-
-
-def holding(engine: ShardEngine, servers: int, rack: str, *, cluster: str = "c") -> None:
-    """``servers`` empty 8-GPU servers of ``rack``, configured for ``cluster``."""
-    fleet(
-        engine,
-        servers,
-        prefix=f"held-{rack}",
-        state=MachineState.CONFIGURED,
-        gpu=8.0,
-        cpu=96.0,
-        labels={RACK: rack},
-        cluster=cluster,
-    )
 
 
 def idle_elsewhere(rack: str, count: int = 1) -> RemoteIdle:
