@@ -806,6 +806,7 @@ def _emit(
         profile = int(candidates[group])
         rows, pool = sheet.take(PoolKey(tier, -1, profile), machines)
         sheet.move_supply(cluster, profile, len(rows))
+        sheet.pick(cluster, demand.keys[index], profile, len(rows))
         sheet.drawn.add(profile)
         if not len(rows):
             continue

@@ -110,6 +110,15 @@ class Worksheet:
     rebinds: dict[int, list[tuple[str, str, int, float]]] = field(default_factory=dict)
     # Per cluster, machines this cycle took from the tails of its bound pools.
     tails: dict[int, int] = field(default_factory=dict)
+    # Per cluster, machines this cycle placed for each (need key, profile): bound to
+    # that need once committed, so counted as bound to it already (``counted``).
+    picked: dict[int, dict[tuple[str, int], int]] = field(default_factory=dict)
+    # Per cluster, machines picked so far (it only grows), and the last count with the
+    # picks added: (count read, machines picked then, keys, result).
+    _picks_made: dict[int, int] = field(default_factory=dict)
+    _with_picked: dict[int, tuple[Counted | None, int, Sequence[str], Counted | None]] = field(
+        default_factory=dict
+    )
     # This cycle's bound counts per (cluster, settled only), with what they depend on.
     seen_bound: dict[tuple[int, bool], tuple[tuple[Any, ...], tuple[int, int], Counted | None]] = (
         field(default_factory=dict)
@@ -190,7 +199,37 @@ class Worksheet:
         """
         if self.bindings is None:
             return None
-        return self._counted(cluster, keys, settled_only=settled_only)
+        found = self._counted(cluster, keys, settled_only=settled_only)
+        picked = self.picked.get(cluster)
+        if not picked or settled_only:
+            return found
+        # A claim reads the count once per supply row, and a cycle reads it again for
+        # every need that looks: the merge is kept while the count, picks and keys hold.
+        seen = self._with_picked.get(cluster)
+        made = self._picks_made[cluster]
+        if (
+            seen is not None
+            and seen[0] is found
+            and seen[1] == made
+            and (seen[2] is keys or seen[2] == keys)
+        ):
+            return seen[3]
+        merged = _with_picks(found, keys, picked)
+        self._with_picked[cluster] = (found, made, keys, merged)
+        return merged
+
+    def pick(self, cluster: int, key: str, profile: int, machines: int) -> None:
+        """Record that this cycle placed ``machines`` of ``profile`` for need ``key``.
+
+        Bindings are made at commit, so without this a later need of the
+        cluster would claim a share of machines the cycle just took for an
+        earlier one, look covered, and buy its own only at the next cycle.
+        """
+        if machines <= 0:
+            return
+        mine = self.picked.setdefault(cluster, {})
+        mine[(key, profile)] = mine.get((key, profile), 0) + machines
+        self._picks_made[cluster] = self._picks_made.get(cluster, 0) + machines
 
     def _counted(self, cluster: int, keys: Sequence[str], *, settled_only: bool) -> Counted | None:
         """:meth:`bound` per profile counted (``kernels.bound_tally``), kept while it holds."""
@@ -404,3 +443,22 @@ class Worksheet:
 
 _NO_ROWS: IntArray = np.zeros(0, dtype=np.int64)
 _NO_ROWS.flags.writeable = False
+
+
+def _with_picks(
+    found: Counted | None, keys: Sequence[str], picked: dict[tuple[str, int], int]
+) -> Counted | None:
+    """``found`` (bound machines per need over its profiles) with this cycle's picks added."""
+    row_of = {key: i for i, key in enumerate(keys)}
+    extra = [(row_of[key], profile, n) for (key, profile), n in picked.items() if key in row_of]
+    if not extra:
+        return found
+    known = found[0].tolist() if found is not None else []
+    profiles = sorted(set(known) | {profile for _, profile, _ in extra})
+    column = {profile: c for c, profile in enumerate(profiles)}
+    counts = np.zeros((len(keys), len(profiles)))
+    if found is not None:
+        counts[:, [column[p] for p in known]] = found[1]
+    for row, profile, n in extra:
+        counts[row, column[profile]] += n
+    return np.array(profiles, dtype=np.int64), counts

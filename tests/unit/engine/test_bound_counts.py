@@ -32,8 +32,20 @@ from shard_engine.needs import Demand
 from shard_engine.worksheet import Counted, Worksheet
 
 
-def recounted(sheet: Worksheet, cluster: int, keys: Sequence[str], settled_only: bool) -> Counted:
-    """The count by its definition, every row read."""
+def recounted(
+    sheet: Worksheet,
+    cluster: int,
+    keys: Sequence[str],
+    settled_only: bool,
+    *,
+    picks: bool = False,
+) -> Counted:
+    """The count by its definition, every row read; with ``picks``, this cycle's placements.
+
+    A machine the cycle placed for a need counts as bound to it (``Worksheet.pick``),
+    in the count a claim reads (``Worksheet.bound``); the rows' own count
+    (``Worksheet._bound``) is of bindings only.
+    """
     assert sheet.bindings is not None
     pools = sheet.inventory.pools
     rows: list[int] = []
@@ -49,6 +61,11 @@ def recounted(sheet: Worksheet, cluster: int, keys: Sequence[str], settled_only:
             continue
         column = counts.setdefault(int(profiles[row]), np.zeros(len(keys)))
         column[list(keys).index(bound[1])] += 1
+    if picks and not settled_only:
+        for (key, profile), machines in sheet.picked.get(cluster, {}).items():
+            if key in keys:
+                column = counts.setdefault(profile, np.zeros(len(keys)))
+                column[list(keys).index(key)] += machines
     present = sorted(counts)
     table = np.array([counts[p] for p in present]).T if present else np.zeros((len(keys), 0))
     return np.array(present, dtype=np.int64), table
@@ -216,7 +233,7 @@ def test_every_count_and_have_reused_across_cycles_is_what_a_fresh_one_gives(
         settled_only: bool = False,
     ) -> np.ndarray | None:
         got = original_bound(self, cluster, keys, columns, settled_only=settled_only)
-        present, table = recounted(self, cluster, keys, settled_only)
+        present, table = recounted(self, cluster, keys, settled_only, picks=True)
         expected = np.zeros((len(keys), len(columns)))
         for c, profile in enumerate(columns.tolist()):
             if profile in present.tolist():

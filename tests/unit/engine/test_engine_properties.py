@@ -15,7 +15,6 @@ from collections import Counter
 from dataclasses import replace
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -320,21 +319,14 @@ def test_with_nothing_configured_a_second_cycle_issues_no_action(
     assert second.actions == ()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known defect: a claim within a cycle does not count the machines this cycle "
-    "just took for an earlier need as that need's, so a later need claims a share of them "
-    "and buys its own only at the next cycle",
-)
 def test_a_narrow_need_after_a_broad_one_buys_in_the_first_cycle() -> None:
     # Found by the search above: five z0 slots and one idle z1 machine of 4 cores;
     # cluster c3 wants 2 cores anywhere (priority 1), 16 anywhere, then 2 in z0. The
     # first cycle gives the idle machine to the first need and four z0 slots to the
-    # second; the third, claiming a share of those four (not yet bound to the second
-    # need), looks covered, and buys the fifth slot only at the second cycle. (The two
-    # needs "anywhere" must differ, here by priority: with equal keys they merge into
-    # one, and the case does not arise.) Counting a cycle's own picks as bound fixes it
-    # but cost 10-40 % of the realistic bench's per-need time (see the issue note).
+    # second. The third used to claim a share of those four, not yet bound to the second
+    # need (bindings are made at commit), look covered, and buy the fifth slot only at
+    # the second cycle. A cycle's own picks now count as bound to the need they were
+    # made for (``Worksheet.pick``).
     engine = ShardEngine()
     for i, zone in enumerate(["z0"] * 5):
         engine.upsert_machine(machine(f"m{i}", state=MachineState.SPECULATIVE, zone=zone), now=0)
