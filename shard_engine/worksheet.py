@@ -449,16 +449,21 @@ def _with_picks(
     found: Counted | None, keys: Sequence[str], picked: dict[tuple[str, int], int]
 ) -> Counted | None:
     """``found`` (bound machines per need over its profiles) with this cycle's picks added."""
-    row_of = {key: i for i, key in enumerate(keys)}
-    extra = [(row_of[key], profile, n) for (key, profile), n in picked.items() if key in row_of]
+    extra = [(keys.index(key), profile, n) for (key, profile), n in picked.items() if key in keys]
     if not extra:
         return found
-    known = found[0].tolist() if found is not None else []
-    profiles = sorted(set(known) | {profile for _, profile, _ in extra})
+    known: list[int] = found[0].tolist() if found is not None else []
+    new = {profile for _, profile, _ in extra}.difference(known)
+    if found is not None and not new:
+        # The usual case: the picks are of profiles the cluster already holds.
+        profiles = known
+        counts = found[1].copy()
+    else:
+        profiles = sorted(new.union(known))
+        counts = np.zeros((len(keys), len(profiles)))
+        if found is not None:
+            counts[:, [profiles.index(p) for p in known]] = found[1]
     column = {profile: c for c, profile in enumerate(profiles)}
-    counts = np.zeros((len(keys), len(profiles)))
-    if found is not None:
-        counts[:, [column[p] for p in known]] = found[1]
     for row, profile, n in extra:
         counts[row, column[profile]] += n
     return np.array(profiles, dtype=np.int64), counts
