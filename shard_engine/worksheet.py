@@ -13,6 +13,7 @@ only if — the plan is committed. A dry run simply throws the worksheet away.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -452,18 +453,23 @@ def _with_picks(
     extra = [(keys.index(key), profile, n) for (key, profile), n in picked.items() if key in keys]
     if not extra:
         return found
-    known: list[int] = found[0].tolist() if found is not None else []
-    new = {profile for _, profile, _ in extra}.difference(known)
-    if found is not None and not new:
-        # The usual case: the picks are of profiles the cluster already holds.
-        profiles = known
-        counts = found[1].copy()
+    wanted = {profile for _, profile, _ in extra}
+    if found is None:
+        known = sorted(wanted)
+        profiles = np.array(known, dtype=np.int64)
+        counts = np.zeros((len(keys), len(known)))
     else:
-        profiles = sorted(new.union(known))
-        counts = np.zeros((len(keys), len(profiles)))
-        if found is not None:
-            counts[:, [profiles.index(p) for p in known]] = found[1]
-    column = {profile: c for c, profile in enumerate(profiles)}
+        profiles, counts = found
+        known = profiles.tolist()
+        new = wanted.difference(known)
+        if new:
+            # Profiles the cluster held none of: widen the count, its columns in place.
+            known = sorted(new.union(known))
+            profiles = np.array(known, dtype=np.int64)
+            counts = np.zeros((len(keys), len(known)))
+            counts[:, np.searchsorted(profiles, found[0])] = found[1]
+        else:
+            counts = counts.copy()
     for row, profile, n in extra:
-        counts[row, column[profile]] += n
-    return np.array(profiles, dtype=np.int64), counts
+        counts[row, bisect_left(known, profile)] += n
+    return profiles, counts
