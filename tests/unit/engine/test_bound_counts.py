@@ -455,3 +455,43 @@ def test_a_machine_the_cycle_names_leaves_its_clusters_counts_and_claims_at_once
     nothing_named = _worksheet(world)
     assert count(nothing_named) == before
     assert _same_claims(phase1.claims_now(nothing_named, demand, alloc), claims_before)
+
+
+def test_picks_merged_into_a_count_are_the_count_plus_each_pick() -> None:
+    """``_with_picks`` against its definition: counts holding none, some or all picked profiles.
+
+    It widens a count by sorted insertion when a pick is of a profile the
+    cluster holds none of, and copies it otherwise; either way the count it
+    was given is never written to (it is kept for later reads).
+    """
+    from shard_engine.worksheet import _with_picks
+
+    rng = random.Random(5)
+    for _ in range(2000):
+        keys = tuple(f"k{i}" for i in range(rng.randint(1, 6)))
+        held = sorted(rng.sample(range(12), rng.randint(0, 6)))
+        table = np.arange(len(keys) * len(held), dtype=float).reshape(len(keys), len(held))
+        found = (np.array(held, dtype=np.int64), table)
+        given = found[1].copy()
+        picked = {
+            (f"k{rng.randint(0, len(keys) + 1)}", rng.randint(0, 11)): rng.randint(1, 3)
+            for _ in range(rng.randint(1, 5))
+        }
+        expected: dict[int, np.ndarray] = {p: given[:, c] for c, p in enumerate(held)}
+        mine = False
+        for (key, profile), machines in picked.items():
+            if key in keys:
+                mine = True
+                column = expected.setdefault(profile, np.zeros(len(keys))).copy()
+                column[keys.index(key)] += machines
+                expected[profile] = column
+
+        got = _with_picks(found if held else None, keys, picked)
+
+        assert np.array_equal(found[1], given)
+        if not mine:
+            assert got is (found if held else None)
+            continue
+        assert got is not None
+        assert got[0].tolist() == sorted(expected)
+        assert np.array_equal(got[1], np.array([expected[p] for p in sorted(expected)]).T)
