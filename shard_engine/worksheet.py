@@ -114,10 +114,9 @@ class Worksheet:
     # Per cluster, machines this cycle placed for each (need key, profile): bound to
     # that need once committed, so counted as bound to it already (``counted``).
     picked: dict[int, dict[tuple[str, int], int]] = field(default_factory=dict)
-    # Per cluster, machines picked so far (it only grows), and the last count with the
-    # picks added: (count read, machines picked then, keys, result).
-    _picks_made: dict[int, int] = field(default_factory=dict)
-    _with_picked: dict[int, tuple[Counted | None, int, Sequence[str], Counted | None]] = field(
+    # Per cluster, the last count with its picks added: (count read, keys, result); a
+    # pick for the cluster drops it.
+    _with_picked: dict[int, tuple[Counted | None, Sequence[str], Counted | None]] = field(
         default_factory=dict
     )
     # This cycle's bound counts per (cluster, settled only), with what they depend on.
@@ -207,16 +206,10 @@ class Worksheet:
         # A claim reads the count once per supply row, and a cycle reads it again for
         # every need that looks: the merge is kept while the count, picks and keys hold.
         seen = self._with_picked.get(cluster)
-        made = self._picks_made[cluster]
-        if (
-            seen is not None
-            and seen[0] is found
-            and seen[1] == made
-            and (seen[2] is keys or seen[2] == keys)
-        ):
-            return seen[3]
+        if seen is not None and seen[0] is found and (seen[1] is keys or seen[1] == keys):
+            return seen[2]
         merged = _with_picks(found, keys, picked)
-        self._with_picked[cluster] = (found, made, keys, merged)
+        self._with_picked[cluster] = (found, keys, merged)
         return merged
 
     def pick(self, cluster: int, key: str, profile: int, machines: int) -> None:
@@ -230,7 +223,7 @@ class Worksheet:
             return
         mine = self.picked.setdefault(cluster, {})
         mine[(key, profile)] = mine.get((key, profile), 0) + machines
-        self._picks_made[cluster] = self._picks_made.get(cluster, 0) + machines
+        self._with_picked.pop(cluster, None)
 
     def _counted(self, cluster: int, keys: Sequence[str], *, settled_only: bool) -> Counted | None:
         """:meth:`bound` per profile counted (``kernels.bound_tally``), kept while it holds."""
