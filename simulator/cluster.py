@@ -87,6 +87,10 @@ class Counters:
     cut_off: list[tuple[int, float]] = field(default_factory=list)
     # co-location group (a gang) -> [members arrived, members placed at least once]
     gangs: dict[str, list[int]] = field(default_factory=dict)
+    # gang -> [its first member's arrival, the latest first placement of a member]
+    gang_times: dict[str, list[float]] = field(default_factory=dict)
+    # gangs a member of which the replay's end found never placed (ADR 0182)
+    gangs_cut: set[str] = field(default_factory=set)
 
 
 class ClusterModel:
@@ -248,6 +252,7 @@ class ClusterModel:
         self.pods[pod.name] = PodState(spec=pod, arrived=now)
         if pod.colocation:
             self.counters.gangs.setdefault(pod.colocation, [0, 0])[0] += 1
+            self.counters.gang_times.setdefault(pod.colocation, [now, math.nan])
         self._rank[pod.name] = (-pod.priority, now)
         request = pod.placement(gap=False) if pod.in_gap else pod.placement(gap=self.gap)
         self._keys[pod.name] = (need_key_of(pod), request)
@@ -266,6 +271,8 @@ class ClusterModel:
                 # The trace's pods still running at its end leave then; one still waiting
                 # has waited this long so far, which is all the replay can say (ADR 0175).
                 self.counters.cut_off.append((prio, now - state.arrived))
+                if state.spec.colocation:
+                    self.counters.gangs_cut.add(state.spec.colocation)
             else:
                 self.counters.abandoned.append((prio, now - state.arrived))
         if state.node:
@@ -332,6 +339,7 @@ class ClusterModel:
             self.counters.waits.append((state.spec.priority, now - state.arrived))
             if state.spec.colocation:
                 self.counters.gangs[state.spec.colocation][1] += 1
+                self.counters.gang_times[state.spec.colocation][1] = now
         self._on_node[row].add(state.spec.name)
         self.pending.pop(state.spec.name, None)
         self.dirty = True

@@ -23,7 +23,10 @@ and GPU-hours) and unschedulable pod-minutes (of which fragmentation). Gangs (po
 co-location group): how many arrived, their pods and how many of those were
 ever placed, and which gangs were placed whole (every member that arrived
 placed at least once), by ``cluster/gang``, so two policies' runs of one
-trace can be compared gang by gang.
+trace can be compared gang by gang; how long each gang placed whole took
+(its first member's arrival to its last member's first placement) and how
+long each gang the replay's end found with a member never placed had
+waited by then (ADR 0182).
 """
 
 from __future__ import annotations
@@ -114,14 +117,27 @@ class Recorder:
         flaps = joined = 0
         gangs = {"total": 0, "pods": 0, "pods_placed": 0}
         whole: list[str] = []
+        whole_s: dict[str, float] = {}  # gang -> its first arrival to its last member placed
+        cut_s: dict[str, float] = {}  # gang not whole that the end found waiting -> wait so far
         for cluster in clusters.values():
             c = cluster.counters
+            gangs_cut = set(c.gangs_cut)
+            gangs_cut.update(
+                p.spec.colocation
+                for p in cluster.pending_pods()
+                if p.spec.colocation and p.first_placed is None
+            )
             for gang, (arrived, placed) in c.gangs.items():
                 gangs["total"] += 1
                 gangs["pods"] += arrived
                 gangs["pods_placed"] += placed
+                name = f"{cluster.cluster_id}/{gang}"
+                first, last = c.gang_times[gang]
                 if placed >= arrived:
-                    whole.append(f"{cluster.cluster_id}/{gang}")
+                    whole.append(name)
+                    whole_s[name] = round(last - first, 1)
+                elif gang in gangs_cut:
+                    cut_s[name] = round(ended_at - first, 1)
             for priority, wait in c.waits:
                 waits.setdefault(priority, []).append(wait)
             for priority, wait in c.abandoned:
@@ -172,6 +188,12 @@ class Recorder:
             "stranded": stranded,
             "unschedulable_pod_minutes": round(self._pending_minutes, 1),
             "fragmentation_pod_minutes": round(self._fragment_minutes, 1),
-            "gangs": {**gangs, "placed_whole": len(whole), "whole": sorted(whole)},
+            "gangs": {
+                **gangs,
+                "placed_whole": len(whole),
+                "whole": sorted(whole),
+                "whole_s": dict(sorted(whole_s.items())),
+                "cut_off_s": dict(sorted(cut_s.items())),
+            },
             "actions": {k: int(v) for k, v in sorted(stats.items())},
         }

@@ -81,3 +81,38 @@ def test_a_run_counts_a_pod_arriving_just_before_its_end_as_waiting_there() -> N
         never = sum(t["never_placed"] for t in tiers.values())
         waiting = sum(t["waiting_at_end"] for t in tiers.values())
         assert (placed, never, waiting) == (1, 0, 1), (policy, tiers)
+
+
+def _gang_pod(name: str, gang: str) -> PodSpec:
+    return PodSpec.build(
+        name,
+        {"cpu": 4.0, "memory": 2.0**30},
+        priority=100,
+        colocation=gang,
+        colocation_key="topology.kubernetes.io/zone",
+    )
+
+
+def test_a_gang_records_how_long_it_took_or_how_long_the_end_found_it_waiting() -> None:
+    """ADR 0182: a gang placed whole took its first arrival to its last first placement."""
+    cluster = ClusterModel("c", heuristic=Heuristic.DOT_PRODUCT, gap=True, ends_at=END)
+    cluster.arrive(_gang_pod("a-0", "a"), 100.0)
+    cluster.arrive(_gang_pod("a-1", "a"), 110.0)
+    zone = {"topology.kubernetes.io/zone": "z1"}
+    cluster.add_node("n1", {"cpu": 4.0, "memory": 4 * 2.0**30}, zone, 150.0)
+    assert cluster.schedule(150.0) == 0  # a gang runs whole or not at all
+    cluster.add_node("n2", {"cpu": 4.0, "memory": 4 * 2.0**30}, zone, 190.0)
+    assert cluster.schedule(190.0) == 2
+    cluster.arrive(_gang_pod("b-0", "b"), END - 80.0)
+    cluster.arrive(_gang_pod("b-1", "b"), END - 80.0)
+    cluster.leave("b-0", END)
+    cluster.leave("b-1", END)
+    cluster.arrive(_gang_pod("c-0", "c"), 200.0)
+    cluster.leave("c-0", 500.0)  # deleted unplaced: a miss, not cut off
+    summary = Recorder(sample_s=60.0).summary(
+        cost=0.0, clusters={"c": cluster}, stats={}, ended_at=END
+    )
+    gangs = summary["gangs"]
+    assert gangs["whole"] == ["c/a"]
+    assert gangs["whole_s"] == {"c/a": 90.0}
+    assert gangs["cut_off_s"] == {"c/b": 80.0}
