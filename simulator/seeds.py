@@ -213,15 +213,47 @@ def _gang_figures(
     the same racks, which of them starts first is a matter of order, and
     the count of gangs placed whole (held to at least the baseline's) says
     whether the fleet served as many.
+
+    A gang one side placed whole and the other had not when the replay
+    ended, having waited no longer than the first side took to place it
+    plus the tail goals' slack, is undecided (ADR 0182): the replay stopped
+    before the other side could be late. It is not a miss of either goal
+    (the count goal compares the gangs placed whole less the undecided
+    ones; the counts shown are every gang placed whole), and its own row
+    shows how many there were. Summaries written before ADR 0182 carry no
+    times, so none of their gangs is undecided.
     """
 
     def whole(summary: Summary) -> set[str]:
         return set(summary["gangs"].get("whole", ()))
 
-    missed_by_cand = tuple(float(len(whole(r) - whole(c))) for c, r in zip(cand, ref, strict=True))
-    missed_by_ref = tuple(float(len(whole(c) - whole(r))) for c, r in zip(cand, ref, strict=True))
+    def undecided(late: Summary, placed: Summary) -> set[str]:
+        """Gangs ``placed`` placed whole that ``late`` was still waiting for, within the slack."""
+        took: dict[str, float] = placed["gangs"].get("whole_s", {})
+        cut: dict[str, float] = late["gangs"].get("cut_off_s", {})
+        return {
+            g
+            for g, waited in cut.items()
+            if g in took and g not in whole(late) and waited <= took[g] + P99_SLACK_S
+        }
+
+    cut_c = [undecided(c, r) for c, r in zip(cand, ref, strict=True)]
+    cut_r = [undecided(r, c) for c, r in zip(cand, ref, strict=True)]
+    open_ = [a | b for a, b in zip(cut_c, cut_r, strict=True)]
+    missed_by_cand = tuple(
+        float(len(whole(r) - whole(c) - u)) for c, r, u in zip(cand, ref, open_, strict=True)
+    )
+    missed_by_ref = tuple(
+        float(len(whole(c) - whole(r) - u)) for c, r, u in zip(cand, ref, open_, strict=True)
+    )
     placed_c = tuple(float(len(whole(c))) for c in cand)
     placed_r = tuple(float(len(whole(r))) for r in ref)
+    # The count goal compares the gangs the replay decided.
+    fewer = tuple(
+        s
+        for s, c, r, u in zip(seeds, cand, ref, open_, strict=True)
+        if len(whole(c) - u) < len(whole(r) - u)
+    )
     return [
         Figure(
             "gang pods placed",
@@ -235,7 +267,7 @@ def _gang_figures(
             placed_c,
             placed_r,
             "≥ baseline",
-            tuple(s for s, c, r in zip(seeds, placed_c, placed_r, strict=True) if c < r),
+            fewer,
         ),
         Figure(
             "gangs the other placed whole, not placed whole",
@@ -243,6 +275,13 @@ def _gang_figures(
             missed_by_ref,
             "0",
             tuple(s for s, m in zip(seeds, missed_by_cand, strict=True) if m > 0),
+        ),
+        Figure(
+            "gangs the end cut off within the other's time + slack",
+            tuple(float(len(u)) for u in cut_c),
+            tuple(float(len(u)) for u in cut_r),
+            "",
+            (),
         ),
     ]
 

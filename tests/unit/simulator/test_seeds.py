@@ -215,3 +215,53 @@ def test_fewer_gangs_placed_whole_than_the_baseline_misses_the_count_goal() -> N
     }
     whole = _by_label(compare(runs))["gangs placed whole"]
     assert (whole.candidate, whole.reference, whole.missed) == ((1.0,), (2.0,), (1,))
+
+
+def _timed_gangs(
+    summary: dict[str, Any], whole: dict[str, float], cut: dict[str, float]
+) -> dict[str, Any]:
+    return {
+        **summary,
+        "gangs": {"pods_placed": 0, "whole": sorted(whole), "whole_s": whole, "cut_off_s": cut},
+    }
+
+
+def test_a_gang_the_end_cut_off_within_the_others_time_and_slack_is_no_miss() -> None:
+    # The baseline placed c1/g1 whole in 80 s; bigfleet had waited 83 s for it when the
+    # replay ended (within 80 + 30 s): undecided. At seed 2 it had waited 111 s: late,
+    # whatever came next, so a miss of both gang goals.
+    runs = {
+        1: {
+            "bigfleet": _timed_gangs(RUNS[1]["bigfleet"], {"c1/g0": 10.0}, {"c1/g1": 83.0}),
+            "baseline": _timed_gangs(RUNS[1]["baseline"], {"c1/g0": 12.0, "c1/g1": 80.0}, {}),
+        },
+        2: {
+            "bigfleet": _timed_gangs(RUNS[2]["bigfleet"], {"c1/g0": 10.0}, {"c1/g1": 111.0}),
+            "baseline": _timed_gangs(RUNS[2]["baseline"], {"c1/g0": 12.0, "c1/g1": 80.0}, {}),
+        },
+    }
+    figures = _by_label(compare(runs))
+    whole = figures["gangs placed whole"]
+    # The counts are every gang placed whole; the goal compares the decided ones.
+    assert (whole.candidate, whole.reference, whole.missed) == ((1.0, 1.0), (2.0, 2.0), (2,))
+    missed = figures["gangs the other placed whole, not placed whole"]
+    assert (missed.candidate, missed.missed) == ((0.0, 1.0), (2,))
+    cut = figures["gangs the end cut off within the other's time + slack"]
+    assert (cut.candidate, cut.reference, cut.goal) == ((1.0, 0.0), (0.0, 0.0), "")
+
+
+def test_the_end_cutting_off_the_baseline_counts_for_neither_side() -> None:
+    # bigfleet placed c1/g2 whole in 50 s; the baseline had waited 70 s for it at the end
+    # (within 50 + 30 s), and 200 s for c1/g3 (placed by bigfleet in 60 s): the baseline
+    # misses c1/g3 only.
+    runs = {
+        1: {
+            "bigfleet": _timed_gangs(RUNS[1]["bigfleet"], {"c1/g2": 50.0, "c1/g3": 60.0}, {}),
+            "baseline": _timed_gangs(RUNS[1]["baseline"], {}, {"c1/g2": 70.0, "c1/g3": 200.0}),
+        },
+    }
+    figures = _by_label(compare(runs))
+    missed = figures["gangs the other placed whole, not placed whole"]
+    assert (missed.candidate, missed.reference) == ((0.0,), (1.0,))
+    cut = figures["gangs the end cut off within the other's time + slack"]
+    assert (cut.candidate, cut.reference) == ((0.0,), (1.0,))
