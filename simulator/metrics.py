@@ -122,11 +122,11 @@ class Recorder:
         for cluster in clusters.values():
             c = cluster.counters
             gangs_cut = set(c.gangs_cut)
-            gangs_cut.update(
-                p.spec.colocation
-                for p in cluster.pending_pods()
-                if p.spec.colocation and p.first_placed is None
-            )
+            for state in cluster.pending_pods():  # a trace whose pods outlive the replay
+                if state.first_placed is None:
+                    cut.setdefault(state.spec.priority, []).append(ended_at - state.arrived)
+                    if state.spec.colocation:
+                        gangs_cut.add(state.spec.colocation)
             for gang, (arrived, placed) in c.gangs.items():
                 gangs["total"] += 1
                 gangs["pods"] += arrived
@@ -144,9 +144,6 @@ class Recorder:
                 gone.setdefault(priority, []).append(wait)
             for priority, wait in c.cut_off:
                 cut.setdefault(priority, []).append(wait)
-            for state in cluster.pending_pods():  # a trace whose pods outlive the replay
-                if state.first_placed is None:
-                    cut.setdefault(state.spec.priority, []).append(ended_at - state.arrived)
             totals["preempt"] += c.evicted_preempt
             totals["reclaim"] += c.evicted_reclaim
             totals["interrupt"] += c.evicted_interrupt

@@ -228,14 +228,13 @@ def _gang_figures(
         return set(summary["gangs"].get("whole", ()))
 
     def undecided(late: Summary, placed: Summary) -> set[str]:
-        """Gangs ``placed`` placed whole that ``late`` was still waiting for, within the slack."""
+        """Gangs ``placed`` placed whole that ``late`` was still waiting for, within the slack.
+
+        ``cut_off_s`` holds only gangs not placed whole (``Recorder.summary``).
+        """
         took: dict[str, float] = placed["gangs"].get("whole_s", {})
         cut: dict[str, float] = late["gangs"].get("cut_off_s", {})
-        return {
-            g
-            for g, waited in cut.items()
-            if g in took and g not in whole(late) and waited <= took[g] + P99_SLACK_S
-        }
+        return {g for g, waited in cut.items() if g in took and waited <= took[g] + P99_SLACK_S}
 
     cut_c = [undecided(c, r) for c, r in zip(cand, ref, strict=True)]
     cut_r = [undecided(r, c) for c, r in zip(cand, ref, strict=True)]
