@@ -7,8 +7,9 @@
     release_machines    (donor, kind "preempt") the drained victims that reached IDLE move
     retire_machines     (any)       a decommissioned domain's machines are quarantined
                                     for good (configured ones drained first)
-    adopt_machines      (receiver)  machines the ledger now records as ours are owned,
-                                    observed, and continue above the donor's sequences
+    adopt_machines      (receiver)  machines the ledger now records as ours are read, then
+                                    owned and observed as one batch, and continue above
+                                    the donor's sequences
 
 Which machines move is decided by pure functions of the engine
 (``shard_engine.transfers``: ``choose_donations`` and
@@ -21,7 +22,9 @@ Every instruction is checked against the highest coordinator term seen first
 this shard's machines one instruction may move. A machine leaves the shard
 by one call, ``ShardState.give_away``, with no await between choosing and
 removing it, so a cycle cannot plan on it meanwhile; any the ledger refuses
-come back unchanged (``ShardState.take_back``).
+come back unchanged (``ShardState.take_back``). Machines arrive the same way:
+every read first, then the whole batch with no await between, so a cycle
+never plans with half of it.
 
 Production and ``bigfleet simulate`` run this same class. It reaches the
 outside through four ports, so it imports no Temporal, SQL or gRPC:
@@ -325,16 +328,22 @@ class CrossShardTransfers(Generic[E]):
             r.machine_id: r
             for r in await self._ledger.machines_by_id([m.machine_id for m in inp.machines])
         }
+        ours = [
+            (target, row)
+            for target in inp.machines
+            if (row := rows.get(target.machine_id)) is not None and row.shard_id == self._shard_id
+        ]
+        # Every read first, then the whole batch taken with no await between: a
+        # cycle plans with all of the machines or none of them, never a part of
+        # a batch that one read too slow cut in two (the donor's side, give_away,
+        # is just as atomic).
+        sightings = [await self._reads.read(t.provider, t.machine_id) for t, _ in ours]
         adopted = 0
-        for target in inp.machines:
-            row = rows.get(target.machine_id)
-            if row is None or row.shard_id != self._shard_id:
-                continue
+        for (target, row), sighting in zip(ours, sightings, strict=True):
             # Continue above the previous owner's operation sequence, or our outcomes
             # would be discarded as stale by record_operation's compare-and-set.
             self._sequences.advance_to(target.machine_id, row.operation_seq)
             self._state.hold(target.machine_id, target.provider)
-            sighting = await self._reads.read(target.provider, target.machine_id)
             if sighting is None:
                 log.warning("adopting %s: not read (will load on next List)", target.machine_id)
                 continue

@@ -88,7 +88,8 @@ async def test_a_shadow_shard_records_what_it_would_do_and_never_acts(world: Wor
         await eventually(lambda: shard.cycles >= cycles + 5, within=60, what="five more cycles")
         provisions = await _provisions(decisions, started) or []
 
-        # Decided once: five machines, recorded once each, every row in shadow mode.
+        # Decided once: eight machines, recorded once each, all in one cycle, every row in
+        # shadow mode (the coordinator deals them in one batch, which the shard adopts whole).
         # (every m6i.large the shard holds: at 8 GiB a machine offers less than 8 GiB)
         assert len(provisions) == len({d.machine_id for d in provisions}) == 8
         assert len({d.cycle for d in provisions}) == 1
