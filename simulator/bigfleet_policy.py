@@ -93,6 +93,7 @@ from simulator.engines import (
     WorkerEngines,
 )
 from simulator.fleet import Fleet
+from workflows.contracts import MachineTarget
 from workflows.coordinator_contracts import AdoptInput, ReleaseInput
 
 __all__ = ["BigFleetOptions", "BigFleetPolicy", "CoreTap"]
@@ -212,7 +213,10 @@ class _Reads:
     def __init__(self, shard: _Shard) -> None:
         self._policy = shard.policy
 
-    async def read(self, provider: str, machine_id: str) -> Sighting | None:
+    async def read_many(self, machines: Sequence[MachineTarget]) -> list[Sighting | None]:
+        return [self._read(m.provider, m.machine_id) for m in machines]
+
+    def _read(self, provider: str, machine_id: str) -> Sighting | None:
         try:
             record = self._policy.fleet.machine(provider, machine_id)
         except KeyError:

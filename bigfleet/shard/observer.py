@@ -15,8 +15,9 @@ provider still reports it in motion (all three kept by ``ShardState.observe``).
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from activities.context import ProviderCalls
 from bigfleet.attribution import META_NEED, META_PRIORITY
@@ -25,10 +26,14 @@ from bigfleet.shard.state import ShardState, Sighting, Workload
 from bigfleet.v1alpha1 import provider_pb2
 from providers.errors import ProviderError
 from shard_engine.engine import ShardEngine
+from workflows.contracts import MachineTarget
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ProviderObserver"]
+__all__ = ["READS_IN_FLIGHT", "ProviderObserver"]
+
+READS_IN_FLIGHT = 16
+"""The most provider Gets one batch of reads has in flight at once."""
 
 
 class ProviderObserver:
@@ -84,11 +89,24 @@ class ProviderObserver:
         if sighting is not None:
             self._state.observe(sighting.record, sighting.workload)
 
+    async def read_many(self, machines: Sequence[MachineTarget]) -> list[Sighting | None]:
+        """Get each machine from its provider, at most ``READS_IN_FLIGHT`` at a time; in order.
+
+        What a transfer adopts or hands over is read this way: a batch of a
+        few hundred machines costs a few round trips, not one per machine.
+        """
+        gate = asyncio.Semaphore(READS_IN_FLIGHT)
+
+        async def one(target: MachineTarget) -> Sighting | None:
+            async with gate:
+                return await self.read(target.provider, target.machine_id)
+
+        return list(await asyncio.gather(*(one(t) for t in machines)))
+
     async def read(self, provider: str, machine_id: str) -> Sighting | None:
         """Get one machine from its provider, without folding it in (None: unreadable).
 
-        The read the cross-shard transfers make of a machine they adopt or hand
-        over; a failed read is logged and counts as no answer.
+        A failed read is logged and counts as no answer.
         """
         try:
             machine = await self.provider(provider).get(machine_id)

@@ -31,8 +31,8 @@ outside through four ports, so it imports no Temporal, SQL or gRPC:
 
     ledger      who owns each machine (production: PostgreSQL, by compare-and-set;
                 the simulator: its ownership map)
-    reads       one machine read from its provider (production: the provider's Get;
-                the simulator: the provider cores)
+    reads       machines read from their providers (production: the providers' Gets,
+                several at once; the simulator: the provider cores)
     choices     the donor's choices (production: over the engine in this process;
                 the simulator: wherever its engines live)
     deadlines   the deadlines a prepared drain carries (the executor's policy)
@@ -100,9 +100,11 @@ class OwnershipLedger(Protocol):
 
 
 class MachineReads(Protocol):
-    """One machine read from its provider (``ProviderObserver.read`` in production)."""
+    """Machines read from their providers (``ProviderObserver`` in production)."""
 
-    async def read(self, provider: str, machine_id: str) -> Sighting | None: ...
+    async def read_many(self, machines: Sequence[MachineTarget]) -> list[Sighting | None]:
+        """Each machine's sighting, in the order given (None: it could not be read)."""
+        ...
 
 
 class CrossShardTransfers(Generic[E]):
@@ -257,16 +259,17 @@ class CrossShardTransfers(Generic[E]):
 
     async def _hand_over_drained(self, inp: co.ReleaseInput) -> co.ReleaseResult:
         """After a cross-shard preemption: move the victims that reached IDLE."""
-        mine = self._state.leaving_for(inp.term, inp.seq)
+        mine = [
+            MachineTarget(m, self._state.provider_of(m) or "")
+            for m in self._state.leaving_for(inp.term, inp.seq)
+        ]
         ready: list[MachineTarget] = []
-        for machine_id in mine:
-            provider = self._state.provider_of(machine_id) or ""
-            sighting = await self._reads.read(provider, machine_id)
+        for target, sighting in zip(mine, await self._reads.read_many(mine), strict=True):
             if sighting is not None and sighting.record.state is MachineState.IDLE:
-                ready.append(MachineTarget(machine_id, provider))
+                ready.append(target)
             else:
                 # The drain did not finish: the machine stays ours and rejoins the engine.
-                self._state.stay(machine_id)
+                self._state.stay(target.machine_id)
                 if sighting is not None:
                     self._state.observe(sighting.record, sighting.workload)
         departure = self._state.give_away([t.machine_id for t in ready])
@@ -337,7 +340,7 @@ class CrossShardTransfers(Generic[E]):
         # cycle plans with all of the machines or none of them, never a part of
         # a batch that one read too slow cut in two (the donor's side, give_away,
         # is just as atomic).
-        sightings = [await self._reads.read(t.provider, t.machine_id) for t, _ in ours]
+        sightings = await self._reads.read_many([t for t, _ in ours])
         adopted = 0
         for (target, row), sighting in zip(ours, sightings, strict=True):
             # Continue above the previous owner's operation sequence, or our outcomes

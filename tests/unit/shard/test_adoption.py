@@ -67,9 +67,9 @@ class SlowReads:
             return None
         return Sighting(_record(machine_id), Workload())
 
-    async def read(self, provider: str, machine_id: str) -> Sighting | None:
-        assert provider == "simcloud"
-        return await self.read_one(machine_id)
+    async def read_many(self, machines: Sequence[MachineTarget]) -> list[Sighting | None]:
+        assert {m.provider for m in machines} <= {"simcloud"}
+        return [await self.read_one(m.machine_id) for m in machines]
 
 
 class Idle:
