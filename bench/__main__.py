@@ -10,7 +10,9 @@ time every 10 s, with a plot), ``reconcile`` (one
 comparison of providers, record and engine), ``probe`` (one container
 healthcheck, ``bigfleet health``), ``adoption`` (what budgets and the
 decision log cost a burst cycle), ``budgets`` (cycle time with 0 and
-10 budgets at 100K machines), ``all`` (every suite in turn).
+10 budgets at 100K machines), ``reads`` (a shard reading a batch of
+machines one Get after another or several at once), ``all`` (every suite
+in turn).
 Each line is
 ``{"bench": ..., "metric": ..., "value": ..., "unit": ...}``.
 """
@@ -33,6 +35,7 @@ SUITES = {
     "probe": "bench.probe",
     "adoption": "bench.adoption",
     "budgets": "bench.budgets",
+    "reads": "bench.reads",
 }
 
 
