@@ -94,6 +94,8 @@ class ProviderObserver:
 
         What a transfer adopts or hands over is read this way: a batch of a
         few hundred machines costs a few round trips, not one per machine.
+        An error ``read`` does not answer with None (not a provider's) is
+        raised once every read has ended, so none is left running behind it.
         """
         gate = asyncio.Semaphore(READS_IN_FLIGHT)
 
@@ -101,7 +103,13 @@ class ProviderObserver:
             async with gate:
                 return await self.read(target.provider, target.machine_id)
 
-        return list(await asyncio.gather(*(one(t) for t in machines)))
+        answers = await asyncio.gather(*(one(t) for t in machines), return_exceptions=True)
+        sightings: list[Sighting | None] = []
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                raise answer
+            sightings.append(answer)
+        return sightings
 
     async def read(self, provider: str, machine_id: str) -> Sighting | None:
         """Get one machine from its provider, without folding it in (None: unreadable).

@@ -29,15 +29,19 @@ class Counting(ProviderClient):
 
     in_flight = 0
     most = 0
+    ended = 0
 
     async def get(self, machine_id: str) -> provider_pb2.Machine:
         self.in_flight += 1
         self.most = max(self.most, self.in_flight)
         try:
             await asyncio.sleep(0.005)
+            if machine_id == "breaks-the-client":
+                raise RuntimeError("not a provider's error: a fault of the client itself")
             return await super().get(machine_id)
         finally:
             self.in_flight -= 1
+            self.ended += 1
 
 
 @pytest.fixture
@@ -76,5 +80,23 @@ async def test_a_batch_is_read_in_order_with_a_bounded_number_of_gets_in_flight(
         # Read, not folded in: the shard's state holds none of them.
         assert list(state.machines()) == [] and not state.owned
         assert await observer.read_many([]) == []
+    finally:
+        await client.close()
+
+
+async def test_an_error_that_is_not_the_providers_is_raised_after_every_read_has_ended(
+    provider: RunningProvider,
+) -> None:
+    client = Counting(provider.address)
+    try:
+        ids = [m.id for m in (await client.list()).machines]
+        targets = [MachineTarget(m, "simcloud") for m in ids * 3]
+        targets.insert(3, MachineTarget("breaks-the-client", "simcloud"))
+        state = ShardState(ShardEngine(EngineConfig()), clock=lambda: 0.0)
+        observer = ProviderObserver({"simcloud": client}, state=state)
+        with pytest.raises(RuntimeError, match="a fault of the client itself"):
+            await observer.read_many(targets)
+        # Raised once every Get had ended: none is left running behind the error.
+        assert client.in_flight == 0 and client.ended == len(targets)
     finally:
         await client.close()
