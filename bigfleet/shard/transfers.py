@@ -5,8 +5,9 @@
     prepare_preemption  (donor)     victims for another shard's need leave the engine;
                                     one drain each (started by the coordinator)
     release_machines    (donor, kind "preempt") the drained victims that reached IDLE move
-    retire_machines     (any)       a decommissioned domain's machines are quarantined
-                                    for good (configured ones drained first)
+    retire_machines     (any)       a decommissioned domain's machines leave the engine at
+                                    once, then are quarantined for good (configured ones
+                                    drained first)
     adopt_machines      (receiver)  machines the ledger now records as ours are read, then
                                     owned and observed as one batch, and continue above
                                     the donor's sequences
@@ -45,7 +46,7 @@ from collections.abc import Callable, Sequence
 from typing import Generic, Protocol, TypeVar
 
 from bigfleet.shard.choices import DonorChoices
-from bigfleet.shard.core import ShardCore
+from bigfleet.shard.core import Operation, ShardCore
 from bigfleet.shard.sequences import OperationSequences
 from bigfleet.shard.state import EngineView, ShardState, Sighting
 from bigfleet.shard.terms import CoordinatorTerms
@@ -300,23 +301,45 @@ class CrossShardTransfers(Generic[E]):
         with the default grace, and its cluster sees the loss and replaces
         it. A machine in the middle of an operation is left for the next
         decommission round (it is not counted as retired).
+
+        Every machine chosen leaves the engine before the first await, as a
+        release does: a cycle that runs while the quarantines are written
+        cannot start an operation on one. Each drain is built from the
+        machine's record before it leaves. One the ownership record refuses,
+        and every one not yet recorded when the store fails, comes back.
         """
-        retired = draining = 0
         busy = set(self._state.engine.in_flight())
-        for machine_id in inp.machine_ids:
-            if not self._state.owns(machine_id) or machine_id in busy:
-                continue
-            if not await self._ledger.quarantine(machine_id, self._shard_id, inp.reason):
-                continue
+        chosen = [
+            m for m in dict.fromkeys(inp.machine_ids) if self._state.owns(m) and m not in busy
+        ]
+        grace = self._config.grace_default_seconds
+        drains: dict[str, list[Operation]] = {}
+        for machine_id in chosen:
             record = self._state.machine(machine_id)
             if record is not None and record.state == MachineState.CONFIGURED and record.cluster:
-                grace = self._config.grace_default_seconds
-                await self._core.execute(
-                    (Reclaim(machine_id, record.cluster, grace, reason=REASON_DECOMMISSION),)
+                drains[machine_id] = self._core.operations(
+                    Reclaim(machine_id, record.cluster, grace, reason=REASON_DECOMMISSION)
                 )
-                draining += 1
-            self._state.quarantine(machine_id, inp.reason)
-            retired += 1
+        departure = self._state.give_away(chosen)
+        retired = draining = 0
+        pending = list(chosen)
+        try:
+            while pending:
+                machine_id = pending[0]
+                recorded = await self._ledger.quarantine(machine_id, self._shard_id, inp.reason)
+                pending.pop(0)
+                self._state.take_back(departure, [machine_id])
+                if not recorded:
+                    continue  # not ours by the record: back in use as it was
+                self._state.quarantine(machine_id, inp.reason)
+                retired += 1
+                for op in drains.get(machine_id, ()):
+                    if (await self._core.actuator.start(op)).refused:
+                        log.warning("retiring %s: its drain was refused", machine_id)
+                    else:
+                        draining += 1
+        finally:
+            self._state.take_back(departure, pending)
         log.info("retired %d machines (%d draining first): %s", retired, draining, inp.reason)
         return co.RetireResult(retired, draining)
 
