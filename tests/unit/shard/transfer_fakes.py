@@ -113,6 +113,7 @@ def _machines(op: Operation) -> tuple[MachineRecord, ...]:
 
 
 def record(mid: str, state: MachineState = MachineState.IDLE, cluster: str = "") -> MachineRecord:
+    """An on-demand m6i.large of the shard's one provider (no host while speculative)."""
     return MachineRecord(
         id=mid,
         state=state,
@@ -124,7 +125,7 @@ def record(mid: str, state: MachineState = MachineState.IDLE, cluster: str = "")
         interruption_probability=0.0,
         allocatable={"cpu": 2.0, "memory": 8.0},
         cluster=cluster,
-        host_ref=f"host-{mid}",
+        host_ref="" if state is MachineState.SPECULATIVE else f"host-{mid}",
     )
 
 
