@@ -321,14 +321,12 @@ class CrossShardTransfers(Generic[E]):
                     Reclaim(machine_id, record.cluster, grace, reason=REASON_DECOMMISSION)
                 )
         departure = self._state.give_away(chosen)
-        retired = draining = 0
-        pending = list(chosen)
+        retired = draining = done = 0
         try:
-            while pending:
-                machine_id = pending[0]
+            for machine_id in chosen:
                 recorded = await self._ledger.quarantine(machine_id, self._shard_id, inp.reason)
-                pending.pop(0)
                 self._state.take_back(departure, [machine_id])
+                done += 1
                 if not recorded:
                     continue  # not ours by the record: back in use as it was
                 self._state.quarantine(machine_id, inp.reason)
@@ -339,7 +337,7 @@ class CrossShardTransfers(Generic[E]):
                     else:
                         draining += 1
         finally:
-            self._state.take_back(departure, pending)
+            self._state.take_back(departure, chosen[done:])  # not recorded yet: back in use
         log.info("retired %d machines (%d draining first): %s", retired, draining, inp.reason)
         return co.RetireResult(retired, draining)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import pytest
 
@@ -54,49 +55,57 @@ async def provider() -> AsyncIterator[RunningProvider]:
         await running.stop(grace=None)
 
 
-async def test_a_batch_is_read_in_order_with_a_bounded_number_of_gets_in_flight(
-    provider: RunningProvider,
-) -> None:
+@dataclass
+class Reader:
+    """The counting client over the provider, the shard state and the observer reading it."""
+
+    client: Counting
+    ids: list[str]
+    state: ShardState[ShardEngine]
+    observer: ProviderObserver
+
+
+@pytest.fixture
+async def reader(provider: RunningProvider) -> AsyncIterator[Reader]:
     client = Counting(provider.address)
     try:
         ids = [m.id for m in (await client.list()).machines]
-        assert len(ids) == 12  # the tiny cloud: four GPU slots and eight small ones
-        # Every machine three times, an unknown one, and one of a provider not given.
-        targets = [MachineTarget(m, "simcloud") for m in ids * 3]
-        targets.insert(5, MachineTarget("no-such-machine", "simcloud"))
-        targets.insert(20, MachineTarget(ids[0], "elsewhere"))
         state = ShardState(ShardEngine(EngineConfig()), clock=lambda: 0.0)
-        observer = ProviderObserver({"simcloud": client}, state=state)
-
-        sightings = await observer.read_many(targets)
-
-        assert len(sightings) == len(targets) == 38
-        read = [s.record.id if s is not None else None for s in sightings]
-        expected = [t.machine_id if t.provider == "simcloud" else None for t in targets]
-        expected[5] = None
-        assert read == expected
-        assert 1 < client.most <= READS_IN_FLIGHT
-        assert client.in_flight == 0
-        # Read, not folded in: the shard's state holds none of them.
-        assert list(state.machines()) == [] and not state.owned
-        assert await observer.read_many([]) == []
+        yield Reader(client, ids, state, ProviderObserver({"simcloud": client}, state=state))
     finally:
         await client.close()
+
+
+async def test_a_batch_is_read_in_order_with_a_bounded_number_of_gets_in_flight(
+    reader: Reader,
+) -> None:
+    ids, client = reader.ids, reader.client
+    assert len(ids) == 12  # the tiny cloud: four GPU slots and eight small ones
+    # Every machine three times, an unknown one, and one of a provider not given.
+    targets = [MachineTarget(m, "simcloud") for m in ids * 3]
+    targets.insert(5, MachineTarget("no-such-machine", "simcloud"))
+    targets.insert(20, MachineTarget(ids[0], "elsewhere"))
+
+    sightings = await reader.observer.read_many(targets)
+
+    assert len(sightings) == len(targets) == 38
+    read = [s.record.id if s is not None else None for s in sightings]
+    expected = [t.machine_id if t.provider == "simcloud" else None for t in targets]
+    expected[5] = None
+    assert read == expected
+    assert 1 < client.most <= READS_IN_FLIGHT
+    assert client.in_flight == 0
+    # Read, not folded in: the shard's state holds none of them.
+    assert list(reader.state.machines()) == [] and not reader.state.owned
+    assert await reader.observer.read_many([]) == []
 
 
 async def test_an_error_that_is_not_the_providers_is_raised_after_every_read_has_ended(
-    provider: RunningProvider,
+    reader: Reader,
 ) -> None:
-    client = Counting(provider.address)
-    try:
-        ids = [m.id for m in (await client.list()).machines]
-        targets = [MachineTarget(m, "simcloud") for m in ids * 3]
-        targets.insert(3, MachineTarget("breaks-the-client", "simcloud"))
-        state = ShardState(ShardEngine(EngineConfig()), clock=lambda: 0.0)
-        observer = ProviderObserver({"simcloud": client}, state=state)
-        with pytest.raises(RuntimeError, match="a fault of the client itself"):
-            await observer.read_many(targets)
-        # Raised once every Get had ended: none is left running behind the error.
-        assert client.in_flight == 0 and client.ended == len(targets)
-    finally:
-        await client.close()
+    targets = [MachineTarget(m, "simcloud") for m in reader.ids * 3]
+    targets.insert(3, MachineTarget("breaks-the-client", "simcloud"))
+    with pytest.raises(RuntimeError, match="a fault of the client itself"):
+        await reader.observer.read_many(targets)
+    # Raised once every Get had ended: none is left running behind the error.
+    assert reader.client.in_flight == 0 and reader.client.ended == len(targets)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from bigfleet.shard.choices import EngineChoices
-from bigfleet.shard.core import Operation, ShardCore, Started
+from bigfleet.shard.core import Operation, ShardCore, Started, machines_of
 from bigfleet.shard.sequences import OperationSequences
 from bigfleet.shard.state import ShardState, Sighting, Workload
 from bigfleet.shard.terms import CoordinatorTerms
@@ -98,18 +98,11 @@ class Starts:
 
     async def start(self, op: Operation) -> Started:
         await turns()
-        mine = [m.id for m in _machines(op)]
+        mine = machines_of(op)
         if self.refuse & set(mine):
             return Started(refused=tuple(mine))
         self.started.append(op)
         return Started(1)
-
-
-def _machines(op: Operation) -> tuple[MachineRecord, ...]:
-    machines = getattr(op, "machines", None)
-    if machines is not None:
-        return tuple(machines)
-    return (op.machine,)  # type: ignore[union-attr]
 
 
 def record(mid: str, state: MachineState = MachineState.IDLE, cluster: str = "") -> MachineRecord:
