@@ -185,6 +185,7 @@ def shard_options(settings: Settings) -> ShardOptions:
         cycle_interval_s=settings.cycle_interval_s,
         observe_interval_s=settings.observe_interval_s,
         report_interval_s=settings.report_interval_s,
+        early_report_gap_s=settings.early_report_gap_s,
         reconcile_interval_s=settings.reconcile_interval_s,
         deadlines=Deadlines(**{k: v * scale for k, v in vars(Deadlines()).items()}),
         deadline_overrides={

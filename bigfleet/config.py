@@ -241,6 +241,8 @@ class Settings:
     # Stop acting this long before the lease can expire; None: a quarter of the ttl.
     lease_margin_s: float | None = None
     report_interval_s: float = 30.0
+    # A shard with news for the coordinator reports this soon after its last report (ADR 0184).
+    early_report_gap_s: float = 10.0
     # How often each shard reconciles providers, PostgreSQL and its engine (ADR 0103).
     reconcile_interval_s: float = 60.0
     # Multiplies every transitional-state deadline (fault drills and tests shorten them).
@@ -303,6 +305,7 @@ class Settings:
             lease_ttl_s=ttl,
             lease_margin_s=margin,
             report_interval_s=_float(env, "BIGFLEET_REPORT_SECONDS", 30.0, minimum=0.1),
+            early_report_gap_s=_float(env, "BIGFLEET_EARLY_REPORT_SECONDS", 10.0),
             reconcile_interval_s=_float(env, "BIGFLEET_RECONCILE_SECONDS", 60.0, minimum=0.1),
             deadline_scale=_float(env, "BIGFLEET_DEADLINE_SCALE", 1.0, minimum=0.001),
             rollup_max_skew_s=_float(env, "BIGFLEET_ROLLUP_MAX_SKEW_SECONDS", 300.0, minimum=1.0),
@@ -363,6 +366,11 @@ class Settings:
             "BIGFLEET_LEASE_MARGIN_SECONDS": "stop acting this long before the lease can "
             "expire (default: a quarter of the ttl; ADR 0100)",
             "BIGFLEET_REPORT_SECONDS": "how often a shard reports to the coordinator (default 30)",
+            "BIGFLEET_EARLY_REPORT_SECONDS": (
+                "a shard whose cycle found a new shortfall or more idle machines reports at "
+                "once, no sooner than this after its last report (default 10; at or above "
+                "BIGFLEET_REPORT_SECONDS, only at the interval)"
+            ),
             "BIGFLEET_RECONCILE_SECONDS": "how often a shard compares providers, PostgreSQL "
             "and its engine and repairs drift (default 60; ADR 0103)",
             "BIGFLEET_DEADLINE_SCALE": "multiplies every transitional-state deadline "

@@ -114,6 +114,9 @@ class BigFleetOptions:
     cycle_interval_s: float = 10.0
     rollup_interval_s: float = 10.0
     report_interval_s: float = 30.0
+    #: A shard with news reports this soon after its last report (production's
+    #: ``ShardOptions.early_report_gap_s``; ADR 0184); at or above the interval, never early.
+    early_report_gap_s: float = 10.0
     #: The share of a shard's machines one coordinator instruction may move (both sides).
     max_instruction_share: float = 0.05
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -349,6 +352,7 @@ class BigFleetPolicy:
         self._next_cycle = 0.0
         self._next_rollup = 0.0
         self._next_report = options.report_interval_s
+        self._reports_early = options.early_report_gap_s < options.report_interval_s
 
     # -- set-up -----------------------------------------------------------------------
     def start(self, now: float) -> None:
@@ -404,6 +408,7 @@ class BigFleetPolicy:
         if now >= self._next_rollup:
             self._next_rollup = now + self.options.rollup_interval_s
             self._send_rollups(now)
+        news = False
         if now >= self._next_cycle:
             self._next_cycle = now + self.options.cycle_interval_s
             plans = self.engines.call_each(self.shards, ops.cycle, now)
@@ -411,7 +416,16 @@ class BigFleetPolicy:
                 if self.tap is not None:
                     self.tap.plan(shard.shard_id, now, actions)
                 run_now(shard.core.execute(actions))
-        if now >= self._next_report:
+            # A shard whose cycle found news for the coordinator reports now, and the
+            # coordinator plans a round on it (ADR 0184).
+            news = self._reports_early and any(
+                list(  # every shard answers (a worker's answers are read in order)
+                    self.engines.call_each(
+                        self.shards, ops.report_due, now, self.options.early_report_gap_s
+                    )
+                )
+            )
+        if news or now >= self._next_report:
             self._next_report = now + self.options.report_interval_s
             self._coordinate(now)
 
@@ -569,6 +583,9 @@ class BigFleetPolicy:
         otherwise the supply comes from the engines' per-profile counters.
         """
         self._cooldown = {k: until for k, until in self._cooldown.items() if until > now}
+        if self._reports_early:
+            for sid in self.shards:
+                self.engines.post(sid, ops.report_sent, now, self.options.early_report_gap_s)
         # Every shortfall as the shards report it, and those not being answered.
         reported = {
             sid: self._shortfalls(shortfalls)

@@ -98,6 +98,14 @@ def simulate_command(
         list[str] | None, typer.Option(help=f"Policies to run (repeat): {', '.join(POLICIES)}.")
     ] = None,
     cycle_interval: Annotated[float, typer.Option(help="Seconds between engine cycles.")] = 10.0,
+    early_report_gap: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="A shard with news for the coordinator reports this soon after its last "
+            "report (ADR 0184); 30 or more: only every 30 s.",
+        ),
+    ] = 10.0,
     progress: Annotated[
         bool | None, typer.Option("--progress/--no-progress", help="Progress bar (TTY default).")
     ] = None,
@@ -131,6 +139,7 @@ def simulate_command(
                 heuristic=heuristic,
                 policy=policy,
                 cycle_interval=cycle_interval,
+                early_report_gap=early_report_gap,
                 progress=progress,
                 write_trace=None,
             ),
@@ -169,6 +178,7 @@ def simulate_command(
         shards=shards,
         heuristic=chosen,
         cycle_interval_s=cycle_interval,
+        early_report_gap_s=early_report_gap,
         workers=workers if workers is not None else default_workers(shards),
     )
     show = sys.stderr.isatty() if progress is None else progress

@@ -63,6 +63,8 @@ class RunOptions:
     sample_s: float = 60.0
     cycle_interval_s: float = 10.0
     rollup_interval_s: float = 10.0
+    #: A shard with news reports this soon after its last report (ADR 0184).
+    early_report_gap_s: float = 10.0
     interruption_scale: float = 1.0
     engine: EngineConfig = field(default_factory=EngineConfig)
     baseline: BaselineOptions = field(default_factory=BaselineOptions)
@@ -101,6 +103,7 @@ def _policy(
         shards=o.shards,
         cycle_interval_s=o.cycle_interval_s,
         rollup_interval_s=o.rollup_interval_s,
+        early_report_gap_s=o.early_report_gap_s,
         engine=o.engine,
         workers=o.workers,
     )

@@ -63,6 +63,7 @@ from shard_engine.catalog import Profile
 from shard_engine.coordination import ProfileSupply, RemoteIdle, RemoteWant
 from shard_engine.engine import EngineConfig, RollupRejected, ShardEngine
 from shard_engine.model import Action, MachineRecord, MachineState, Need, Shortfall
+from shard_engine.report_news import ReportNews
 
 __all__ = [
     "Applied",
@@ -204,6 +205,27 @@ def cycle(engine: ShardEngine, now: float) -> tuple[Action, ...]:
 def shortfalls(engine: ShardEngine) -> tuple[Shortfall, ...]:
     """The last cycle's shortfalls."""
     return engine.shortfalls()
+
+
+#: Per engine, what its shard last told the coordinator (production's reporter keeps one).
+_NEWS: weakref.WeakKeyDictionary[ShardEngine, ReportNews] = weakref.WeakKeyDictionary()
+
+
+def _news(engine: ShardEngine, gap_s: float) -> ReportNews:
+    news = _NEWS.get(engine)
+    if news is None or news.gap_s != gap_s:
+        news = _NEWS[engine] = ReportNews(gap_s=gap_s)
+    return news
+
+
+def report_due(engine: ShardEngine, now: float, gap_s: float) -> bool:
+    """Whether the shard would report now, between intervals (``ReportNews.due``)."""
+    return _news(engine, gap_s).due(engine.shortfalls(), engine.free_counters()[1], now)
+
+
+def report_sent(engine: ShardEngine, now: float, gap_s: float) -> None:
+    """The shard reported at ``now`` what its engine holds (``ReportNews.sent``)."""
+    _news(engine, gap_s).sent(engine.shortfalls(), engine.free_counters()[1], now)
 
 
 def free_supply(engine: ShardEngine) -> tuple[ProfileSupply, ...]:

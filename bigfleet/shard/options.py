@@ -50,6 +50,10 @@ class ShardOptions:
     reconcile_interval_s: float = 60.0
     # How often the shard reports to the coordinator (summary + shortfalls).
     report_interval_s: float = 30.0
+    # A cycle that finds a shortfall not yet reported, or more idle machines than last
+    # reported, reports at once, no sooner than this after the last report (ADR 0184).
+    # At or above report_interval_s, reports keep to the interval.
+    early_report_gap_s: float = 10.0
     # No coordinator instruction may move more than this share of our machines.
     max_instruction_share: float = 0.05
     # When the Session port sheds load (RESOURCE_EXHAUSTED with a retry hint).

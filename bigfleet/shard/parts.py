@@ -181,6 +181,7 @@ def assemble(
         clock=clock,
         # Budget shares older than three reports give way to the safe default.
         stale_after_s=3 * options.report_interval_s,
+        early_gap_s=options.early_report_gap_s,
     )
 
     async def adopt_unheld(targets: list[MachineTarget]) -> int:

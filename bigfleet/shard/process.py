@@ -88,6 +88,8 @@ class ShardProcess:
         self._worker: Worker | None = None
         self._worker_task: asyncio.Task[None] | None = None
         self._stopping_worker: asyncio.Task[None] | None = None
+        # Set by a cycle whose report should not wait for the interval (ADR 0184).
+        self._news = asyncio.Event()
         self._stopping = False
         self._undo_interpreter: Callable[[], None] | None = None
         # The collector's pauses in this process (every loop of it stalls for them).
@@ -213,7 +215,7 @@ class ShardProcess:
             self._every(self.options.observe_interval_s, self._observe, name="observe"),
             self._every(self.options.cycle_interval_s, self._cycle, name="cycle"),
             asyncio.create_task(self.sink.run(), name="apply-rollups"),
-            self._every(self.options.report_interval_s, self._report, name="report"),
+            asyncio.create_task(self._report_loop(), name="report"),
             self._every(self.options.reconcile_interval_s, self._reconcile, name="reconcile"),
         ]
         self.options.interpreter.started()
@@ -407,6 +409,19 @@ class ShardProcess:
         if self.active:
             await self.adoption.refresh()
             await self.run_cycle()
+            if self.adoption.reaches_out and self.parts.reporter.news_due():
+                self._news.set()  # the report loop sends it now (ADR 0184)
+
+    async def _report_loop(self) -> None:
+        """Report every report interval, and at once when a cycle has news (ADR 0184)."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._news.wait(), self.options.report_interval_s)
+            self._news.clear()
+            try:
+                await self._report()
+            except Exception:
+                log.exception("shard %s: report failed", self.shard_id)
 
     async def _report(self) -> None:
         if self.active and self.adoption.reaches_out:

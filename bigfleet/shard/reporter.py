@@ -8,6 +8,9 @@
     -> signal CoordinatorWorkflow.report
     -> query CoordinatorWorkflow.fleet_idle -> engine.set_fleet_idle: the other shards'
        idle machines as the coordinator's last round saw them (ADR 0129)
+    and between two intervals, after a cycle that found a shortfall not yet reported
+    or more idle machines than last reported (shard_engine.report_news; ADR 0184),
+    the same report at once, no sooner than early_gap_s after the last
     count budgets: (cap, machines in scope, draining) here -> update budget-shares
         -> this shard's share of each, the engine's cap for it until the next answer
 
@@ -41,6 +44,7 @@ from bigfleet.shard.terms import CoordinatorTerms
 from shard_engine.coordination import RemoteIdle, RemoteWant, requirements_from
 from shard_engine.engine import ShardEngine
 from shard_engine.model import Shortfall
+from shard_engine.report_news import ReportNews
 from shard_engine.shortfalls import reported_requirements
 from workflows import coordinator as co
 from workflows import coordinator_contracts as cc
@@ -65,6 +69,7 @@ class CoordinatorReporter:
         clock: Callable[[], float],
         stale_after_s: float = 90.0,
         update_timeout_s: float = 5.0,
+        early_gap_s: float = 10.0,
     ) -> None:
         self._temporal = temporal
         self._lease = lease
@@ -76,6 +81,8 @@ class CoordinatorReporter:
         # The coordinator's last answer about count budgets, and when it came.
         self._answer: cc.BudgetShareAnswer | None = None
         self._answered_at = 0.0
+        # What the last report told the coordinator (ADR 0184).
+        self.news = ReportNews(gap_s=early_gap_s)
         if any(b.count is not None for b in state.engine.budgets):
             state.engine.budget_shares = self.fallback_shares()
 
@@ -89,8 +96,17 @@ class CoordinatorReporter:
         blocked = self._state.lifecycle.shortfalls(now=self._clock(), deficit_of=allocatable)
         return [*blocked, *self._state.engine.shortfalls()]
 
+    def news_due(self) -> bool:
+        """True if the coordinator should hear from this shard now, not at the interval."""
+        return self.news.due(
+            self.shortfalls(), self._state.engine.free_counters()[1], self._clock()
+        )
+
     def build_report(self) -> co.ShardReport:
         """Summary + up to 100 shortfalls for the coordinator."""
+        return self._build(self.shortfalls())
+
+    def _build(self, lacking: list[Shortfall]) -> co.ShardReport:
         engine = self._state.engine
         busy = self._state.busy()
         records = list(engine.machines())
@@ -120,7 +136,7 @@ class CoordinatorReporter:
             for p in supply
         ]
         shortfalls = []
-        for sf in self.shortfalls()[:MAX_REPORTED_SHORTFALLS]:
+        for sf in lacking[:MAX_REPORTED_SHORTFALLS]:
             need = self._state.need(sf.cluster_id, sf.need_key)
             shortfalls.append(
                 co.ShortfallReport(
@@ -156,14 +172,18 @@ class CoordinatorReporter:
         Then take its idle offers (:meth:`read_fleet_idle`) and ask for this
         shard's shares of the count budgets, if there are any.
         """
+        lacking, idle = self.shortfalls(), self._state.engine.free_counters()[1]
+        report = self._build(lacking)
         try:
             handle = self._temporal.get_workflow_handle(co.COORDINATOR_ID)
-            await handle.signal(co.CoordinatorWorkflow.report, self.build_report())
+            await handle.signal(co.CoordinatorWorkflow.report, report)
         except RPCError as err:
             log.debug("coordinator unreachable (%s); carrying on alone", err)
+            self.news.attempted(report.sent_at)
             self._state.engine.set_fleet_idle(())
             self._apply_shares()
             return False
+        self.news.sent(lacking, idle, report.sent_at)
         await self.read_fleet_idle()
         await self.ask_budget_shares()
         return True
