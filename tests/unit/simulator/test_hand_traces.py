@@ -8,7 +8,7 @@ real engine.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -29,6 +29,7 @@ class Provisions:
         # (shard, cluster, machine) of every machine created or handed an idle one
         self.created: list[tuple[str, str, str]] = []
         self.reused: list[tuple[str, str, str]] = []
+        self.reused_at: list[float] = []  # when each of ``reused`` was planned
 
     def plan(self, shard_id: str, now: float, actions: Sequence[Action]) -> None:
         self.seen += [(now, a.machine_ids) for a in actions if isinstance(a, Provision)]
@@ -37,6 +38,7 @@ class Provisions:
                 self.created += [(shard_id, a.cluster_id, m) for m in a.machine_ids]
             elif isinstance(a, AssignIdle):
                 self.reused.append((shard_id, a.cluster_id, a.machine_id))
+                self.reused_at.append(now)
 
     def operation(self, shard_id: str, op: object) -> None:
         return None
@@ -48,11 +50,19 @@ def replay(
     *,
     shards: int = 1,
     engine: EngineConfig | None = None,
+    later: Mapping[str, float] | None = None,
+    early_report_gap_s: float | None = None,
 ) -> dict[str, Any]:
+    """The trace under BigFleet; ``later`` shifts each named cluster's events by seconds."""
     trace = load_trace(TRACES / f"{name}.jsonl")
+    if later:
+        events = (replace(e, t=e.t + later.get(e.cluster, 0.0)) for e in trace.events)
+        trace = replace(trace, events=tuple(sorted(events, key=lambda e: e.t)))
     options = RunOptions(
         quota_scale=1.0, seed=7, shards=shards, workers=1, engine=engine or EngineConfig()
     )
+    if early_report_gap_s is not None:
+        options = replace(options, early_report_gap_s=early_report_gap_s)
     return run_policy(trace, "bigfleet", options, tap=tap).summary
 
 
@@ -122,6 +132,30 @@ def test_on_two_shards_the_second_cluster_takes_the_other_shards_idle_servers() 
     assert reused == sorted(m for _s, _c, m in tap.created)
     tier = summary["time_to_capacity"]["p100000"]
     assert (tier["placed"], tier["never_placed"]) == (8, 0)
+
+
+@pytest.mark.parametrize(("gap", "assigned_at"), [(10.0, 5_420.0), (30.0, 5_440.0)])
+def test_a_shard_reports_its_new_shortfall_after_the_cycle_that_found_it(
+    gap: float, assigned_at: float
+) -> None:
+    # ADR 0184, on paper (idle-two-shards.md with svc-b one second later): svc-b's pods
+    # arrive at 5,401 s and reach shard-01 in the roll-up of 5,410 s; that cycle's need
+    # waits for shard-00's idle servers and is a shortfall shard-01 has not reported.
+    # Reporting it at once, the coordinator's round of 5,410 s moves the servers and the
+    # 5,420 s cycle assigns them; at the 30 s interval the round is at 5,430 s (after that
+    # tick's cycle) and the assignment at 5,440 s. Either way nothing is claimed for svc-b.
+    tap = Provisions()
+    summary = replay("idle-two-shards", tap, shards=2, later={"svc-b": 1.0}, early_report_gap_s=gap)
+
+    assert {(s, c) for s, c, _m in tap.created} == {("shard-00", "svc-a")}
+    reused = [
+        (at, m)
+        for at, (s, c, m) in zip(tap.reused_at, tap.reused, strict=True)
+        if (s, c) == ("shard-01", "svc-b")
+    ]
+    assert sorted(m for _at, m in reused) == sorted(m for _s, _c, m in tap.created)
+    assert {at for at, _m in reused} == {assigned_at}
+    assert summary["cost_usd"] == pytest.approx(ONE_SET, abs=0.01)
 
 
 def test_without_the_fleet_idle_wait_the_second_shard_claims_four_more_servers() -> None:
