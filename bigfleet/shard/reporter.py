@@ -183,6 +183,8 @@ class CoordinatorReporter:
             self._state.engine.set_fleet_idle(())
             self._apply_shares()
             return False
+        # Past the first 100 a shortfall is not carried, and an early report would
+        # not carry it either: it counts as told.
         self.news.sent(lacking, idle, report.sent_at)
         await self.read_fleet_idle()
         await self.ask_budget_shares()
