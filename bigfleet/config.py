@@ -367,8 +367,9 @@ class Settings:
             "expire (default: a quarter of the ttl; ADR 0100)",
             "BIGFLEET_REPORT_SECONDS": "how often a shard reports to the coordinator (default 30)",
             "BIGFLEET_EARLY_REPORT_SECONDS": (
-                "a shard whose cycle found a new shortfall or more idle machines reports at "
-                "once, no sooner than this after its last report (default 10; at or above "
+                "a shard whose cycle found a new shortfall or more idle machines, or that has "
+                "not reported since it started, reports at once, no sooner than this after "
+                "its last report (default 10; at or above "
                 "BIGFLEET_REPORT_SECONDS, only at the interval)"
             ),
             "BIGFLEET_RECONCILE_SECONDS": "how often a shard compares providers, PostgreSQL "

@@ -122,6 +122,9 @@ class DevStackOptions:
     coordinator: bool = True
     coordinator_interval_s: float = 2.0
     report_interval_s: float = 2.0
+    # A shard with news reports this soon after its last report (ADR 0184); at or
+    # above report_interval_s, only at the interval.
+    early_report_gap_s: float = 1.0
     provider_listen: str = "127.0.0.1:0"
     time_factor: float = 0.05
     cycle_interval_s: float = 1.0
@@ -334,6 +337,7 @@ class DevStack:
                     cycle_interval_s=o.cycle_interval_s,
                     observe_interval_s=o.observe_interval_s,
                     report_interval_s=o.report_interval_s,
+                    early_report_gap_s=o.early_report_gap_s,
                     max_instruction_share=o.max_instruction_share,
                     deadlines=o.deadlines,
                     poll=o.poll,
@@ -400,6 +404,7 @@ class DevStack:
                 cycle_interval_s=o.cycle_interval_s,
                 observe_interval_s=o.observe_interval_s,
                 report_interval_s=o.report_interval_s,
+                early_report_gap_s=o.early_report_gap_s,
                 deadlines=o.deadlines,
                 poll=o.poll,
                 engine=o.engine,

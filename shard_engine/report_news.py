@@ -16,7 +16,10 @@ told:
 * a **shortfall** whose (cluster, need) was not in the last report: a new
   need for the fleet's help; or
 * **more free idle machines** of some profile than the last report held:
-  machines another shard's shortfall may be waiting for.
+  machines another shard's shortfall may be waiting for; or
+* **no report yet**: a shard that has just started (or taken its lease
+  over) is known to the coordinator after its first cycle, not an
+  interval later.
 
 If so, it reports at once, no sooner than ``early_report_gap_s`` after its
 last report. A shortfall that was already reported, an idle count that
@@ -54,6 +57,12 @@ class ReportNews:
         self._shortfalls: frozenset[ShortfallKey] = frozenset()
         self._idle: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
         self._sent_at = -math.inf
+        self._told = False  # a report has gone out since this shard started
+
+    @property
+    def sent_at(self) -> float:
+        """When the last report (or failed attempt) went out; -inf before the first."""
+        return self._sent_at
 
     def sent(
         self, shortfalls: Iterable[Shortfall], idle: npt.NDArray[np.int64], now: float
@@ -62,6 +71,7 @@ class ReportNews:
         self._shortfalls = frozenset(_keys(shortfalls))
         self._idle = np.array(idle, dtype=np.int64, copy=True)
         self._sent_at = now
+        self._told = True
 
     def attempted(self, now: float) -> None:
         """A report was tried at ``now`` and did not arrive: the next early one waits the gap."""
@@ -76,6 +86,8 @@ class ReportNews:
         """
         if now - self._sent_at < self.gap_s:
             return False
+        if not self._told:
+            return True
         if not self._shortfalls.issuperset(_keys(shortfalls)):
             return True
         known = min(len(idle), len(self._idle))

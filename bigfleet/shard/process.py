@@ -216,6 +216,7 @@ class ShardProcess:
             self._every(self.options.cycle_interval_s, self._cycle, name="cycle"),
             asyncio.create_task(self.sink.run(), name="apply-rollups"),
             asyncio.create_task(self._report_loop(), name="report"),
+            self._every(self.options.cycle_interval_s, self._read_offers, name="offers"),
             self._every(self.options.reconcile_interval_s, self._reconcile, name="reconcile"),
         ]
         self.options.interpreter.started()
@@ -422,6 +423,16 @@ class ShardProcess:
                 await self._report()
             except Exception:
                 log.exception("shard %s: report failed", self.shard_id)
+
+    async def _read_offers(self) -> None:
+        """The coordinator's latest offers, each cycle interval, not only after a report.
+
+        A round planned on another shard's report (its idle machines, say)
+        offers them to this shard; read at the next report, they would come
+        up to an interval late and a need would buy in between (ADR 0184).
+        """
+        if self.active and self.adoption.reaches_out:
+            await self.parts.reporter.read_fleet_idle()
 
     async def _report(self) -> None:
         if self.active and self.adoption.reaches_out:

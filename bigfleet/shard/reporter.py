@@ -9,8 +9,11 @@
     -> query CoordinatorWorkflow.fleet_idle -> engine.set_fleet_idle: the other shards'
        idle machines as the coordinator's last round saw them (ADR 0129)
     and between two intervals, after a cycle that found a shortfall not yet reported
-    or more idle machines than last reported (shard_engine.report_news; ADR 0184),
-    the same report at once, no sooner than early_gap_s after the last
+    or more idle machines than last reported, or none yet since start
+    (shard_engine.report_news; ADR 0184), the same report at once, no sooner than
+    early_gap_s after the last; and every cycle interval the fleet_idle query alone
+    (the shard process's offers loop), so a round planned on another shard's report
+    reaches this one within a cycle
     count budgets: (cap, machines in scope, draining) here -> update budget-shares
         -> this shard's share of each, the engine's cap for it until the next answer
 

@@ -139,6 +139,32 @@ async def test_idle_machines_of_another_shard_are_given_before_new_ones_are_boug
     assert set(donor_gpus) <= set(await _owned_gpus(stack, "shard-0")), "ownership moved"
 
 
+async def test_with_reports_ten_minutes_apart_news_still_reaches_the_coordinator_at_once(
+    tmp_path: Path, empty_database_url: str
+) -> None:
+    """ADR 0184: each shard reports after its first cycle (so the coordinator deals it its
+    machines), shard-1 reports its two new idle GPU hosts after the cycle that sees them,
+    and shard-0 reads the round's offers at its next cycle, without a report of its own.
+    With the periodic reports alone none of this would happen within ten minutes."""
+    dev = DevStack(
+        options(tmp_path, empty_database_url, report_interval_s=600.0, early_report_gap_s=0.3)
+    )
+    try:
+        await dev.start()
+        await eventually(lambda: all(len(p.owned) == 6 for p in dev.shards), what="distribution")
+        receiver = shard(dev, "shard-0").parts.reporter.news
+        reported_at = receiver.sent_at
+        assert reported_at > 0, "shard-0 reported after its first cycle"
+        donor_gpus = await _owned_gpus(dev, "shard-1")
+        client = next(iter(dev.provider_clients.values()))
+        for i, machine_id in enumerate(donor_gpus):
+            await client.create(machine_id, FencingToken("setup", 1, i + 1))
+        await _offered(dev, "shard-0", 2)
+        assert receiver.sent_at == reported_at, "shard-0 learnt of them without reporting"
+    finally:
+        await dev.stop()
+
+
 async def test_a_shard_that_could_buy_takes_another_shards_idle_machines_instead(
     stack: DevStack,
 ) -> None:

@@ -23,11 +23,14 @@ def _sent(shortfalls: list[Shortfall], idle: np.ndarray, *, gap: float = 10.0) -
     return news
 
 
-def test_a_shard_that_never_reported_has_news_once_it_lacks_or_holds_idle() -> None:
+def test_a_shard_that_never_reported_has_news_until_a_report_arrives() -> None:
     news = ReportNews(gap_s=10.0)
-    assert not news.due([], _idle(0, 0), 0.0)
-    assert news.due([_short("a")], _idle(0, 0), 0.0)
-    assert news.due([], _idle(0, 1), 0.0)
+    assert news.due([], _idle(0, 0), 0.0), "the coordinator should hear of it at once"
+    news.attempted(0.0)  # no coordinator to take it: tried again after the gap
+    assert not news.due([], _idle(0, 0), 5.0)
+    assert news.due([], _idle(0, 0), 10.0)
+    news.sent([], _idle(0, 0), 10.0)
+    assert not news.due([], _idle(0, 0), 100.0)
 
 
 def test_a_shortfall_not_in_the_last_report_is_news_and_a_reported_one_is_not() -> None:
