@@ -64,6 +64,11 @@ class ReportNews:
         """When the last report (or failed attempt) went out; -inf before the first."""
         return self._sent_at
 
+    @property
+    def carried(self) -> frozenset[tuple[str, str]]:
+        """(cluster, need key) of every shortfall the last report carried."""
+        return self._shortfalls
+
     def sent(
         self, shortfalls: Iterable[Shortfall], idle: npt.NDArray[np.int64], now: float
     ) -> None:
