@@ -142,10 +142,11 @@ async def test_idle_machines_of_another_shard_are_given_before_new_ones_are_boug
 async def test_with_reports_ten_minutes_apart_news_still_reaches_the_coordinator_at_once(
     tmp_path: Path, empty_database_url: str
 ) -> None:
-    """ADR 0184: each shard reports after its first cycle (so the coordinator deals it its
-    machines), shard-1 reports its two new idle GPU hosts after the cycle that sees them,
-    and shard-0 reads the round's offers at its next cycle, without a report of its own.
-    With the periodic reports alone none of this would happen within ten minutes."""
+    """ADR 0184: each shard reports after its first cycle (so the coordinator knows it as
+    a receiver of offers), shard-1 reports its two new idle GPU hosts after the cycle
+    that sees them, and shard-0 reads the round's offers at its next cycle, without a
+    report of its own. With the periodic reports alone none of this would happen within
+    ten minutes."""
     dev = DevStack(
         options(tmp_path, empty_database_url, report_interval_s=600.0, early_report_gap_s=0.3)
     )
