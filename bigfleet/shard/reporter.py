@@ -177,12 +177,13 @@ class CoordinatorReporter:
         """
         lacking, idle = self.shortfalls(), self._state.engine.free_counters()[1]
         report = self._build(lacking)
+        # While this report is on its way, a cycle does not ask for another.
+        self.news.attempted(report.sent_at)
         try:
             handle = self._temporal.get_workflow_handle(co.COORDINATOR_ID)
             await handle.signal(co.CoordinatorWorkflow.report, report)
         except RPCError as err:
             log.debug("coordinator unreachable (%s); carrying on alone", err)
-            self.news.attempted(report.sent_at)
             self._state.engine.set_fleet_idle(())
             self._apply_shares()
             return False

@@ -374,3 +374,37 @@ async def test_with_its_offers_a_shard_learns_the_other_shards_shortfalls(
         ("topology.kubernetes.io/rack", Operator.SAME)
     ]
     assert own == (), "a shard is told none of its own shortfalls"
+
+
+async def test_a_report_is_news_only_for_what_it_has_not_told_and_after_the_gap(
+    env: WorkflowEnvironment,
+) -> None:
+    # ADR 0184, with the real coordinator taking the reports.
+    planner = Planner([cc.PlanResult([], idle=[], receivers=[RECEIVER])])
+    now = [(await env.get_current_time()).timestamp()]
+    reporter, engine = _reporter(env, RECEIVER, now)
+    assert reporter.news_due(), "a shard that has not reported yet"
+    async with _coordinator(env, planner):
+        handle = await _start(env)
+        assert await reporter.send_report()
+        assert not reporter.news_due(), "told"
+
+        apply(engine, rollup("c", 1, need(cpu=4.0, memory=8.0)), now=now[0])
+        engine.cycle(now=now[0])
+        assert [sf.cluster_id for sf in engine.shortfalls()] == ["c"]
+        assert not reporter.news_due(), "a new shortfall within the gap waits for it"
+        now[0] += 10.0
+        assert reporter.news_due()
+        assert await reporter.send_report()
+        assert reporter.news.carried == {("c", engine.shortfalls()[0].need_key)}
+        now[0] += 10.0
+        assert not reporter.news_due(), "the same shortfall again is not news"
+
+        apply(engine, rollup("d", 2, need(cpu=4.0, memory=8.0)), now=now[0])
+        engine.cycle(now=now[0])
+        await handle.terminate("the coordinator is gone")
+    assert reporter.news_due()
+    assert not await reporter.send_report()
+    assert not reporter.news_due(), "a failed attempt waits the gap too"
+    now[0] += 10.0
+    assert reporter.news_due(), "and then tries again"
